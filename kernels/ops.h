@@ -1,0 +1,108 @@
+// The op list of berth: every forward and backward the GPT model needs, with shapes.
+//
+// Dimensions, named once:
+//   B  micro-batch rows          T  sequence length (tokens per row)    N  = B*T tokens
+//   C  model width (d_model)     NH attention heads                     HS = C/NH head size
+//   V  real vocabulary size      Vp padded vocabulary (multiple of 128) L  layers
+//   S  number of sequences (documents) described by cu_seqlens
+//
+// Conventions (all backends):
+//   - Kernels take raw pointers and ints (llm.c style); shapes in the comment before each op.
+//   - Tensors are contiguous, row-major. Linear weights are stored (OC, IC): out = inp · wᵀ + b.
+//   - Parameter-gradient outputs ACCUMULATE (+=) so micro-batches sum into one buffer.
+//   - Activation-gradient outputs OVERWRITE, except layernorm_backward's dinp, which accumulates:
+//     every layernorm input is a residual stream whose gradient already holds the skip path.
+//   - `cu_seqlens` (int32, S+1 entries, flash-attention varlen layout) cut the N tokens into
+//     sequences; attention is causal within each and never crosses them. Rows of a (B,T) batch are
+//     always sequence boundaries, so plain causal attention is cu_seqlens = {0, T, 2T, ..., N}.
+//   - Targets of -1 are ignored by the loss (no prediction at a document end or on padding).
+//   - Pointers may alias only where an op says so. No op allocates memory.
+//
+// The CPU reference (kernels/cpu) is templated on the scalar type: float for training, double for
+// the finite-difference gradient tests. kernels/cuda implements the same names.
+#pragma once
+
+#include <cstdint>
+
+namespace berth::cpu {
+
+// ---- embeddings -------------------------------------------------------------------------------
+// out (N,C) = wte[tokens[n]] + wpe[positions[n]]; tokens, positions (N); wte (Vp,C); wpe (maxT,C)
+template <typename T>
+void encoder_forward(T* out, const int32_t* tokens, const int32_t* positions, const T* wte,
+                     const T* wpe, int N, int C);
+// dwte (Vp,C) +=, dwpe (maxT,C) += scatter of dout (N,C)
+template <typename T>
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens,
+                      const int32_t* positions, int N, int C);
+
+// ---- layernorm (eps 1e-5) ---------------------------------------------------------------------
+// out (N,C); mean, rstd (N) saved for backward; inp (N,C); weight, bias (C)
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                       int N, int C);
+// dinp (N,C) += ; dweight, dbias (C) += ; dout (N,C)
+template <typename T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                        const T* weight, const T* mean, const T* rstd, int N, int C);
+
+// ---- linear layer (GEMM through BLAS) ---------------------------------------------------------
+// out (N,OC) = inp (N,IC) · weightᵀ (OC,IC) + bias (OC, may be null)
+template <typename T>
+void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int IC, int OC);
+// dinp (N,IC) = dout · weight (overwrite; skipped when null); dweight (OC,IC) += doutᵀ · inp;
+// dbias (OC) += Σ_n dout (skipped when null)
+template <typename T>
+void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                     int N, int IC, int OC);
+
+// ---- causal attention per sequence ------------------------------------------------------------
+// qkv (N,3C) holds q | k | v, head h at columns [h*HS, (h+1)*HS) of each third.
+// out (N,C); att (attention_att_size) saves the probabilities for backward: for sequence s of
+// length L_s and head h, an L_s×L_s row-major block (zero above the diagonal).
+int64_t attention_att_size(const int32_t* cu_seqlens, int S, int NH);
+template <typename T>
+void attention_forward(T* out, T* att, const T* qkv, const int32_t* cu_seqlens, int S, int C,
+                       int NH);
+// dqkv (N,3C) overwritten; datt is scratch of attention_att_size (contents undefined after)
+template <typename T>
+void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att,
+                        const int32_t* cu_seqlens, int S, int C, int NH);
+
+// ---- GELU (tanh approximation) ----------------------------------------------------------------
+// out (n) = gelu(inp); dinp (n) = gelu'(inp) * dout (overwrite; dinp may alias dout)
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t n);
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
+
+// ---- residual ---------------------------------------------------------------------------------
+// out (n) = a + b (out may alias a or b). Its backward is the identity to both inputs.
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, int64_t n);
+
+// ---- softmax + cross-entropy over the real vocabulary -----------------------------------------
+// logits (N,Vp), only columns < V take part (padded columns never receive probability);
+// losses (N) = logsumexp(logits[n,:V]) - logits[n, targets[n]], 0 where targets[n] == -1.
+template <typename T>
+void crossentropy_forward(T* losses, const T* logits, const int32_t* targets, int N, int V,
+                          int Vp);
+// dlogits (N,Vp) = dloss * (softmax(logits[n,:V]) - onehot(target)), 0 in padded columns and on
+// rows with target -1. `dloss` is the gradient of the total loss w.r.t. each token's loss
+// (1/number of target tokens for a mean). dlogits may alias logits (in place).
+template <typename T>
+void crossentropy_backward(T* dlogits, const T* logits, const int32_t* targets, T dloss, int N,
+                           int V, int Vp);
+
+// ---- optimizer --------------------------------------------------------------------------------
+// AdamW step t (1-based) on n contiguous parameters, bias-corrected, decoupled weight decay:
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g²;  p -= lr (m̂/(sqrt(v̂)+eps) + wd p)
+// grads are multiplied by grad_scale first (global-norm clipping).
+template <typename T>
+void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, float grad_scale, int64_t t);
+// Σ x² over n values, accumulated in double.
+template <typename T>
+double sum_squares(const T* x, int64_t n);
+
+}  // namespace berth::cpu

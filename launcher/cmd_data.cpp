@@ -1,0 +1,78 @@
+// `berth data import --format text|llmc INPUTS... --out D.h5 [--val-out V.h5 --val-fraction F]`
+// `berth data info D.h5`
+#include <CLI/CLI.hpp>
+
+#include "launcher/commands.h"
+#include "runtime/core/check.h"
+#include "runtime/core/log.h"
+#include "runtime/io/importers.h"
+#include "runtime/io/token_dataset.h"
+
+namespace berth {
+namespace {
+
+struct ImportArgs {
+  std::string format = "text";
+  std::vector<std::string> inputs;
+  std::string out, val_out;
+  double val_fraction = 0.0;
+};
+
+void run_import(const ImportArgs& a) {
+  BERTH_CHECK(a.val_out.empty() == (a.val_fraction == 0.0),
+              "--val-out and --val-fraction go together: give both (e.g. --val-out val.h5 "
+              "--val-fraction 0.1) or neither");
+  TokenDataset all;
+  if (a.format == "text") {
+    all = import_text_files(a.inputs);
+  } else {
+    BERTH_CHECK(a.inputs.size() == 1, "--format llmc takes exactly one token file, got {}",
+                a.inputs.size());
+    all = import_llmc_tokens(a.inputs[0]);
+  }
+  if (a.val_out.empty()) {
+    write_token_dataset(a.out, all);
+    log_info("wrote {}: {} documents, {} tokens, vocab {}", a.out, all.n_docs(), all.n_tokens(),
+             all.vocab_size);
+    return;
+  }
+  TokenDataset train, val;
+  split_validation(all, a.val_fraction, &train, &val);
+  write_token_dataset(a.out, train);
+  write_token_dataset(a.val_out, val);
+  log_info("wrote {}: {} documents, {} tokens; {}: {} documents, {} tokens (vocab {})", a.out,
+           train.n_docs(), train.n_tokens(), a.val_out, val.n_docs(), val.n_tokens(),
+           all.vocab_size);
+}
+
+}  // namespace
+
+void register_data_commands(CLI::App& app) {
+  CLI::App* data = app.add_subcommand("data", "Token datasets: import, inspect");
+  data->require_subcommand(1);
+
+  auto imp = std::make_shared<ImportArgs>();
+  CLI::App* import = data->add_subcommand("import", "Import text or llm.c tokens into HDF5");
+  import->add_option("--format", imp->format, "Input format: text (bytes, EOT 256) or llmc")
+      ->check(CLI::IsMember({"text", "llmc"}))
+      ->capture_default_str();
+  import->add_option("inputs", imp->inputs, "Input files (text: one document per file)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  import->add_option("--out", imp->out, "Output dataset (.h5)")->required();
+  import->add_option("--val-out", imp->val_out, "Validation dataset (.h5), split off the end");
+  import->add_option("--val-fraction", imp->val_fraction,
+                     "Fraction of documents for validation (with --val-out)")
+      ->check(CLI::Range(0.0, 0.99));
+  import->callback([imp]() { run_import(*imp); });
+
+  auto path = std::make_shared<std::string>();
+  CLI::App* info = data->add_subcommand("info", "Summarize a token dataset");
+  info->add_option("dataset", *path, "Dataset (.h5)")->required();
+  info->callback([path]() {
+    const TokenDataset ds = read_token_dataset(*path);
+    log_info("{}", format_dataset_info(*path, dataset_info(ds)));
+  });
+}
+
+}  // namespace berth

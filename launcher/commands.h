@@ -1,0 +1,18 @@
+// CLI11 registration of berth's subcommands; each cmd_*.cpp adds its own. The callbacks run inside
+// app.parse(), so errors they throw reach main's handler.
+#pragma once
+
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace berth {
+
+std::string version_text();  // "berth 0.1.0 (CUDA: ...)"
+
+void register_train_command(CLI::App& app);  // berth train CONFIG [--set k=v]...
+void register_data_commands(CLI::App& app);  // berth data import|info
+
+}  // namespace berth

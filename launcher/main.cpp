@@ -1,0 +1,50 @@
+// berth: one binary for every command. main always initializes MPI (a singleton run works
+// without mpirun), dispatches the CLI11 subcommand, and turns any berth::Error into a logged
+// message with rank@host and a non-zero exit — MPI_Abort when other ranks could be left waiting.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <exception>
+
+#include "launcher/commands.h"
+#include "runtime/core/check.h"
+#include "runtime/core/log.h"
+
+namespace {
+
+constexpr int kExitError = 1;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  berth::set_identity(rank, world);
+
+  CLI::App app{"berth: distributed training runtime for GPT-style language models", "berth"};
+  app.set_version_flag("--version", berth::version_text());
+  app.require_subcommand(1);
+  berth::register_train_command(app);
+  berth::register_data_commands(app);
+
+  int code = 0;
+  try {
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      code = (rank == 0) ? app.exit(e) : (e.get_exit_code() != 0 ? e.get_exit_code() : 0);
+    }
+  } catch (const berth::Error& e) {
+    berth::log_error("{}", e.what());
+    code = kExitError;
+  } catch (const std::exception& e) {
+    berth::log_error("internal error: {}", e.what());
+    code = kExitError;
+  }
+  if (code != 0 && world > 1) MPI_Abort(MPI_COMM_WORLD, code);  // no peer hangs in a collective
+  MPI_Finalize();
+  return code;
+}

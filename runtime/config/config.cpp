@@ -1,0 +1,437 @@
+// Typed run configuration: TOML file + "section.key=value" overrides -> RunConfig, validated.
+//
+// Every key is described once in kFields (section, key, pointer to the struct member); parsing,
+// override handling, the "known keys" lists in error messages and config_to_toml all walk that
+// table, so adding a key to config.h means adding one line here.
+#include "runtime/config/config.h"
+
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <variant>
+#include <vector>
+
+#include "runtime/core/check.h"
+#include "runtime/core/fs.h"
+
+namespace berth {
+namespace {
+
+// ---- the key table -------------------------------------------------------------------------
+
+using FieldRef = std::variant<int64_t*, double*, bool*, std::string*>;
+
+struct Field {
+  std::string_view section;
+  std::string_view key;
+  FieldRef (*ref)(RunConfig&);
+};
+
+#define BERTH_CONFIG_FIELD(sec, name) \
+  Field { #sec, #name, [](RunConfig& c) -> FieldRef { return &c.sec.name; } }
+
+// Order = declaration order in config.h; it is the order of config_to_toml and error messages.
+const Field kFields[] = {
+    BERTH_CONFIG_FIELD(run, name),
+    BERTH_CONFIG_FIELD(run, out_dir),
+    BERTH_CONFIG_FIELD(run, seed),
+    BERTH_CONFIG_FIELD(model, n_layer),
+    BERTH_CONFIG_FIELD(model, n_head),
+    BERTH_CONFIG_FIELD(model, d_model),
+    BERTH_CONFIG_FIELD(model, vocab_size),
+    BERTH_CONFIG_FIELD(model, max_seq_len),
+    BERTH_CONFIG_FIELD(data, train),
+    BERTH_CONFIG_FIELD(data, val),
+    BERTH_CONFIG_FIELD(data, mode),
+    BERTH_CONFIG_FIELD(data, seq_len),
+    BERTH_CONFIG_FIELD(data, shuffle),
+    BERTH_CONFIG_FIELD(train, micro_batch_size),
+    BERTH_CONFIG_FIELD(train, steps),
+    BERTH_CONFIG_FIELD(train, lr),
+    BERTH_CONFIG_FIELD(train, lr_schedule),
+    BERTH_CONFIG_FIELD(train, warmup_steps),
+    BERTH_CONFIG_FIELD(train, min_lr),
+    BERTH_CONFIG_FIELD(train, beta1),
+    BERTH_CONFIG_FIELD(train, beta2),
+    BERTH_CONFIG_FIELD(train, eps),
+    BERTH_CONFIG_FIELD(train, weight_decay),
+    BERTH_CONFIG_FIELD(train, grad_clip),
+    BERTH_CONFIG_FIELD(train, log_interval),
+    BERTH_CONFIG_FIELD(eval, interval),
+    BERTH_CONFIG_FIELD(eval, batches),
+};
+
+#undef BERTH_CONFIG_FIELD
+
+const std::string_view kSections[] = {"run", "model", "data", "train", "eval"};
+
+bool is_section(std::string_view section) {
+  for (std::string_view s : kSections) {
+    if (s == section) return true;
+  }
+  return false;
+}
+
+const Field* find_field(std::string_view section, std::string_view key) {
+  for (const Field& f : kFields) {
+    if (f.section == section && f.key == key) return &f;
+  }
+  return nullptr;
+}
+
+std::string known_sections() {
+  std::string out;
+  for (std::string_view s : kSections) {
+    if (!out.empty()) out += ", ";
+    out += fmt::format("[{}]", s);
+  }
+  return out;
+}
+
+std::string known_keys(std::string_view section) {
+  std::string out;
+  for (const Field& f : kFields) {
+    if (f.section != section) continue;
+    if (!out.empty()) out += ", ";
+    out += f.key;
+  }
+  return out;
+}
+
+// ---- TOML values ---------------------------------------------------------------------------
+
+// A TOML basic string literal with ", \ and control characters escaped.
+std::string quote_toml(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          out += fmt::format("\\u{:04X}", static_cast<unsigned>(c));
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+// Shortest representation that reads back to the same double, always lexed as a TOML float.
+std::string format_double(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string_view type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "float";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::table: return "table";
+    case toml::node_type::array: return "array";
+    case toml::node_type::date: return "date";
+    case toml::node_type::time: return "time";
+    case toml::node_type::date_time: return "date-time";
+    default: return "nothing";
+  }
+}
+
+// "string \"abc\"", "float 2.5", "table" -- what the user wrote, for "got ..." in messages.
+std::string describe(const toml::node& node) {
+  if (const auto* s = node.as_string()) return fmt::format("string {}", quote_toml(s->get()));
+  if (const auto* i = node.as_integer()) return fmt::format("integer {}", i->get());
+  if (const auto* d = node.as_floating_point()) {
+    return fmt::format("float {}", format_double(d->get()));
+  }
+  if (const auto* b = node.as_boolean()) return fmt::format("boolean {}", b->get());
+  return std::string(type_name(node));
+}
+
+// " (line 5)" when the node came from a document with positions, "" otherwise.
+std::string line_suffix(const toml::node& node) {
+  const toml::source_region& src = node.source();
+  if (src.begin.line == 0) return "";
+  return fmt::format(" (line {})", src.begin.line);
+}
+
+// Stores `node` into the member `field` refers to, or throws "<where>: sec.key must be ...".
+void set_field(RunConfig& cfg, const Field& field, const toml::node& node, std::string_view where,
+               std::string_view suffix) {
+  const FieldRef ref = field.ref(cfg);
+  if (auto* p = std::get_if<int64_t*>(&ref)) {
+    if (const auto* i = node.as_integer()) {
+      **p = i->get();
+      return;
+    }
+    BERTH_FAIL("{}: {}.{} must be an integer, got {}{}", where, field.section, field.key,
+               describe(node), suffix);
+  }
+  if (auto* p = std::get_if<double*>(&ref)) {
+    if (const auto* d = node.as_floating_point()) {
+      **p = d->get();
+      return;
+    }
+    if (const auto* i = node.as_integer()) {
+      **p = static_cast<double>(i->get());
+      return;
+    }
+    BERTH_FAIL("{}: {}.{} must be a number, got {}{}", where, field.section, field.key,
+               describe(node), suffix);
+  }
+  if (auto* p = std::get_if<bool*>(&ref)) {
+    if (const auto* b = node.as_boolean()) {
+      **p = b->get();
+      return;
+    }
+    BERTH_FAIL("{}: {}.{} must be a boolean (true or false), got {}{}", where, field.section,
+               field.key, describe(node), suffix);
+  }
+  auto* p = std::get<std::string*>(ref);
+  if (const auto* s = node.as_string()) {
+    *p = s->get();
+    return;
+  }
+  BERTH_FAIL("{}: {}.{} must be a string (in quotes), got {}{}", where, field.section, field.key,
+             describe(node), suffix);
+}
+
+void apply_document(RunConfig& cfg, const toml::table& doc, std::string_view where) {
+  for (auto&& [section_key, section_node] : doc) {
+    const std::string_view section = section_key.str();
+    const toml::table* section_table = section_node.as_table();
+    if (section_table == nullptr) {
+      BERTH_FAIL("{}: top-level key '{}' ({}) is not a section{}; put every key under one of "
+                 "the sections {}",
+                 where, section, type_name(section_node), line_suffix(section_node),
+                 known_sections());
+    }
+    if (!is_section(section)) {
+      BERTH_FAIL("{}: unknown section [{}]{}; known sections: {}", where, section,
+                 line_suffix(section_node), known_sections());
+    }
+    for (auto&& [key, node] : *section_table) {
+      const Field* field = find_field(section, key.str());
+      if (field == nullptr) {
+        BERTH_FAIL("{}: unknown key '{}.{}'{}; known keys of [{}]: {}", where, section, key.str(),
+                   line_suffix(node), section, known_keys(section));
+      }
+      set_field(cfg, *field, node, where, line_suffix(node));
+    }
+  }
+}
+
+std::string_view trim(std::string_view s) {
+  const auto first = s.find_first_not_of(" \t");
+  if (first == std::string_view::npos) return {};
+  const auto last = s.find_last_not_of(" \t");
+  return s.substr(first, last - first + 1);
+}
+
+// Applies one "section.key=value" override (see config.h for how the value is read).
+void apply_override(RunConfig& cfg, const std::string& override_text) {
+  const std::string where = fmt::format("override '{}'", override_text);
+  const auto eq = override_text.find('=');
+  const std::string_view name = eq == std::string::npos
+                                     ? std::string_view{}
+                                     : trim(std::string_view(override_text).substr(0, eq));
+  const auto dot = name.find('.');
+  if (eq == std::string::npos || dot == std::string_view::npos || dot == 0 ||
+      dot + 1 == name.size()) {
+    BERTH_FAIL("{} is malformed: expected section.key=value, e.g. train.lr=3e-4 or "
+               "run.name=my_run",
+               where);
+  }
+  const std::string_view section = name.substr(0, dot);
+  const std::string_view key = name.substr(dot + 1);
+  if (!is_section(section)) {
+    BERTH_FAIL("{}: unknown section [{}]; known sections: {}", where, section, known_sections());
+  }
+  const Field* field = find_field(section, key);
+  if (field == nullptr) {
+    BERTH_FAIL("{}: unknown key '{}.{}'; known keys of [{}]: {}", where, section, key, section,
+               known_keys(section));
+  }
+
+  const std::string_view raw = trim(std::string_view(override_text).substr(eq + 1));
+  toml::table parsed;
+  bool is_toml_value = false;
+  try {
+    const std::string doc = fmt::format("v = {}", raw);
+    parsed = toml::parse(std::string_view(doc), std::string_view("override"));
+    is_toml_value = parsed.size() == 1 && parsed.contains("v");
+  } catch (const toml::parse_error&) {
+    is_toml_value = false;
+  }
+  const bool string_field = std::holds_alternative<std::string*>(field->ref(cfg));
+  // Not valid TOML ("run.name=foo"), or a string key given a bare number/boolean
+  // ("run.name=2024"): the text itself is the string.
+  if (!is_toml_value || (string_field && !parsed["v"].is_string())) {
+    const toml::value<std::string> as_string{std::string(raw)};
+    set_field(cfg, *field, as_string, where, "");
+    return;
+  }
+  set_field(cfg, *field, *parsed.get("v"), where, "");
+}
+
+std::string_view where_of(const RunConfig& cfg) {
+  return cfg.source.empty() ? std::string_view("config") : std::string_view(cfg.source);
+}
+
+}  // namespace
+
+// ---- public API ----------------------------------------------------------------------------
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    BERTH_FAIL("config file '{}' not found; check the path (example configs are in configs/)",
+               path);
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    BERTH_FAIL("config file '{}' is a directory; pass the path of a .toml file", path);
+  }
+  return parse_config(read_text_file(path), path, overrides);
+}
+
+RunConfig parse_config(const std::string& toml_text, const std::string& source_name,
+                       const std::vector<std::string>& overrides) {
+  RunConfig cfg;
+  cfg.source = source_name;
+  const std::string_view where = where_of(cfg);
+  toml::table doc;
+  try {
+    doc = toml::parse(std::string_view(toml_text), std::string_view(source_name));
+  } catch (const toml::parse_error& e) {
+    BERTH_FAIL("{}:{}:{}: TOML syntax error: {}", where, e.source().begin.line,
+               e.source().begin.column, e.description());
+  }
+  apply_document(cfg, doc, where);
+  for (const std::string& o : overrides) apply_override(cfg, o);
+  validate_config(cfg);
+  return cfg;
+}
+
+void validate_config(const RunConfig& cfg) {
+  const std::string_view w = where_of(cfg);
+
+  const struct {
+    const char* name;
+    int64_t value;
+  } sizes[] = {
+      {"model.n_layer", cfg.model.n_layer},
+      {"model.n_head", cfg.model.n_head},
+      {"model.d_model", cfg.model.d_model},
+      {"model.vocab_size", cfg.model.vocab_size},
+      {"model.max_seq_len", cfg.model.max_seq_len},
+      {"data.seq_len", cfg.data.seq_len},
+      {"train.micro_batch_size", cfg.train.micro_batch_size},
+      {"train.steps", cfg.train.steps},
+      {"train.log_interval", cfg.train.log_interval},
+      {"eval.batches", cfg.eval.batches},
+  };
+  for (const auto& s : sizes) {
+    if (s.value <= 0) BERTH_FAIL("{}: {} must be > 0, got {}", w, s.name, s.value);
+  }
+  if (cfg.model.d_model % cfg.model.n_head != 0) {
+    BERTH_FAIL("{}: model.d_model ({}) must be divisible by model.n_head ({}); choose d_model "
+               "as a multiple of n_head",
+               w, cfg.model.d_model, cfg.model.n_head);
+  }
+  constexpr int64_t kMaxVocab = int64_t{1} << 31;
+  if (cfg.model.vocab_size > kMaxVocab) {
+    BERTH_FAIL("{}: model.vocab_size ({}) > 2^31: token ids must fit in 32 bits", w,
+               cfg.model.vocab_size);
+  }
+  if (cfg.data.seq_len > cfg.model.max_seq_len) {
+    BERTH_FAIL("{}: data.seq_len ({}) > model.max_seq_len ({}): lower data.seq_len or raise "
+               "model.max_seq_len",
+               w, cfg.data.seq_len, cfg.model.max_seq_len);
+  }
+  if (cfg.data.mode == "packed" || cfg.data.mode == "padded") {
+    BERTH_FAIL("{}: data.mode = \"{}\" comes with sequence packing, which is not supported yet; "
+               "use data.mode = \"stream\"",
+               w, cfg.data.mode);
+  }
+  if (cfg.data.mode != "stream") {
+    BERTH_FAIL("{}: unknown data.mode {}; use \"stream\"", w, quote_toml(cfg.data.mode));
+  }
+
+  const TrainSection& t = cfg.train;
+  if (!(std::isfinite(t.lr) && t.lr > 0)) {
+    BERTH_FAIL("{}: train.lr must be a finite number > 0, got {}", w, t.lr);
+  }
+  if (!(std::isfinite(t.min_lr) && t.min_lr >= 0 && t.min_lr <= t.lr)) {
+    BERTH_FAIL("{}: train.min_lr ({}) must be >= 0 and <= train.lr ({})", w, t.min_lr, t.lr);
+  }
+  if (t.warmup_steps < 0) {
+    BERTH_FAIL("{}: train.warmup_steps must be >= 0, got {}", w, t.warmup_steps);
+  }
+  if (t.lr_schedule != "constant" && t.lr_schedule != "cosine") {
+    BERTH_FAIL("{}: unknown train.lr_schedule {}; use \"constant\" or \"cosine\"", w,
+               quote_toml(t.lr_schedule));
+  }
+  if (!(t.beta1 >= 0 && t.beta1 < 1)) {
+    BERTH_FAIL("{}: train.beta1 must be in [0, 1), got {}", w, t.beta1);
+  }
+  if (!(t.beta2 >= 0 && t.beta2 < 1)) {
+    BERTH_FAIL("{}: train.beta2 must be in [0, 1), got {}", w, t.beta2);
+  }
+  if (!(std::isfinite(t.eps) && t.eps > 0)) {
+    BERTH_FAIL("{}: train.eps must be a finite number > 0, got {}", w, t.eps);
+  }
+  if (!(std::isfinite(t.weight_decay) && t.weight_decay >= 0)) {
+    BERTH_FAIL("{}: train.weight_decay must be a finite number >= 0, got {}", w, t.weight_decay);
+  }
+  if (!(std::isfinite(t.grad_clip) && t.grad_clip >= 0)) {
+    BERTH_FAIL("{}: train.grad_clip must be a finite number >= 0 (0 = off), got {}", w,
+               t.grad_clip);
+  }
+  if (cfg.eval.interval < 0) {
+    BERTH_FAIL("{}: eval.interval must be >= 0 (0 = never), got {}", w, cfg.eval.interval);
+  }
+}
+
+std::string config_to_toml(const RunConfig& cfg) {
+  RunConfig copy = cfg;  // Field::ref takes a mutable config; nothing is written through it
+  std::string out;
+  std::string_view section;
+  for (const Field& f : kFields) {
+    if (f.section != section) {
+      section = f.section;
+      out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", section);
+    }
+    const FieldRef ref = f.ref(copy);
+    std::string value;
+    if (auto* i = std::get_if<int64_t*>(&ref)) {
+      value = fmt::format("{}", **i);
+    } else if (auto* d = std::get_if<double*>(&ref)) {
+      value = format_double(**d);
+    } else if (auto* b = std::get_if<bool*>(&ref)) {
+      value = **b ? "true" : "false";
+    } else {
+      value = quote_toml(*std::get<std::string*>(ref));
+    }
+    out += fmt::format("{} = {}\n", f.key, value);
+  }
+  return out;
+}
+
+}  // namespace berth

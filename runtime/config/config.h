@@ -1,0 +1,85 @@
+// Typed run configuration. This is the only module that includes toml++.
+//
+// A config file is TOML with the sections below; every key is optional and has the default shown
+// in the struct. Unknown sections or keys, and values of the wrong type, are errors that name the
+// key and the file ("configs/x.toml: unknown key 'train.lrr' (known keys of [train]: ...)").
+// `--set section.key=value` overrides are applied after the file, with the same checks; the value
+// is parsed as a TOML value (`--set train.lr=3e-4`, `--set run.name=foo`, `--set data.shuffle=true`;
+// a value that is not valid TOML is taken as a string).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace berth {
+
+struct RunSection {
+  std::string name = "run";
+  std::string out_dir = "runs";
+  int64_t seed = 1337;
+};
+
+struct ModelSection {
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t d_model = 256;
+  int64_t vocab_size = 257;
+  int64_t max_seq_len = 256;
+};
+
+struct DataSection {
+  std::string train;          // HDF5 token dataset (required to train)
+  std::string val;            // optional; "" = no validation
+  std::string mode = "stream";
+  int64_t seq_len = 256;
+  bool shuffle = false;
+};
+
+struct TrainSection {
+  int64_t micro_batch_size = 4;
+  int64_t steps = 100;
+  double lr = 3e-4;
+  std::string lr_schedule = "cosine";  // "constant" | "cosine"
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0 = off
+  int64_t log_interval = 1;
+};
+
+struct EvalSection {
+  int64_t interval = 0;  // 0 = never
+  int64_t batches = 4;
+};
+
+struct RunConfig {
+  RunSection run;
+  ModelSection model;
+  DataSection data;
+  TrainSection train;
+  EvalSection eval;
+  std::string source;  // path the config was read from ("" when built in code)
+};
+
+// Reads `path`, applies `overrides` ("section.key=value"), validates. Throws berth::Error with a
+// specific message (missing file, TOML syntax error with line/column, unknown key, wrong type,
+// bad value such as steps <= 0 or lr_schedule = "linear").
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Same as load_config but from TOML text; `source_name` is used in error messages.
+RunConfig parse_config(const std::string& toml_text, const std::string& source_name,
+                       const std::vector<std::string>& overrides = {});
+
+// Checks every value range (sizes > 0, d_model % n_head == 0, seq_len <= max_seq_len,
+// lr_schedule/mode known, betas in [0,1), ...). Called by load/parse; callable after edits.
+void validate_config(const RunConfig& cfg);
+
+// The fully resolved config as TOML text (every key, defaults included), parseable by
+// parse_config to the same values.
+std::string config_to_toml(const RunConfig& cfg);
+
+}  // namespace berth

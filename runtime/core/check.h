@@ -1,0 +1,42 @@
+// berth::Error and the one family of check macros.
+//
+// Library code reports every failure a user can act on by throwing berth::Error; `main` catches it,
+// logs it with rank@host and aborts the job (MPI_Abort) so no peer hangs in a collective.
+// Expected outcomes (end of data, lease refused, ...) are return values, never exceptions.
+//
+//   BERTH_CHECK(cond, fmt, args...)   throws Error("<message> [check `cond` failed at file:line]")
+//   BERTH_FAIL(fmt, args...)          throws Error("<message>") unconditionally
+//
+// Each macro evaluates its condition exactly once. Messages are fmt format strings and should say
+// what to do ("seq_len (2048) > model.max_seq_len (1024): lower data.seq_len or raise ...").
+#pragma once
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace berth {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// "rank 3@node07" once main has set it (set_identity), "rank ?@host" before.
+const std::string& identity();
+void set_identity(int rank, int world_size);
+int identity_rank();  // -1 until set_identity
+
+}  // namespace berth
+
+#define BERTH_FAIL(...) throw ::berth::Error(::fmt::format(__VA_ARGS__))
+
+#define BERTH_CHECK(cond, ...)                                                              \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      throw ::berth::Error(::fmt::format(__VA_ARGS__) +                                     \
+                           ::fmt::format(" [check `{}` failed at {}:{}]", #cond, __FILE__, \
+                                         __LINE__));                                        \
+    }                                                                                       \
+  } while (0)

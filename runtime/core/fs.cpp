@@ -1,0 +1,63 @@
+#include "runtime/core/fs.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/core/check.h"
+
+namespace berth {
+
+std::string temp_path_for(const std::string& final_path) {
+  static int counter = 0;
+  return fmt::format("{}.tmp.{}.{}", final_path, static_cast<long>(getpid()), counter++);
+}
+
+void commit_file(const std::string& temp_path, const std::string& final_path) {
+  if (std::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(temp_path.c_str());
+    BERTH_FAIL("cannot move {} into place as {}: {}", temp_path, final_path, std::strerror(err));
+  }
+}
+
+void write_text_file_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = temp_path_for(path);
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    BERTH_CHECK(out.good(), "cannot write {}: {} (check that the directory exists and is writable)",
+                path, std::strerror(errno));
+    out << text;
+    out.flush();
+    if (!out.good()) {
+      std::remove(tmp.c_str());
+      BERTH_FAIL("writing {} failed (disk full?)", path);
+    }
+  }
+  commit_file(tmp, path);
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  BERTH_CHECK(in.good(), "cannot read {}: {}", path, std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void ensure_writable_dir(const std::string& dir, const char* what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) BERTH_FAIL("cannot create {} '{}': {}", what, dir, ec.message());
+  if (access(dir.c_str(), W_OK) != 0) {
+    BERTH_FAIL("{} '{}' is not writable ({}); choose another directory", what, dir,
+               std::strerror(errno));
+  }
+}
+
+}  // namespace berth

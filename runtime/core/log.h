@@ -1,0 +1,27 @@
+// Logging: one line per message on stderr (info goes to stdout), prefixed with the level.
+// log_info prints only on rank 0 (or before the identity is set); log_warn/log_error print on every
+// rank with rank@host so a failing peer can be found in a multi-node log.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <string>
+
+namespace berth {
+
+void log_line(const char* level, bool all_ranks, const std::string& message);
+
+template <typename... Args>
+void log_info(fmt::format_string<Args...> f, Args&&... args) {
+  log_line("info", false, fmt::format(f, std::forward<Args>(args)...));
+}
+template <typename... Args>
+void log_warn(fmt::format_string<Args...> f, Args&&... args) {
+  log_line("warn", true, fmt::format(f, std::forward<Args>(args)...));
+}
+template <typename... Args>
+void log_error(fmt::format_string<Args...> f, Args&&... args) {
+  log_line("error", true, fmt::format(f, std::forward<Args>(args)...));
+}
+
+}  // namespace berth

@@ -1,0 +1,527 @@
+// Token datasets on disk (HDF5 C API) and in memory; see token_dataset.h for the file layout.
+#include "runtime/io/token_dataset.h"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <utility>
+
+#include "runtime/core/check.h"
+#include "runtime/core/fs.h"
+
+namespace berth {
+namespace {
+
+constexpr const char* kImportHint = "import it with `berth data import`";
+
+// ---- HDF5 plumbing ------------------------------------------------------------------------------
+
+// Owns one HDF5 identifier and closes it with the matching H5*close on every path.
+class H5Id {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  H5Id() = default;
+  H5Id(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  H5Id(H5Id&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), closer_(o.closer_) {}
+  H5Id& operator=(H5Id&& o) noexcept {
+    if (this != &o) {
+      close();
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
+      closer_ = o.closer_;
+    }
+    return *this;
+  }
+  ~H5Id() { close(); }
+
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  // Closes now; returns false when HDF5 reports a failure (e.g. flushing the file failed).
+  bool close() {
+    if (id_ < 0) return true;
+    const herr_t rc = closer_(id_);
+    id_ = H5I_INVALID_HID;
+    return rc >= 0;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Closer closer_ = nullptr;
+};
+
+// Turns off HDF5's automatic printing of its error stack for this scope (we report our own
+// messages) and restores the previous handler afterwards.
+class H5QuietErrors {
+ public:
+  H5QuietErrors() {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~H5QuietErrors() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+  H5QuietErrors(const H5QuietErrors&) = delete;
+  H5QuietErrors& operator=(const H5QuietErrors&) = delete;
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// The innermost message on HDF5's error stack (the most specific one), then clears the stack.
+std::string h5_error_detail() {
+  std::string detail;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_UPWARD,
+      [](unsigned n, const H5E_error2_t* err, void* out) -> herr_t {
+        auto* s = static_cast<std::string*>(out);
+        if (s->empty() && err != nullptr && err->desc != nullptr) *s = err->desc;
+        return 0;
+      },
+      &detail);
+  H5Eclear2(H5E_DEFAULT);
+  return detail.empty() ? std::string("no detail from HDF5") : detail;
+}
+
+hid_t file_access_plist() {
+  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  if (fapl < 0) return fapl;
+#if H5_VERSION_GE(1, 12, 1) || (H5_VERS_MAJOR == 1 && H5_VERS_MINOR == 10 && H5_VERS_RELEASE >= 7)
+  // Lock where the file system supports it, carry on where it does not (Lustre/NFS mounts).
+  H5Pset_file_locking(fapl, true, true);
+#endif
+  return fapl;
+}
+
+std::string describe_type(hid_t type) {
+  const size_t bits = H5Tget_size(type) * 8;
+  switch (H5Tget_class(type)) {
+    case H5T_INTEGER:
+      return fmt::format("{}int{}", H5Tget_sign(type) == H5T_SGN_NONE ? "u" : "", bits);
+    case H5T_FLOAT: return fmt::format("float{}", bits);
+    case H5T_STRING: return "string";
+    case H5T_ENUM: return "enum";
+    case H5T_COMPOUND: return "compound";
+    default: return fmt::format("HDF5 type class {}", static_cast<int>(H5Tget_class(type)));
+  }
+}
+
+// ---- writing ------------------------------------------------------------------------------------
+
+[[noreturn]] void fail_write(const std::string& path, const std::string& step) {
+  BERTH_FAIL("writing token dataset '{}' failed at {}: {} (disk full or directory not writable?)",
+             path, step, h5_error_detail());
+}
+
+void write_dataset_1d(hid_t file, const char* name, hid_t file_type, hid_t mem_type,
+                      const void* data, size_t n, const std::string& path) {
+  const hsize_t dims[1] = {static_cast<hsize_t>(n)};
+  H5Id space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+  if (!space.valid()) fail_write(path, fmt::format("/{} dataspace", name));
+  H5Id dset(H5Dcreate2(file, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+            H5Dclose);
+  if (!dset.valid()) fail_write(path, fmt::format("creating /{}", name));
+  // HDF5 converts mem_type -> file_type in strips (e.g. uint32 in memory -> uint16 on disk).
+  if (n > 0 && H5Dwrite(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
+    fail_write(path, fmt::format("writing /{}", name));
+  }
+  if (!dset.close()) fail_write(path, fmt::format("closing /{}", name));
+}
+
+void write_int_attr(hid_t file, const char* name, int64_t value, const std::string& path) {
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5Acreate2(file, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!space.valid() || !attr.valid() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &value) < 0) {
+    fail_write(path, fmt::format("attribute '{}'", name));
+  }
+}
+
+// Variable-length UTF-8 string, as h5py writes a Python str.
+void write_string_attr(hid_t file, const char* name, const std::string& value,
+                       const std::string& path) {
+  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+  if (!type.valid() || H5Tset_size(type.get(), H5T_VARIABLE) < 0 ||
+      H5Tset_cset(type.get(), H5T_CSET_UTF8) < 0) {
+    fail_write(path, fmt::format("attribute '{}' type", name));
+  }
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5Acreate2(file, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  const char* cstr = value.c_str();
+  if (!space.valid() || !attr.valid() || H5Awrite(attr.get(), type.get(), &cstr) < 0) {
+    fail_write(path, fmt::format("attribute '{}'", name));
+  }
+}
+
+void write_hdf5(const std::string& tmp, const std::string& path, const TokenDataset& ds) {
+  H5Id fapl(file_access_plist(), H5Pclose);
+  H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  if (!file.valid()) {
+    BERTH_FAIL("cannot create '{}' (temporary for '{}'): {}; check that the directory exists and "
+               "is writable",
+               tmp, path, h5_error_detail());
+  }
+  const hid_t f = file.get();
+  write_string_attr(f, "format", kTokenFormatName, path);
+  write_int_attr(f, "format_version", kTokenFormatVersion, path);
+  write_int_attr(f, "vocab_size", ds.vocab_size, path);
+  write_int_attr(f, "eot_token", ds.eot_token, path);
+  write_string_attr(f, "tokenizer", ds.tokenizer, path);
+
+  const hid_t token_type = ds.vocab_size <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
+  write_dataset_1d(f, "tokens", token_type, H5T_NATIVE_UINT32, ds.tokens.data(), ds.tokens.size(),
+                   path);
+  write_dataset_1d(f, "doc_offsets", H5T_STD_U64LE, H5T_NATIVE_UINT64, ds.doc_offsets.data(),
+                   ds.doc_offsets.size(), path);
+  if (!ds.loss_mask.empty()) {
+    write_dataset_1d(f, "loss_mask", H5T_STD_U8LE, H5T_NATIVE_UINT8, ds.loss_mask.data(),
+                     ds.loss_mask.size(), path);
+  }
+  if (H5Fflush(f, H5F_SCOPE_LOCAL) < 0) fail_write(path, "flush");
+  if (!file.close()) fail_write(path, "close");
+}
+
+// ---- reading ------------------------------------------------------------------------------------
+
+[[noreturn]] void fail_corrupt(const std::string& path, const std::string& step) {
+  BERTH_FAIL("'{}' is not a readable HDF5 file (corrupt or truncated?): {} failed: {}", path, step,
+             h5_error_detail());
+}
+
+H5Id open_attr(hid_t file, const char* name, const std::string& path) {
+  const htri_t exists = H5Aexists(file, name);
+  if (exists < 0) fail_corrupt(path, fmt::format("looking up attribute '{}'", name));
+  if (exists == 0) {
+    BERTH_FAIL("'{}' has no '{}' attribute: not a berth token dataset; {}", path, name,
+               kImportHint);
+  }
+  H5Id attr(H5Aopen(file, name, H5P_DEFAULT), H5Aclose);
+  if (!attr.valid()) fail_corrupt(path, fmt::format("opening attribute '{}'", name));
+  H5Id space(H5Aget_space(attr.get()), H5Sclose);
+  if (!space.valid() || H5Sget_simple_extent_npoints(space.get()) != 1) {
+    BERTH_FAIL("'{}': attribute '{}' must hold exactly one value; {}", path, name, kImportHint);
+  }
+  return attr;
+}
+
+std::string read_string_attr(hid_t file, const char* name, const std::string& path) {
+  H5Id attr = open_attr(file, name, path);
+  H5Id type(H5Aget_type(attr.get()), H5Tclose);
+  if (!type.valid()) fail_corrupt(path, fmt::format("reading attribute '{}'", name));
+  if (H5Tget_class(type.get()) != H5T_STRING) {
+    BERTH_FAIL("'{}': attribute '{}' is {}, expected a string; {}", path, name,
+               describe_type(type.get()), kImportHint);
+  }
+  const htri_t is_vlen = H5Tis_variable_str(type.get());
+  if (is_vlen < 0) fail_corrupt(path, fmt::format("reading attribute '{}'", name));
+  if (is_vlen > 0) {
+    H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    char* buf = nullptr;
+    if (!mem.valid() || H5Tset_size(mem.get(), H5T_VARIABLE) < 0 ||
+        H5Tset_cset(mem.get(), H5Tget_cset(type.get())) < 0 ||
+        H5Aread(attr.get(), mem.get(), &buf) < 0) {
+      fail_corrupt(path, fmt::format("reading attribute '{}'", name));
+    }
+    std::string value = buf != nullptr ? buf : "";
+    H5free_memory(buf);
+    return value;
+  }
+  // Fixed length: read the raw bytes with the file's own type, then drop the padding.
+  const size_t n = H5Tget_size(type.get());
+  std::string raw(n, '\0');
+  if (n > 0 && H5Aread(attr.get(), type.get(), raw.data()) < 0) {
+    fail_corrupt(path, fmt::format("reading attribute '{}'", name));
+  }
+  std::string value(raw.c_str());
+  if (H5Tget_strpad(type.get()) == H5T_STR_SPACEPAD) {
+    while (!value.empty() && value.back() == ' ') value.pop_back();
+  }
+  return value;
+}
+
+int64_t read_int_attr(hid_t file, const char* name, const std::string& path) {
+  H5Id attr = open_attr(file, name, path);
+  H5Id type(H5Aget_type(attr.get()), H5Tclose);
+  if (!type.valid()) fail_corrupt(path, fmt::format("reading attribute '{}'", name));
+  if (H5Tget_class(type.get()) != H5T_INTEGER) {
+    BERTH_FAIL("'{}': attribute '{}' is {}, expected an integer; {}", path, name,
+               describe_type(type.get()), kImportHint);
+  }
+  int64_t value = 0;
+  if (H5Aread(attr.get(), H5T_NATIVE_INT64, &value) < 0) {
+    fail_corrupt(path, fmt::format("reading attribute '{}'", name));
+  }
+  return value;
+}
+
+// Opens dataset /name; returns an invalid handle when it is absent and !required.
+H5Id open_dataset(hid_t file, const char* name, bool required, const std::string& path) {
+  const htri_t exists = H5Lexists(file, name, H5P_DEFAULT);
+  if (exists < 0) fail_corrupt(path, fmt::format("looking up /{}", name));
+  if (exists == 0) {
+    if (!required) return H5Id();
+    BERTH_FAIL("'{}' has no /{} dataset: not a berth token dataset; {}", path, name, kImportHint);
+  }
+  H5Id dset(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
+  if (!dset.valid()) {
+    BERTH_FAIL("'{}': /{} exists but is not a readable dataset ({}); {}", path, name,
+               h5_error_detail(), kImportHint);
+  }
+  return dset;
+}
+
+// Checks /name is an integer dataset (optionally of a set of sizes/unsignedness) and 1-D; returns
+// its length and whether it is signed.
+struct IntShape {
+  size_t n = 0;
+  bool is_signed = false;
+  size_t nbytes = 0;
+};
+IntShape check_int_1d(hid_t dset, const char* name, const char* expected,
+                      const std::string& path) {
+  H5Id type(H5Dget_type(dset), H5Tclose);
+  if (!type.valid()) fail_corrupt(path, fmt::format("reading the type of /{}", name));
+  if (H5Tget_class(type.get()) != H5T_INTEGER) {
+    BERTH_FAIL("'{}': /{} has element type {}, expected {}; {}", path, name,
+               describe_type(type.get()), expected, kImportHint);
+  }
+  IntShape shape;
+  shape.is_signed = H5Tget_sign(type.get()) != H5T_SGN_NONE;
+  shape.nbytes = H5Tget_size(type.get());
+  H5Id space(H5Dget_space(dset), H5Sclose);
+  if (!space.valid()) fail_corrupt(path, fmt::format("reading the shape of /{}", name));
+  const int ndims = H5Sget_simple_extent_ndims(space.get());
+  if (ndims != 1) {
+    BERTH_FAIL("'{}': /{} has {} dimensions, expected a 1-D dataset; {}", path, name, ndims,
+               kImportHint);
+  }
+  hsize_t dims[1] = {0};
+  H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+  shape.n = static_cast<size_t>(dims[0]);
+  return shape;
+}
+
+void read_all(hid_t dset, hid_t mem_type, void* data, size_t n, const char* name,
+              const std::string& path) {
+  if (n > 0 && H5Dread(dset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
+    fail_corrupt(path, fmt::format("reading /{}", name));
+  }
+}
+
+TokenDataset read_hdf5(const std::string& path) {
+  H5Id fapl(file_access_plist(), H5Pclose);
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (!file.valid()) fail_corrupt(path, "opening");
+  const hid_t f = file.get();
+
+  const std::string format = read_string_attr(f, "format", path);
+  if (format != kTokenFormatName) {
+    BERTH_FAIL("'{}' has format '{}', expected '{}': not a berth token dataset; {}", path, format,
+               kTokenFormatName, kImportHint);
+  }
+  const int64_t version = read_int_attr(f, "format_version", path);
+  if (version > kTokenFormatVersion) {
+    BERTH_FAIL("'{}' has format_version {}, this build reads {}; upgrade berth or re-import the "
+               "data with this build's `berth data import`",
+               path, version, kTokenFormatVersion);
+  }
+  if (version < 1) {
+    BERTH_FAIL("'{}' has invalid format_version {} (expected {}); {}", path, version,
+               kTokenFormatVersion, kImportHint);
+  }
+
+  TokenDataset ds;
+  ds.vocab_size = read_int_attr(f, "vocab_size", path);
+  ds.eot_token = read_int_attr(f, "eot_token", path);
+  ds.tokenizer = read_string_attr(f, "tokenizer", path);
+
+  H5Id tokens = open_dataset(f, "tokens", true, path);
+  H5Id offsets = open_dataset(f, "doc_offsets", true, path);
+  H5Id mask = open_dataset(f, "loss_mask", false, path);
+
+  const IntShape ts = check_int_1d(tokens.get(), "tokens", "uint16 or uint32", path);
+  if (ts.is_signed || (ts.nbytes != 2 && ts.nbytes != 4)) {
+    BERTH_FAIL("'{}': /tokens has element type {}int{}, expected uint16 or uint32; {}", path,
+               ts.is_signed ? "" : "u", ts.nbytes * 8, kImportHint);
+  }
+  const IntShape os = check_int_1d(offsets.get(), "doc_offsets", "uint64", path);
+  IntShape ms;
+  if (mask.valid()) {
+    ms = check_int_1d(mask.get(), "loss_mask", "uint8", path);
+    if (ms.nbytes != 1) {
+      BERTH_FAIL("'{}': /loss_mask has element type {}int{}, expected uint8; {}", path,
+                 ms.is_signed ? "" : "u", ms.nbytes * 8, kImportHint);
+    }
+  }
+
+  ds.tokens.resize(ts.n);
+  read_all(tokens.get(), H5T_NATIVE_UINT32, ds.tokens.data(), ts.n, "tokens", path);
+  // A signed file type is read with its own sign: a negative offset (mask value) shows up as a huge
+  // (>= 128) value that validate_dataset then rejects, instead of being silently clipped to 0.
+  ds.doc_offsets.resize(os.n);
+  read_all(offsets.get(), os.is_signed ? H5T_NATIVE_INT64 : H5T_NATIVE_UINT64,
+           ds.doc_offsets.data(), os.n, "doc_offsets", path);
+  if (mask.valid()) {
+    ds.loss_mask.resize(ms.n);
+    read_all(mask.get(), ms.is_signed ? H5T_NATIVE_INT8 : H5T_NATIVE_UINT8, ds.loss_mask.data(),
+             ms.n, "loss_mask", path);
+  }
+  return ds;
+}
+
+}  // namespace
+
+// ---- validation ---------------------------------------------------------------------------------
+
+void validate_dataset(const TokenDataset& ds, const std::string& what) {
+  if (ds.vocab_size <= 0 || ds.vocab_size > (int64_t{1} << 32)) {
+    BERTH_FAIL("'{}': vocab_size {} must be in [1, 2^32]", what, ds.vocab_size);
+  }
+  if (ds.eot_token < -1 || ds.eot_token >= ds.vocab_size) {
+    BERTH_FAIL("'{}': eot_token {} must be -1 (none) or in [0, vocab_size {})", what, ds.eot_token,
+               ds.vocab_size);
+  }
+  const auto& off = ds.doc_offsets;
+  if (off.empty()) {
+    BERTH_FAIL("'{}': doc_offsets is empty; it needs n_docs + 1 entries starting at 0", what);
+  }
+  if (off.front() != 0) {
+    BERTH_FAIL("'{}': doc_offsets[0] is {}, expected 0", what, off.front());
+  }
+  for (size_t i = 1; i < off.size(); ++i) {
+    if (off[i] < off[i - 1]) {
+      BERTH_FAIL("'{}': doc_offsets[{}] = {} is less than doc_offsets[{}] = {}; offsets must be "
+                 "non-decreasing",
+                 what, i, off[i], i - 1, off[i - 1]);
+    }
+  }
+  if (off.back() != ds.tokens.size()) {
+    BERTH_FAIL("'{}': the last doc_offset is {} but there are {} tokens; they must be equal", what,
+               off.back(), ds.tokens.size());
+  }
+  const uint64_t vocab = static_cast<uint64_t>(ds.vocab_size);
+  for (size_t i = 0; i < ds.tokens.size(); ++i) {
+    if (ds.tokens[i] >= vocab) {
+      BERTH_FAIL("'{}': token {} at index {} is >= vocab_size {}", what, ds.tokens[i], i,
+                 ds.vocab_size);
+    }
+  }
+  if (!ds.loss_mask.empty()) {
+    if (ds.loss_mask.size() != ds.tokens.size()) {
+      BERTH_FAIL("'{}': loss_mask has {} entries but there are {} tokens; it must be empty or one "
+                 "per token",
+                 what, ds.loss_mask.size(), ds.tokens.size());
+    }
+    for (size_t i = 0; i < ds.loss_mask.size(); ++i) {
+      if (ds.loss_mask[i] > 1) {
+        BERTH_FAIL("'{}': loss_mask[{}] is {}, expected 0 or 1", what, i, ds.loss_mask[i]);
+      }
+    }
+  }
+}
+
+// ---- write / read -------------------------------------------------------------------------------
+
+void write_token_dataset(const std::string& path, const TokenDataset& ds) {
+  validate_dataset(ds, path);
+  const std::string tmp = temp_path_for(path);
+  H5QuietErrors quiet;
+  try {
+    write_hdf5(tmp, path, ds);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  commit_file(tmp, path);  // removes tmp itself when the rename fails
+}
+
+TokenDataset read_token_dataset(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) {
+    BERTH_FAIL("dataset file '{}' does not exist; create one with `berth data import`", path);
+  }
+  if (fs::is_directory(st)) {
+    BERTH_FAIL("dataset path '{}' is a directory; expected an HDF5 file made by `berth data import`",
+               path);
+  }
+  H5QuietErrors quiet;
+  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+  if (is_hdf5 == 0) {
+    BERTH_FAIL("'{}' is not a readable HDF5 file (corrupt or truncated?): it has no HDF5 "
+               "signature; create a dataset with `berth data import`",
+               path);
+  }
+  if (is_hdf5 < 0) fail_corrupt(path, "checking the HDF5 signature");
+  TokenDataset ds = read_hdf5(path);
+  validate_dataset(ds, path);
+  return ds;
+}
+
+// ---- statistics ---------------------------------------------------------------------------------
+
+DatasetInfo dataset_info(const TokenDataset& ds) {
+  DatasetInfo info;
+  info.n_docs = ds.n_docs();
+  info.n_tokens = ds.n_tokens();
+  info.vocab_size = ds.vocab_size;
+  info.eot_token = ds.eot_token;
+  info.tokenizer = ds.tokenizer;
+  info.has_loss_mask = !ds.loss_mask.empty();
+  if (info.n_docs > 0) {
+    std::vector<int64_t> lens(static_cast<size_t>(info.n_docs));
+    for (size_t i = 0; i < lens.size(); ++i) {
+      lens[i] = static_cast<int64_t>(ds.doc_offsets[i + 1] - ds.doc_offsets[i]);
+    }
+    std::sort(lens.begin(), lens.end());
+    const size_t n = lens.size();
+    // Nearest-rank percentile: the smallest length with at least p% of documents at or below it.
+    auto pct = [&](double p) {
+      const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(n)));
+      return lens[std::clamp<size_t>(rank, 1, n) - 1];
+    };
+    info.min_len = lens.front();
+    info.max_len = lens.back();
+    info.mean_len = static_cast<double>(info.n_tokens) / static_cast<double>(n);
+    info.p50_len = pct(50);
+    info.p90_len = pct(90);
+    info.p99_len = pct(99);
+  }
+  if (!ds.tokens.empty()) {
+    const uint32_t max_token = *std::max_element(ds.tokens.begin(), ds.tokens.end());
+    std::vector<bool> seen(size_t{max_token} + 1, false);
+    for (uint32_t t : ds.tokens) {
+      if (!seen[t]) {
+        seen[t] = true;
+        ++info.distinct_tokens;
+      }
+    }
+  }
+  return info;
+}
+
+std::string format_dataset_info(const std::string& path, const DatasetInfo& info) {
+  const double used_pct =
+      info.vocab_size > 0
+          ? 100.0 * static_cast<double>(info.distinct_tokens) / static_cast<double>(info.vocab_size)
+          : 0.0;
+  std::string out;
+  out += fmt::format("dataset      {}\n", path);
+  out += fmt::format("documents    {}\n", info.n_docs);
+  out += fmt::format("tokens       {}\n", info.n_tokens);
+  out += fmt::format("doc length   min {}  mean {:.1f}  p50 {}  p90 {}  p99 {}  max {}\n",
+                     info.min_len, info.mean_len, info.p50_len, info.p90_len, info.p99_len,
+                     info.max_len);
+  out += fmt::format("vocab        {} (tokenizer '{}', eot {})\n", info.vocab_size, info.tokenizer,
+                     info.eot_token < 0 ? std::string("none") : std::to_string(info.eot_token));
+  out += fmt::format("distinct     {} tokens used ({:.1f}% of vocab)\n", info.distinct_tokens,
+                     used_pct);
+  out += fmt::format("loss mask    {}\n", info.has_loss_mask ? "yes" : "no");
+  return out;
+}
+
+}  // namespace berth

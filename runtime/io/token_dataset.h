@@ -1,0 +1,62 @@
+// Token datasets on disk (HDF5) and in memory.
+//
+// File layout (format "berth-tokens", format_version 1):
+//   /tokens        uint16 (vocab_size <= 65536) or uint32, 1-D: all documents concatenated
+//   /doc_offsets   uint64, n_docs + 1 entries, doc i is tokens[doc_offsets[i], doc_offsets[i+1])
+//   /loss_mask     optional uint8, one per token (1 = train on this token's prediction)
+//   attributes on the root group: format (string "berth-tokens"), format_version (int64 1),
+//   vocab_size (int64), eot_token (int64, -1 when none), tokenizer (string, e.g. "bytes", "gpt2")
+//
+// Readers check every one of these and say which is wrong; writers write to a temporary file and
+// rename it into place, so a failed import never leaves a half-written dataset.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace berth {
+
+struct TokenDataset {
+  std::vector<uint32_t> tokens;
+  std::vector<uint64_t> doc_offsets;  // n_docs + 1, starts at 0, ends at tokens.size()
+  std::vector<uint8_t> loss_mask;     // empty or tokens.size()
+  int64_t vocab_size = 0;
+  int64_t eot_token = -1;
+  std::string tokenizer;
+
+  int64_t n_docs() const { return doc_offsets.empty() ? 0 : int64_t(doc_offsets.size()) - 1; }
+  int64_t n_tokens() const { return int64_t(tokens.size()); }
+};
+
+constexpr const char* kTokenFormatName = "berth-tokens";
+constexpr int64_t kTokenFormatVersion = 1;
+
+// Checks the in-memory invariants (offsets monotone and in range, every token < vocab_size,
+// mask length); throws Error naming `what` (usually the file) and the first offending index.
+void validate_dataset(const TokenDataset& ds, const std::string& what);
+
+// Writes atomically (temporary + rename). Validates first.
+void write_token_dataset(const std::string& path, const TokenDataset& ds);
+
+// Reads and validates. Missing file, not HDF5, wrong format name/version, missing datasets,
+// token >= vocab_size, ... -> Error naming the path and what to do.
+TokenDataset read_token_dataset(const std::string& path);
+
+// Summary statistics for `berth data info`.
+struct DatasetInfo {
+  int64_t n_docs = 0;
+  int64_t n_tokens = 0;
+  int64_t vocab_size = 0;
+  int64_t eot_token = -1;
+  std::string tokenizer;
+  int64_t min_len = 0, max_len = 0;
+  double mean_len = 0.0;
+  int64_t p50_len = 0, p90_len = 0, p99_len = 0;
+  int64_t distinct_tokens = 0;
+  bool has_loss_mask = false;
+};
+DatasetInfo dataset_info(const TokenDataset& ds);
+std::string format_dataset_info(const std::string& path, const DatasetInfo& info);
+
+}  // namespace berth

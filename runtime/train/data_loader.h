@@ -1,0 +1,50 @@
+// Stream-mode data loader: the dataset's token stream (documents concatenated in order, EOT tokens
+// included) cut into consecutive windows of T+1 tokens that overlap by one (inputs and targets
+// shifted by one).
+//
+// Window w covers tokens [w·T, w·T + T] (inputs the first T, targets the last T); there are
+// W = (n_tokens − 1) / T windows. Rows are drawn in order: row r of step k is window
+// (k·B + r) mod W, i.e. tokens [s + r·T, s + r·T + T) with s advancing by B·T per step and wrapping
+// at the end. With shuffle, each epoch (every W rows) uses its own seeded permutation of the
+// windows, so every window is seen once per epoch.
+//
+// The position is one integer (rows consumed), so a checkpoint can store it and resume exactly.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "packing/packed_batch.h"
+#include "runtime/io/token_dataset.h"
+
+namespace berth {
+
+class StreamLoader {
+ public:
+  // Throws Error when the dataset has fewer than T+1 tokens.
+  StreamLoader(const TokenDataset* ds, int B, int T, bool shuffle, uint64_t seed);
+
+  // Fills `batch` with the next B rows and advances the position.
+  void next(PackedBatch* batch);
+
+  int64_t n_windows() const { return n_windows_; }
+  int64_t rows_consumed() const { return rows_; }
+  void set_rows_consumed(int64_t rows) { rows_ = rows; }
+
+  // Window index (into the un-shuffled order) of the `row`-th row ever drawn. Pure.
+  int64_t window_of_row(int64_t row) const;
+
+ private:
+  void build_permutation(int64_t epoch) const;
+
+  const TokenDataset* ds_;
+  int B_, T_;
+  bool shuffle_;
+  uint64_t seed_;
+  int64_t n_windows_;
+  int64_t rows_ = 0;
+  mutable int64_t perm_epoch_ = -1;
+  mutable std::vector<int64_t> perm_;
+};
+
+}  // namespace berth

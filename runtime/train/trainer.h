@@ -1,0 +1,67 @@
+// Trainer: the wiring of one training run on this process — data, model, optimizer, schedule,
+// evaluation, logging and the run directory (out_dir/name/ with config.toml and metrics.jsonl).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "packing/packed_batch.h"
+#include "runtime/config/config.h"
+#include "runtime/io/token_dataset.h"
+#include "runtime/model/gpt.h"
+#include "runtime/train/data_loader.h"
+#include "runtime/train/lr_schedule.h"
+#include "runtime/train/optimizer.h"
+
+namespace berth {
+
+struct StepStats {
+  int64_t step = 0;          // 0-based
+  double loss = 0;           // mean cross-entropy per target token of this step's batch
+  double lr = 0;
+  double grad_norm = 0;      // before clipping
+  double seconds = 0;        // wall time of the step (data + forward + backward + update)
+  double tokens_per_s = 0;
+  double model_flops_per_s = 0;
+  double val_loss = -1;      // when evaluated at this step (before its update), else -1
+};
+
+class Trainer {
+ public:
+  // Validates the config, reads the datasets and checks them against the model, allocates
+  // everything. Throws Error with an actionable message on any bad input.
+  explicit Trainer(const RunConfig& cfg);
+
+  // Creates the run directory, saves the resolved config, trains for train.steps steps and logs.
+  // Returns every step's stats.
+  std::vector<StepStats> run();
+
+  // One optimizer step (used by run and by tests).
+  StepStats train_step(int64_t step);
+
+  // Mean loss per target token over eval.batches sequential validation windows (from the start
+  // of the validation set each time); requires data.val.
+  double evaluate();
+
+  GPT<float>& model() { return *model_; }
+  const std::string& run_dir() const { return run_dir_; }
+
+ private:
+  RunConfig cfg_;
+  GPTConfig gcfg_;
+  LrSchedule schedule_;
+  TokenDataset train_ds_, val_ds_;
+  std::unique_ptr<GPT<float>> model_;
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<StreamLoader> loader_, val_loader_;
+  PackedBatch batch_;
+  double flops_per_token_ = 0;
+  std::string run_dir_;
+};
+
+// The dataset must fit the model: vocab_size <= model.vocab_size and enough tokens for one window.
+void check_dataset_fits(const TokenDataset& ds, const std::string& path, const RunConfig& cfg);
+
+}  // namespace berth

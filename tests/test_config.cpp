@@ -1,0 +1,462 @@
+// Tests for runtime/config: parsing, type checks, overrides, validation, config_to_toml round trip.
+#include "runtime/config/config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "runtime/core/check.h"
+
+namespace berth {
+namespace {
+
+// ---- helpers -------------------------------------------------------------------------------
+
+// The berth::Error message thrown by `fn`; fails the test (and returns "") when nothing is thrown.
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected berth::Error, nothing was thrown";
+  return "";
+}
+
+#define EXPECT_CONTAINS(haystack, needle)                                                   \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos)                          \
+      << "message: " << (haystack) << "\nexpected to contain: " << (needle)
+
+std::string parse_error(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return error_of([&] { parse_config(text, "configs/x.toml", overrides); });
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    const testing::UnitTest& unit = *testing::UnitTest::GetInstance();
+    path_ = std::filesystem::path(testing::TempDir()) /
+            fmt::format("berth_test_config_{}_{}", static_cast<long>(getpid()),
+                        unit.current_test_info()->name());
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::string p = (path_ / name).string();
+    std::ofstream out(p, std::ios::binary);
+    out << text;
+    return p;
+  }
+  std::string path(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+void expect_same(const RunConfig& a, const RunConfig& b) {
+  EXPECT_EQ(a.run.name, b.run.name);
+  EXPECT_EQ(a.run.out_dir, b.run.out_dir);
+  EXPECT_EQ(a.run.seed, b.run.seed);
+  EXPECT_EQ(a.model.n_layer, b.model.n_layer);
+  EXPECT_EQ(a.model.n_head, b.model.n_head);
+  EXPECT_EQ(a.model.d_model, b.model.d_model);
+  EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
+  EXPECT_EQ(a.model.max_seq_len, b.model.max_seq_len);
+  EXPECT_EQ(a.data.train, b.data.train);
+  EXPECT_EQ(a.data.val, b.data.val);
+  EXPECT_EQ(a.data.mode, b.data.mode);
+  EXPECT_EQ(a.data.seq_len, b.data.seq_len);
+  EXPECT_EQ(a.data.shuffle, b.data.shuffle);
+  EXPECT_EQ(a.train.micro_batch_size, b.train.micro_batch_size);
+  EXPECT_EQ(a.train.steps, b.train.steps);
+  EXPECT_EQ(a.train.lr, b.train.lr);  // exact: doubles must round-trip bit for bit
+  EXPECT_EQ(a.train.lr_schedule, b.train.lr_schedule);
+  EXPECT_EQ(a.train.warmup_steps, b.train.warmup_steps);
+  EXPECT_EQ(a.train.min_lr, b.train.min_lr);
+  EXPECT_EQ(a.train.beta1, b.train.beta1);
+  EXPECT_EQ(a.train.beta2, b.train.beta2);
+  EXPECT_EQ(a.train.eps, b.train.eps);
+  EXPECT_EQ(a.train.weight_decay, b.train.weight_decay);
+  EXPECT_EQ(a.train.grad_clip, b.train.grad_clip);
+  EXPECT_EQ(a.train.log_interval, b.train.log_interval);
+  EXPECT_EQ(a.eval.interval, b.eval.interval);
+  EXPECT_EQ(a.eval.batches, b.eval.batches);
+}
+
+const char* kFullFile = R"(
+# a complete config
+[run]
+name = "gpt2-small"
+out_dir = "/tmp/runs"
+seed = 42
+
+[model]
+n_layer = 12
+n_head = 12
+d_model = 768
+vocab_size = 50257
+max_seq_len = 1024
+
+[data]
+train = "data/train.h5"
+val = "data/val.h5"
+mode = "stream"
+seq_len = 512
+shuffle = true
+
+[train]
+micro_batch_size = 8
+steps = 5000
+lr = 6e-4
+lr_schedule = "constant"
+warmup_steps = 100
+min_lr = 6e-5
+beta1 = 0.8
+beta2 = 0.99
+eps = 1e-6
+weight_decay = 0
+grad_clip = 0.5
+log_interval = 10
+
+[eval]
+interval = 250
+batches = 20
+)";
+
+// ---- parsing -------------------------------------------------------------------------------
+
+TEST(Config, EmptyTextGivesDefaults) {
+  const RunConfig cfg = parse_config("", "empty.toml");
+  expect_same(cfg, RunConfig{});
+  EXPECT_EQ(cfg.source, "empty.toml");
+  EXPECT_EQ(cfg.train.lr, 3e-4);
+  EXPECT_EQ(cfg.model.d_model, 256);
+  EXPECT_EQ(cfg.data.mode, "stream");
+}
+
+TEST(Config, FullFile) {
+  const RunConfig cfg = parse_config(kFullFile, "configs/full.toml");
+  EXPECT_EQ(cfg.run.name, "gpt2-small");
+  EXPECT_EQ(cfg.run.out_dir, "/tmp/runs");
+  EXPECT_EQ(cfg.run.seed, 42);
+  EXPECT_EQ(cfg.model.n_layer, 12);
+  EXPECT_EQ(cfg.model.n_head, 12);
+  EXPECT_EQ(cfg.model.d_model, 768);
+  EXPECT_EQ(cfg.model.vocab_size, 50257);
+  EXPECT_EQ(cfg.model.max_seq_len, 1024);
+  EXPECT_EQ(cfg.data.train, "data/train.h5");
+  EXPECT_EQ(cfg.data.val, "data/val.h5");
+  EXPECT_EQ(cfg.data.mode, "stream");
+  EXPECT_EQ(cfg.data.seq_len, 512);
+  EXPECT_TRUE(cfg.data.shuffle);
+  EXPECT_EQ(cfg.train.micro_batch_size, 8);
+  EXPECT_EQ(cfg.train.steps, 5000);
+  EXPECT_EQ(cfg.train.lr, 6e-4);
+  EXPECT_EQ(cfg.train.lr_schedule, "constant");
+  EXPECT_EQ(cfg.train.warmup_steps, 100);
+  EXPECT_EQ(cfg.train.min_lr, 6e-5);
+  EXPECT_EQ(cfg.train.beta1, 0.8);
+  EXPECT_EQ(cfg.train.beta2, 0.99);
+  EXPECT_EQ(cfg.train.eps, 1e-6);
+  EXPECT_EQ(cfg.train.weight_decay, 0.0);  // integer accepted for a float key
+  EXPECT_EQ(cfg.train.grad_clip, 0.5);
+  EXPECT_EQ(cfg.train.log_interval, 10);
+  EXPECT_EQ(cfg.eval.interval, 250);
+  EXPECT_EQ(cfg.eval.batches, 20);
+}
+
+TEST(Config, DottedKeysAndInlineTables) {
+  const RunConfig cfg = parse_config("train.steps = 7\nmodel = { n_layer = 2 }\n", "x.toml");
+  EXPECT_EQ(cfg.train.steps, 7);
+  EXPECT_EQ(cfg.model.n_layer, 2);
+}
+
+TEST(Config, UnknownKeyNamesKeyFileAndKnownKeys) {
+  const std::string msg = parse_error("[train]\nlrr = 0.1\n");
+  EXPECT_CONTAINS(msg, "configs/x.toml");
+  EXPECT_CONTAINS(msg, "unknown key 'train.lrr'");
+  EXPECT_CONTAINS(msg, "known keys of [train]: micro_batch_size, steps, lr,");
+  EXPECT_CONTAINS(msg, "line 2");
+}
+
+TEST(Config, UnknownSection) {
+  const std::string msg = parse_error("[optim]\nlr = 0.1\n");
+  EXPECT_CONTAINS(msg, "configs/x.toml");
+  EXPECT_CONTAINS(msg, "unknown section [optim]");
+  EXPECT_CONTAINS(msg, "[train]");
+}
+
+TEST(Config, TopLevelValueIsAnError) {
+  const std::string msg = parse_error("steps = 10\n");
+  EXPECT_CONTAINS(msg, "configs/x.toml");
+  EXPECT_CONTAINS(msg, "'steps'");
+  EXPECT_CONTAINS(msg, "not a section");
+}
+
+TEST(Config, WrongTypes) {
+  std::string msg = parse_error("[train]\nlr = \"fast\"\n");
+  EXPECT_CONTAINS(msg, "configs/x.toml: train.lr must be a number, got string");
+  EXPECT_CONTAINS(msg, "\"fast\"");
+
+  msg = parse_error("[train]\nsteps = 10.0\n");
+  EXPECT_CONTAINS(msg, "configs/x.toml: train.steps must be an integer, got float");
+
+  msg = parse_error("[data]\nshuffle = 1\n");
+  EXPECT_CONTAINS(msg, "data.shuffle must be a boolean");
+  EXPECT_CONTAINS(msg, "got integer");
+
+  msg = parse_error("[run]\nname = 5\n");
+  EXPECT_CONTAINS(msg, "run.name must be a string");
+
+  msg = parse_error("[model]\nn_layer = [1, 2]\n");
+  EXPECT_CONTAINS(msg, "model.n_layer must be an integer, got array");
+}
+
+TEST(Config, MissingFile) {
+  TempDir dir;
+  const std::string path = dir.path("nope.toml");
+  const std::string msg = error_of([&] { load_config(path); });
+  EXPECT_CONTAINS(msg, "config file '" + path + "' not found");
+}
+
+TEST(Config, LoadFromFileWithOverrides) {
+  TempDir dir;
+  const std::string path = dir.write("ok.toml", kFullFile);
+  const RunConfig cfg = load_config(path, {"train.steps=9"});
+  EXPECT_EQ(cfg.source, path);
+  EXPECT_EQ(cfg.model.d_model, 768);
+  EXPECT_EQ(cfg.train.steps, 9);
+}
+
+TEST(Config, SyntaxErrorMentionsFileLineAndColumn) {
+  TempDir dir;
+  const std::string path = dir.write("bad.toml", "[train]\nsteps = 10\nlr = = 3\n");
+  const std::string msg = error_of([&] { load_config(path); });
+  EXPECT_CONTAINS(msg, path + ":3:");
+  EXPECT_CONTAINS(msg, "TOML syntax error");
+}
+
+// ---- overrides -----------------------------------------------------------------------------
+
+TEST(Config, OverridesApplyAfterFile) {
+  const RunConfig cfg = parse_config("[train]\nlr = 0.1\nsteps = 5\n", "x.toml",
+                                     {"train.lr=3e-4", "run.name=foo", "data.shuffle=true",
+                                      "train.steps = 12", "train.grad_clip=2",
+                                      "run.out_dir=\"with space\"", "data.val=/data/v.h5"});
+  EXPECT_EQ(cfg.train.lr, 3e-4);
+  EXPECT_EQ(cfg.run.name, "foo");
+  EXPECT_TRUE(cfg.data.shuffle);
+  EXPECT_EQ(cfg.train.steps, 12);
+  EXPECT_EQ(cfg.train.grad_clip, 2.0);
+  EXPECT_EQ(cfg.run.out_dir, "with space");
+  EXPECT_EQ(cfg.data.val, "/data/v.h5");
+}
+
+TEST(Config, OverrideLaterWins) {
+  const RunConfig cfg = parse_config("", "x.toml", {"train.steps=3", "train.steps=4"});
+  EXPECT_EQ(cfg.train.steps, 4);
+}
+
+TEST(Config, OverrideOfStringKeyKeepsTextOfNumber) {
+  const RunConfig cfg = parse_config("", "x.toml", {"run.name=2024", "data.val="});
+  EXPECT_EQ(cfg.run.name, "2024");
+  EXPECT_EQ(cfg.data.val, "");
+}
+
+TEST(Config, OverrideUnknownKey) {
+  std::string msg = parse_error("", {"train.lrr=1"});
+  EXPECT_CONTAINS(msg, "override 'train.lrr=1'");
+  EXPECT_CONTAINS(msg, "unknown key 'train.lrr'");
+  msg = parse_error("", {"optim.lr=1"});
+  EXPECT_CONTAINS(msg, "override 'optim.lr=1'");
+  EXPECT_CONTAINS(msg, "unknown section [optim]");
+}
+
+TEST(Config, OverrideMalformed) {
+  for (const char* bad : {"train.lr", "lr=1", "=1", "train.=1", ".lr=1"}) {
+    const std::string msg = parse_error("", {bad});
+    EXPECT_CONTAINS(msg, std::string("override '") + bad + "'");
+    EXPECT_CONTAINS(msg, "section.key=value");
+  }
+}
+
+TEST(Config, OverrideWrongType) {
+  std::string msg = parse_error("", {"train.lr=fast"});
+  EXPECT_CONTAINS(msg, "override 'train.lr=fast'");
+  EXPECT_CONTAINS(msg, "train.lr must be a number, got string");
+  msg = parse_error("", {"train.steps=1e3"});
+  EXPECT_CONTAINS(msg, "train.steps must be an integer, got float");
+  msg = parse_error("", {"data.shuffle=yes"});
+  EXPECT_CONTAINS(msg, "data.shuffle must be a boolean");
+}
+
+TEST(Config, OverrideIsValidated) {
+  const std::string msg = parse_error("", {"train.steps=0"});
+  EXPECT_CONTAINS(msg, "train.steps must be > 0, got 0");
+}
+
+// ---- validation ----------------------------------------------------------------------------
+
+TEST(Config, ValidationSeqLenAboveMax) {
+  const std::string msg = parse_error("[data]\nseq_len = 512\n[model]\nmax_seq_len = 256\n");
+  EXPECT_CONTAINS(msg, "configs/x.toml");
+  EXPECT_CONTAINS(msg, "data.seq_len (512) > model.max_seq_len (256)");
+  EXPECT_CONTAINS(msg, "lower data.seq_len or raise model.max_seq_len");
+}
+
+TEST(Config, ValidationHeadsDivideWidth) {
+  const std::string msg = parse_error("[model]\nd_model = 100\nn_head = 3\n");
+  EXPECT_CONTAINS(msg, "model.d_model (100)");
+  EXPECT_CONTAINS(msg, "model.n_head (3)");
+}
+
+TEST(Config, ValidationSizes) {
+  std::string msg = parse_error("[train]\nsteps = 0\n");
+  EXPECT_CONTAINS(msg, "configs/x.toml: train.steps must be > 0, got 0");
+  msg = parse_error("[train]\nmicro_batch_size = -2\n");
+  EXPECT_CONTAINS(msg, "train.micro_batch_size must be > 0, got -2");
+  msg = parse_error("[eval]\nbatches = 0\n");
+  EXPECT_CONTAINS(msg, "eval.batches must be > 0");
+  msg = parse_error("[model]\nvocab_size = 2147483649\n");
+  EXPECT_CONTAINS(msg, "model.vocab_size (2147483649)");
+}
+
+TEST(Config, ValidationSchedule) {
+  std::string msg = parse_error("[train]\nlr_schedule = \"linear\"\n");
+  EXPECT_CONTAINS(msg, "train.lr_schedule \"linear\"");
+  EXPECT_CONTAINS(msg, "\"cosine\"");
+  msg = parse_error("[train]\nlr = 0.001\nmin_lr = 0.01\n");
+  EXPECT_CONTAINS(msg, "train.min_lr (0.01) must be >= 0 and <= train.lr (0.001)");
+  msg = parse_error("[train]\nlr = 0\n");
+  EXPECT_CONTAINS(msg, "train.lr must be a finite number > 0, got 0");
+  msg = parse_error("[train]\nlr = nan\n");
+  EXPECT_CONTAINS(msg, "train.lr must be a finite number > 0");
+  msg = parse_error("[train]\nwarmup_steps = -1\n");
+  EXPECT_CONTAINS(msg, "train.warmup_steps must be >= 0, got -1");
+}
+
+TEST(Config, ValidationOptimizer) {
+  std::string msg = parse_error("[train]\nbeta1 = 1.0\n");
+  EXPECT_CONTAINS(msg, "train.beta1 must be in [0, 1), got 1");
+  msg = parse_error("[train]\nbeta2 = -0.1\n");
+  EXPECT_CONTAINS(msg, "train.beta2 must be in [0, 1), got -0.1");
+  msg = parse_error("[train]\neps = 0\n");
+  EXPECT_CONTAINS(msg, "train.eps");
+  msg = parse_error("[train]\nweight_decay = -1\n");
+  EXPECT_CONTAINS(msg, "train.weight_decay");
+  msg = parse_error("[train]\ngrad_clip = -1\n");
+  EXPECT_CONTAINS(msg, "train.grad_clip");
+  msg = parse_error("[eval]\ninterval = -5\n");
+  EXPECT_CONTAINS(msg, "eval.interval must be >= 0");
+}
+
+TEST(Config, ValidationDataMode) {
+  std::string msg = parse_error("[data]\nmode = \"packed\"\n");
+  EXPECT_CONTAINS(msg, "configs/x.toml: data.mode = \"packed\"");
+  EXPECT_CONTAINS(msg, "sequence packing");
+  EXPECT_CONTAINS(msg, "not supported yet");
+  msg = parse_error("[data]\nmode = \"padded\"\n");
+  EXPECT_CONTAINS(msg, "sequence packing");
+  msg = parse_error("[data]\nmode = \"random\"\n");
+  EXPECT_CONTAINS(msg, "unknown data.mode \"random\"");
+}
+
+TEST(Config, ValidateAfterEditNamesSourceOrConfig) {
+  RunConfig cfg;
+  EXPECT_NO_THROW(validate_config(cfg));
+  cfg.train.steps = -1;
+  std::string msg = error_of([&] { validate_config(cfg); });
+  EXPECT_CONTAINS(msg, "config: train.steps must be > 0, got -1");
+  cfg.source = "runs/a/config.toml";
+  msg = error_of([&] { validate_config(cfg); });
+  EXPECT_CONTAINS(msg, "runs/a/config.toml: train.steps");
+}
+
+// ---- config_to_toml ------------------------------------------------------------------------
+
+TEST(Config, ToTomlListsEveryKeyAndWritesFloatsAsFloats) {
+  RunConfig cfg;
+  cfg.train.grad_clip = 1.0;
+  cfg.train.min_lr = 0.0;
+  const std::string text = config_to_toml(cfg);
+  for (const char* line : {"[run]\n", "[model]\n", "[data]\n", "[train]\n", "[eval]\n",
+                           "name = \"run\"\n", "seed = 1337\n", "vocab_size = 257\n",
+                           "train = \"\"\n", "shuffle = false\n", "lr = 0.0003\n",
+                           "grad_clip = 1.0\n", "min_lr = 0.0\n", "eps = 1e-08\n",
+                           "interval = 0\n", "batches = 4\n"}) {
+    EXPECT_CONTAINS(text, line);
+  }
+}
+
+TEST(Config, RoundTripNonDefaults) {
+  RunConfig cfg;
+  cfg.run.name = "quote\" back\\slash\ttab\nnewline \x01 unicode \xc3\xa9";
+  cfg.run.out_dir = "/scratch/runs";
+  cfg.run.seed = -7;
+  cfg.model.n_layer = 6;
+  cfg.model.n_head = 8;
+  cfg.model.d_model = 512;
+  cfg.model.vocab_size = 50304;
+  cfg.model.max_seq_len = 2048;
+  cfg.data.train = "d/train.h5";
+  cfg.data.val = "d/val.h5";
+  cfg.data.seq_len = 1024;
+  cfg.data.shuffle = true;
+  cfg.train.micro_batch_size = 16;
+  cfg.train.steps = 123456;
+  cfg.train.lr = 3e-4;
+  cfg.train.min_lr = 0.1 * 3e-4;
+  cfg.train.lr_schedule = "constant";
+  cfg.train.warmup_steps = 700;
+  cfg.train.beta1 = 1.0 / 3.0;
+  cfg.train.beta2 = 0.999;
+  cfg.train.eps = 5e-324;  // smallest subnormal
+  cfg.train.weight_decay = 1e16;
+  cfg.train.grad_clip = 0.1;
+  cfg.train.log_interval = 3;
+  cfg.eval.interval = 50;
+  cfg.eval.batches = 2;
+  cfg.source = "roundtrip.toml";
+
+  const std::string text = config_to_toml(cfg);
+  const RunConfig back = parse_config(text, "roundtrip.toml");
+  expect_same(back, cfg);
+  EXPECT_EQ(config_to_toml(back), text);
+}
+
+TEST(Config, RoundTripMinLrPointOne) {
+  RunConfig cfg;
+  cfg.train.lr = 0.5;
+  cfg.train.min_lr = 0.1;
+  const RunConfig back = parse_config(config_to_toml(cfg), "x.toml");
+  expect_same(back, cfg);
+  EXPECT_EQ(back.train.min_lr, 0.1);
+  EXPECT_EQ(back.train.lr, 0.5);
+}
+
+TEST(Config, RoundTripManyDoubles) {
+  // Values whose shortest decimal form needs all 17 digits, exponents and large magnitudes.
+  for (double v : {0.1, 0.2 + 0.1, 1.0 / 7.0, 2.0 / 3.0, 1e-300, 0.999999999999999889,
+                   std::nextafter(0.9, 1.0), std::numeric_limits<double>::min(), 123456789.0,
+                   1e15, 1e22, 4.9406564584124654e-320}) {
+    RunConfig cfg;
+    cfg.train.eps = v;
+    const RunConfig back = parse_config(config_to_toml(cfg), "x.toml");
+    EXPECT_EQ(back.train.eps, v) << "eps written as: " << config_to_toml(cfg);
+  }
+}
+
+}  // namespace
+}  // namespace berth
