@@ -1,1 +1,124 @@
-int main() { return 0; }
+// Training throughput of the CPU reference path: tokens/s, model FLOP/s and MFU, measured in one
+// run next to this machine's OpenBLAS sgemm rate so the ratio is taken under the same conditions.
+//
+//   bench_train [--steps N] [--warmup N] [--only a|b]
+//
+// (a) L=4 C=256 NH=4 V=257 T=256 B=4      (b) GPT-2 124M: L=12 C=768 NH=12 V=50257, B=4 T=64
+// A step is forward + backward + AdamW on random tokens. Model FLOPs per token are
+// 6·(non-embedding params + Vp·C) + 12·L·T·C (attention counted for the full T×T block, not halved
+// for causality — the CPU kernels compute the full block). MFU = model FLOP/s ÷ sgemm FLOP/s.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "packing/packed_batch.h"
+#include "runtime/model/gpt.h"
+#include "runtime/train/optimizer.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Best of `reps` sgemm calls on n×n matrices (C = A·B), in FLOP/s.
+double sgemm_flops(int n, int reps) {
+  std::vector<float> a(size_t(n) * n), b(size_t(n) * n), c(size_t(n) * n);
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (auto& x : a) x = u(gen);
+  for (auto& x : b) x = u(gen);
+  double best = 0;
+  for (int r = 0; r < reps; r++) {
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n,
+                0.f, c.data(), n);
+    best = std::max(best, 2.0 * n * n * double(n) / seconds_since(t0));
+  }
+  return best;
+}
+
+struct Result {
+  double tokens_per_s, flops_per_s, step_ms;
+};
+
+Result bench_model(const char* name, int L, int C, int NH, int V, int T, int B, int warmup,
+                   int steps) {
+  const berth::GPTConfig cfg = berth::make_gpt_config(L, NH, C, V, T);
+  berth::GPT<float> model(cfg, B, T);
+  model.init_weights(1337);
+  berth::AdamW opt(model.layout(), berth::AdamWSettings{});
+  berth::PackedBatch batch;
+  berth::reset_rows(&batch, B, T);
+  std::mt19937 gen(7);
+  for (int i = 0; i < B * T; i++) {
+    batch.tokens[size_t(i)] = int32_t(gen() % uint32_t(V));
+    batch.targets[size_t(i)] = int32_t(gen() % uint32_t(V));
+  }
+  const double flops_per_token = berth::gpt_flops_per_token(cfg, T);
+  auto step = [&]() {
+    model.zero_grad();
+    model.forward(batch);
+    model.backward(batch, 1.f / float(B * T));
+    opt.step(model.params(), model.grads(), 1e-4);
+  };
+  for (int i = 0; i < warmup; i++) step();
+  std::vector<double> times;
+  for (int i = 0; i < steps; i++) {
+    const auto t0 = Clock::now();
+    step();
+    times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  Result r{double(B * T) / median, flops_per_token * B * T / median, median * 1e3};
+  std::printf("%-34s params %6.1f M | %7.1f MFLOP/tok | step %8.1f ms (median of %d) | "
+              "%8.0f tok/s | %6.1f GFLOP/s\n",
+              name, double(model.layout().total) / 1e6, flops_per_token / 1e6, r.step_ms, steps,
+              r.tokens_per_s, r.flops_per_s / 1e9);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 10, warmup = 2;
+  std::string only;
+  for (int i = 1; i < argc; i++) {
+    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: bench_train [--steps N] [--warmup N] [--only a|b]\n");
+      return 2;
+    }
+  }
+  if (steps < 1) steps = 1;
+  std::printf("bench_train: %d OpenMP threads, %s\n", omp_get_max_threads(),
+              openblas_get_config());
+  const double peak = sgemm_flops(2048, 5);
+  std::printf("%-34s %.1f GFLOP/s (best of 5, 2048^3)\n", "OpenBLAS sgemm", peak / 1e9);
+  if (only.empty() || only == "a") {
+    const Result a = bench_model("(a) L4 C256 NH4 V257 T256 B4", 4, 256, 4, 257, 256, 4, warmup,
+                                 steps);
+    std::printf("%-34s MFU %.1f %%\n", "(a)", 100.0 * a.flops_per_s / peak);
+  }
+  if (only.empty() || only == "b") {
+    const Result b = bench_model("(b) GPT-2 124M T64 B4", 12, 768, 12, 50257, 64, 4, warmup,
+                                 std::max(1, steps / 2));
+    std::printf("%-34s MFU %.1f %%\n", "(b)", 100.0 * b.flops_per_s / peak);
+  }
+  const double peak_after = sgemm_flops(2048, 5);
+  std::printf("%-34s %.1f GFLOP/s (again after the models: drift %.1f %%)\n", "OpenBLAS sgemm",
+              peak_after / 1e9, 100.0 * (peak_after - peak) / peak);
+  return 0;
+}

@@ -101,8 +101,13 @@ void crossentropy_backward(T* dlogits, const T* logits, const int32_t* targets, 
 template <typename T>
 void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, float grad_scale, int64_t t);
-// Σ x² over n values, accumulated in double.
+// Σ x² over n values, accumulated in double; deterministic for a fixed thread count.
 template <typename T>
 double sum_squares(const T* x, int64_t n);
+
+// ---- threads ----------------------------------------------------------------------------------
+// Threads used by the CPU kernels: the OpenMP loops and OpenBLAS (n <= 0: leave as is).
+void set_num_threads(int n);
+int num_threads();
 
 }  // namespace berth::cpu

@@ -7,6 +7,7 @@
 // not.
 #include <cmath>
 
+#include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/ops.h"
 
@@ -51,8 +52,9 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* cu_seqlens, 
       T mx = row[0];
       for (int j = 1; j <= i; j++) mx = row[j] > mx ? row[j] : mx;
       T sum = 0;
+#pragma omp simd reduction(+ : sum)
       for (int j = 0; j <= i; j++) {
-        row[j] = std::exp(row[j] - mx);
+        row[j] = exp_approx(row[j] - mx);
         sum += row[j];
       }
       const T inv = T(1) / sum;
@@ -92,6 +94,7 @@ void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* 
       const T* arow = a + int64_t(i) * L;
       T* drow = da + int64_t(i) * L;
       T dot = 0;
+#pragma omp simd reduction(+ : dot)
       for (int j = 0; j <= i; j++) dot += arow[j] * drow[j];
       for (int j = 0; j <= i; j++) drow[j] = arow[j] * (drow[j] - dot);
       for (int j = i + 1; j < L; j++) drow[j] = 0;

@@ -2,6 +2,7 @@
 // Padded columns [V, Vp) never take part: they get no probability and zero gradient.
 #include <cmath>
 
+#include "kernels/cpu/fast_math.h"
 #include "kernels/ops.h"
 
 namespace berth::cpu {
@@ -12,7 +13,8 @@ T row_logsumexp(const T* row, int V) {
   T mx = row[0];
   for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
   T sum = 0;
-  for (int v = 0; v < V; v++) sum += std::exp(row[v] - mx);
+#pragma omp simd reduction(+ : sum)
+  for (int v = 0; v < V; v++) sum += exp_approx(row[v] - mx);
   return mx + std::log(sum);
 }
 
@@ -46,7 +48,8 @@ void crossentropy_backward(T* dlogits, const T* logits, const int32_t* targets, 
       continue;
     }
     const T lse = row_logsumexp(row, V);
-    for (int v = 0; v < V; v++) drow[v] = dloss * std::exp(row[v] - lse);  // row read before write
+#pragma omp simd
+    for (int v = 0; v < V; v++) drow[v] = dloss * exp_approx(row[v] - lse);  // read before write
     drow[t] -= dloss;
     for (int v = V; v < Vp; v++) drow[v] = 0;
   }
