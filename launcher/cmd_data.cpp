@@ -3,7 +3,10 @@
 #include <CLI/CLI.hpp>
 
 #include "launcher/commands.h"
+#include <cstdio>
+
 #include "runtime/core/check.h"
+#include "runtime/core/fs.h"
 #include "runtime/core/log.h"
 #include "runtime/io/importers.h"
 #include "runtime/io/token_dataset.h"
@@ -30,16 +33,32 @@ void run_import(const ImportArgs& a) {
                 a.inputs.size());
     all = import_llmc_tokens(a.inputs[0]);
   }
+  BERTH_CHECK(all.n_docs() > 0, "the inputs hold no tokens (all files are empty); nothing to import");
   if (a.val_out.empty()) {
     write_token_dataset(a.out, all);
     log_info("wrote {}: {} documents, {} tokens, vocab {}", a.out, all.n_docs(), all.n_tokens(),
              all.vocab_size);
     return;
   }
+  BERTH_CHECK(all.n_docs() >= 2,
+              "--val-out needs at least 2 documents to split (train and validation), the inputs "
+              "hold {}; import more files or drop --val-out",
+              all.n_docs());
   TokenDataset train, val;
   split_validation(all, a.val_fraction, &train, &val);
-  write_token_dataset(a.out, train);
-  write_token_dataset(a.val_out, val);
+  // Both files are written under temporary names first and renamed only when both succeeded, so
+  // a failure never leaves one of the pair behind.
+  const std::string train_tmp = temp_path_for(a.out), val_tmp = temp_path_for(a.val_out);
+  try {
+    write_token_dataset(train_tmp, train);
+    write_token_dataset(val_tmp, val);
+  } catch (...) {
+    std::remove(train_tmp.c_str());
+    std::remove(val_tmp.c_str());
+    throw;
+  }
+  commit_file(train_tmp, a.out);
+  commit_file(val_tmp, a.val_out);
   log_info("wrote {}: {} documents, {} tokens; {}: {} documents, {} tokens (vocab {})", a.out,
            train.n_docs(), train.n_tokens(), a.val_out, val.n_docs(), val.n_tokens(),
            all.vocab_size);

@@ -35,14 +35,15 @@ void check_invariants(const PackedBatch& b, int64_t vocab, int64_t max_positions
               b.targets.size(), b.positions.size(), N);
   BERTH_CHECK(b.cu_seqlens.size() >= 2 && b.cu_seqlens.front() == 0 && b.cu_seqlens.back() == N,
               "PackedBatch: cu_seqlens must run from 0 to N = {}", N);
+  for (size_t k = 1; k < b.cu_seqlens.size(); k++) {
+    BERTH_CHECK(b.cu_seqlens[k] >= b.cu_seqlens[k - 1] && b.cu_seqlens[k] <= N,
+                "PackedBatch: cu_seqlens[{}] = {} is not in [cu_seqlens[{}] = {}, N = {}]", k,
+                b.cu_seqlens[k], k - 1, b.cu_seqlens[k - 1], N);
+  }
   int32_t longest = 0;
   size_t s = 0;
   for (int i = 0; i < N; i++) {
-    while (s + 1 < b.cu_seqlens.size() && b.cu_seqlens[s + 1] <= i) {
-      BERTH_CHECK(b.cu_seqlens[s + 1] >= b.cu_seqlens[s], "PackedBatch: cu_seqlens decrease at {}",
-                  s + 1);
-      s++;
-    }
+    while (s + 1 < b.cu_seqlens.size() && b.cu_seqlens[s + 1] <= i) s++;
     const bool seq_start = b.cu_seqlens[s] == i;
     if (i % b.T == 0) {
       BERTH_CHECK(seq_start, "PackedBatch: row start {} is not a sequence boundary", i);

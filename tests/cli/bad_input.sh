@@ -1,0 +1,281 @@
+#!/usr/bin/env bash
+# CLI boundary test for the berth binary: every bad input exits non-zero (without crashing), prints
+# a message that names the problem, and leaves no output behind (no target file or run directory,
+# no *.tmp.* temporaries). Plus the positive paths: --version, `data info`, a 3-step training run
+# whose saved config.toml is accepted again by `berth train`.
+#
+# Usage: bad_input.sh PATH_TO_BERTH   (ctest: cli_bad_input)
+# Prints one line per check ("NAME ... ok" / "NAME ... FAIL: why"), then "N passed, M failed".
+set -u
+
+BERTH=${1:?usage: bad_input.sh PATH_TO_BERTH}
+SRC_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+TINY_TOML="$SRC_DIR/configs/tiny.toml"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/berth_cli.XXXXXX") || exit 2
+trap 'rm -rf "$tmp"' EXIT
+log="$tmp/last.log"
+passed=0
+failed=0
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+# report NAME WHY: WHY empty = ok.
+report() {
+  if [ -z "$2" ]; then
+    echo "$1 ... ok"
+    passed=$((passed + 1))
+  else
+    echo "$1 ... FAIL:$2"
+    echo "    --- output of the last command ---"
+    sed 's/^/    /' "$log" | head -20
+    failed=$((failed + 1))
+  fi
+}
+
+# Appends to the global `why` the *.tmp.* temporaries left under $tmp, and removes them so the
+# next check starts clean.
+check_no_temporaries() {
+  local left
+  left=$(find "$tmp" -name '*.tmp.*' -print)
+  if [ -n "$left" ]; then
+    why+=" left temporaries: $(echo "$left" | tr '\n' ' ')"
+    find "$tmp" -name '*.tmp.*' -exec rm -rf {} +
+  fi
+}
+
+# expect_error NAME PHRASE MUST_NOT_EXIST CMD...
+#   CMD must exit with a non-zero status below 128 (an error, not a crash), its stdout+stderr must
+#   contain PHRASE (fixed string), MUST_NOT_EXIST (a path, or "") must not exist afterwards, and no
+#   *.tmp.* file may be left under $tmp.
+expect_error() {
+  local name=$1 phrase=$2 target=$3
+  shift 3
+  "$@" >"$log" 2>&1
+  local rc=$?
+  why=""
+  if [ "$rc" -eq 0 ]; then
+    why+=" exit status 0, expected an error"
+  elif [ "$rc" -ge 128 ]; then
+    why+=" exit status $rc (crashed/killed), expected a clean error"
+  fi
+  grep -qF -- "$phrase" "$log" || why+=" output lacks '$phrase'"
+  if [ -n "$target" ] && [ -e "$target" ]; then
+    why+=" left output $target"
+    rm -rf "$target"
+  fi
+  check_no_temporaries
+  report "$name" "$why"
+}
+
+# Tiny shapes on top of configs/tiny.toml: trains 3 steps in well under a second on 2 cores.
+TINY_SETS=(--set model.n_layer=1 --set model.d_model=32 --set model.n_head=2
+           --set model.max_seq_len=16 --set data.seq_len=16 --set train.micro_batch_size=2
+           --set train.steps=3 --set eval.interval=0 --set 'data.val=""'
+           --set "run.out_dir=$tmp/runs")
+
+# train_tiny RUN_NAME [more args...]: `berth train configs/tiny.toml` with the tiny shapes, the
+# dataset made below, run.name = RUN_NAME; the run directory is $tmp/runs/RUN_NAME.
+train_tiny() {
+  local run_name=$1
+  shift
+  "$BERTH" train "$TINY_TOML" "${TINY_SETS[@]}" --set "data.train=$tmp/d.h5" \
+    --set "run.name=$run_name" "$@"
+}
+
+# ---- fixtures ------------------------------------------------------------------------------------
+
+# Two text documents (byte tokens, vocab 257): 300 + 200 bytes, + one EOT each = 502 tokens.
+head -c 300 /dev/zero | tr '\0' 'a' >"$tmp/doc1.txt"
+head -c 200 /dev/zero | tr '\0' 'b' >"$tmp/doc2.txt"
+mkdir -p "$tmp/runs"
+
+"$BERTH" data import --format text "$tmp/doc1.txt" "$tmp/doc2.txt" --out "$tmp/d.h5" >"$log" 2>&1
+rc=$?
+why=""
+[ "$rc" -eq 0 ] || why+=" exit status $rc"
+[ -f "$tmp/d.h5" ] || why+=" $tmp/d.h5 not written"
+check_no_temporaries
+report "data_import_text" "$why"
+if [ ! -f "$tmp/d.h5" ]; then
+  echo "cannot continue without the dataset"
+  echo "$passed passed, $((failed + 1)) failed"
+  exit 1
+fi
+
+# ---- positive paths ------------------------------------------------------------------------------
+
+"$BERTH" --version >"$log" 2>&1
+rc=$?
+why=""
+[ "$rc" -eq 0 ] || why+=" exit status $rc"
+grep -q '^berth [0-9]' "$log" || why+=" output does not start with 'berth <version>'"
+report "version" "$why"
+
+"$BERTH" data info "$tmp/d.h5" >"$log" 2>&1
+rc=$?
+why=""
+[ "$rc" -eq 0 ] || why+=" exit status $rc"
+grep -Eq '^documents +2$' "$log" || why+=" no 'documents 2' line"
+grep -Eq '^tokens +502$' "$log" || why+=" no 'tokens 502' line"
+grep -Eq '^vocab +257 ' "$log" || why+=" no 'vocab 257' line"
+report "data_info" "$why"
+
+run_dir="$tmp/runs/tiny3"
+train_tiny tiny3 >"$log" 2>&1
+rc=$?
+why=""
+[ "$rc" -eq 0 ] || why+=" exit status $rc"
+[ -f "$run_dir/config.toml" ] || why+=" no config.toml"
+if [ -f "$run_dir/metrics.jsonl" ]; then
+  lines=$(wc -l <"$run_dir/metrics.jsonl")
+  [ "$lines" -eq 3 ] || why+=" metrics.jsonl has $lines lines, expected 3"
+  for k in 1 2 3; do
+    sed -n "${k}p" "$run_dir/metrics.jsonl" | grep -q "\"step\":${k}[,}]" ||
+      why+=" metrics line $k lacks \"step\":$k"
+  done
+else
+  why+=" no metrics.jsonl"
+fi
+[ -e "$run_dir/metrics.jsonl.partial" ] && why+=" metrics.jsonl.partial left behind"
+check_no_temporaries
+report "train_3_steps" "$why"
+
+# The saved config is a complete, valid config: training from it works and resolves to the same
+# config (only run.name differs, by override).
+"$BERTH" train "$run_dir/config.toml" --set run.name=again >"$log" 2>&1
+rc=$?
+why=""
+[ "$rc" -eq 0 ] || why+=" exit status $rc"
+if [ -f "$tmp/runs/again/config.toml" ] && [ -f "$run_dir/config.toml" ]; then
+  diff <(grep -v '^name = ' "$run_dir/config.toml") \
+       <(grep -v '^name = ' "$tmp/runs/again/config.toml") >/dev/null ||
+    why+=" re-resolved config differs from the saved one"
+  grep -q '^name = "again"$' "$tmp/runs/again/config.toml" || why+=" run.name override not saved"
+else
+  why+=" no config.toml in the re-run"
+fi
+[ -f "$tmp/runs/again/metrics.jsonl" ] && [ "$(wc -l <"$tmp/runs/again/metrics.jsonl")" -eq 3 ] ||
+  why+=" re-run metrics.jsonl missing or not 3 lines"
+check_no_temporaries
+report "train_from_saved_config" "$why"
+
+# ---- config errors -------------------------------------------------------------------------------
+
+expect_error "config_missing" "config file '$tmp/nope.toml' not found" "$tmp/runs/run" \
+  "$BERTH" train "$tmp/nope.toml"
+
+printf '[run]\nname = "unknown_key"\nout_dir = "%s/runs"\n[train]\nlrr = 3e-4\n' "$tmp" \
+  >"$tmp/unknown_key.toml"
+expect_error "config_unknown_key" "unknown key 'train.lrr' (line 5)" "$tmp/runs/unknown_key" \
+  "$BERTH" train "$tmp/unknown_key.toml"
+
+printf '[run]\nname = "wrong_type"\nout_dir = "%s/runs"\n[train]\nsteps = "ten"\n' "$tmp" \
+  >"$tmp/wrong_type.toml"
+expect_error "config_wrong_type" "train.steps must be an integer, got string \"ten\"" \
+  "$tmp/runs/wrong_type" "$BERTH" train "$tmp/wrong_type.toml"
+
+expect_error "set_unknown_key" "unknown key 'train.foo'" "$tmp/runs/set_unknown_key" \
+  train_tiny set_unknown_key --set train.foo=1
+
+expect_error "set_malformed" "is malformed: expected section.key=value" "$tmp/runs/set_malformed" \
+  train_tiny set_malformed --set train.lr
+
+expect_error "seq_len_above_max_seq_len" "data.seq_len (32) > model.max_seq_len (16)" \
+  "$tmp/runs/seq_len_above_max" train_tiny seq_len_above_max --set data.seq_len=32
+
+expect_error "micro_batch_size_zero" "train.micro_batch_size must be > 0, got 0" \
+  "$tmp/runs/mbs_zero" train_tiny mbs_zero --set train.micro_batch_size=0
+
+expect_error "micro_batch_size_negative" "train.micro_batch_size must be > 0, got -3" \
+  "$tmp/runs/mbs_negative" train_tiny mbs_negative --set train.micro_batch_size=-3
+
+expect_error "steps_zero" "train.steps must be > 0, got 0" "$tmp/runs/steps_zero" \
+  train_tiny steps_zero --set train.steps=0
+
+# ---- dataset errors at train time ----------------------------------------------------------------
+
+expect_error "train_file_missing" "dataset file '$tmp/missing.h5' does not exist" \
+  "$tmp/runs/train_missing" train_tiny train_missing --set "data.train=$tmp/missing.h5"
+
+head -c 4096 /dev/urandom >"$tmp/garbage.h5"
+expect_error "train_file_garbage" "is not a readable HDF5 file" "$tmp/runs/train_garbage" \
+  train_tiny train_garbage --set "data.train=$tmp/garbage.h5"
+
+head -c 2000 "$tmp/d.h5" >"$tmp/truncated.h5"
+expect_error "train_file_truncated_hdf5" "is not a readable HDF5 file" \
+  "$tmp/runs/train_truncated" train_tiny train_truncated --set "data.train=$tmp/truncated.h5"
+
+expect_error "val_file_missing" "dataset file '$tmp/missing_val.h5' does not exist" \
+  "$tmp/runs/val_missing" train_tiny val_missing --set "data.val=$tmp/missing_val.h5"
+
+expect_error "dataset_vocab_above_model_vocab" "raise model.vocab_size to at least 257" \
+  "$tmp/runs/vocab_small" train_tiny vocab_small --set model.vocab_size=100
+
+# A dataset with fewer than seq_len + 1 tokens (10 bytes + EOT = 11 tokens < 17).
+printf '0123456789' >"$tmp/short.txt"
+"$BERTH" data import --format text "$tmp/short.txt" --out "$tmp/short.h5" >/dev/null 2>&1
+expect_error "dataset_shorter_than_one_window" "fewer than data.seq_len + 1 = 17" \
+  "$tmp/runs/short" train_tiny short --set "data.train=$tmp/short.h5"
+
+# run.out_dir below a regular file: mkdir fails even for root (chmod would not stop root).
+: >"$tmp/afile"
+expect_error "out_dir_under_a_file" "cannot create run directory" "$tmp/afile/sub" \
+  train_tiny unwritable --set "run.out_dir=$tmp/afile/sub"
+
+# ---- data import / info errors -------------------------------------------------------------------
+
+expect_error "import_input_missing" "File does not exist" "$tmp/x_missing.h5" \
+  "$BERTH" data import --format text "$tmp/no_such.txt" --out "$tmp/x_missing.h5"
+
+expect_error "import_val_fraction_without_val_out" "--val-out and --val-fraction go together" \
+  "$tmp/x_frac.h5" \
+  "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/x_frac.h5" --val-fraction 0.5
+
+expect_error "import_val_out_without_val_fraction" "--val-out and --val-fraction go together" \
+  "$tmp/x_vout.h5" \
+  "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/x_vout.h5" --val-out "$tmp/v.h5"
+
+expect_error "import_val_fraction_out_of_range" "--val-fraction" "$tmp/x_range.h5" \
+  "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/x_range.h5" \
+  --val-out "$tmp/v_range.h5" --val-fraction 1.5
+
+# llm.c token file with a zero header (magic 0), the right size for 0 tokens.
+head -c 1024 /dev/zero >"$tmp/bad_magic.bin"
+expect_error "import_llmc_bad_magic" "has magic 0, expected 20240520" "$tmp/x_llmc.h5" \
+  "$BERTH" data import --format llmc "$tmp/bad_magic.bin" --out "$tmp/x_llmc.h5"
+
+expect_error "import_out_under_a_file" "check that the directory exists and is writable" \
+  "$tmp/afile/x.h5" \
+  "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/afile/x.h5"
+
+expect_error "data_info_missing" "does not exist" "" "$BERTH" data info "$tmp/missing.h5"
+
+expect_error "data_info_garbage" "is not a readable HDF5 file" "" \
+  "$BERTH" data info "$tmp/garbage.h5"
+
+# ---- CLI usage errors (CLI11) --------------------------------------------------------------------
+
+expect_error "unknown_subcommand" "Run with --help" "" "$BERTH" frobnicate
+expect_error "unknown_data_subcommand" "Run with --help" "" "$BERTH" data frobnicate
+expect_error "unknown_train_option" "--bogus" "$tmp/runs/bogus_option" \
+  train_tiny bogus_option --bogus
+expect_error "unknown_import_format" "--format: csv not in" "$tmp/x_csv.h5" \
+  "$BERTH" data import --format csv "$tmp/doc1.txt" --out "$tmp/x_csv.h5"
+expect_error "train_without_config" "config is required" "" "$BERTH" train
+
+# A failed two-output import leaves neither output (both are renamed into place only together).
+expect_error "import_val_out_unwritable_leaves_no_train_file" "cannot" "$tmp/x_pair.h5" \
+  "$BERTH" data import --format text "$tmp/doc1.txt" "$tmp/doc2.txt" --out "$tmp/x_pair.h5" \
+  --val-out "$tmp/afile/v.h5" --val-fraction 0.5
+: > "$tmp/empty1.txt"
+expect_error "import_only_empty_files" "hold no tokens" "$tmp/x_empty.h5" \
+  "$BERTH" data import --format text "$tmp/empty1.txt" --out "$tmp/x_empty.h5"
+expect_error "import_val_split_of_one_document" "needs at least 2 documents" "$tmp/x_one.h5" \
+  "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/x_one.h5" \
+  --val-out "$tmp/x_one_val.h5" --val-fraction 0.5
+
+# ---- summary -------------------------------------------------------------------------------------
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
