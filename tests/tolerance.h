@@ -1,0 +1,102 @@
+// The one table of test tolerances (STYLE.md rule 12), by purpose and dtype, and the comparison
+// every test uses: |got − ref| ≤ atol + rtol·|ref|, elementwise.
+//
+// Each tolerance states the worst error measured when it was set (tests/test_kernels.cpp on the
+// CPU kernels, OpenBLAS, GCC -O3, x86-64) and keeps a margin of at least 8× over it ("used" below =
+// worst |Δ| / (atol + rtol·|ref|)). Tighten freely; loosen only with the new measurement written
+// next to the value. Run a test binary with BERTH_TOL_REPORT=1 to print the measured errors of
+// every comparison (relative error counted only where |ref| ≥ 1e-3).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+namespace berth::test {
+
+struct Tol {
+  double atol;
+  double rtol;
+};
+
+// ---- the table ----------------------------------------------------------------------------------
+
+// Same operations in the same order (a packed batch vs each sequence alone, in place vs out of
+// place, exactly representable inputs): bit-identical results required.
+inline constexpr Tol kExact{0.0, 0.0};
+
+// fp64 analytic gradient vs central differences (f(x+h) − f(x−h)) / 2h, h = 1e-6, of a scalar
+// loss Σ out·R over O(1) inputs: truncation O(h²) ≈ 1e-12 plus cancellation O(eps·|loss|/h) ≈
+// 1e-10. Measured worst over all ops and a composed GPT-2 layer: |Δ| = 2.2e-9 (layernorm dbias),
+// used 0.10.
+inline constexpr Tol kFiniteDiffF64{1e-8, 1e-7};
+
+// An fp64 kernel vs a direct double / long double evaluation of the same formula (layernorm,
+// matmul, attention, GELU, cross-entropy loss, AdamW step, sum of 1000 squares): rounding only.
+// Measured worst: |Δ| = 6.7e-16 on O(1) values; 4.1e-12 on a sum of squares of 3e3 (|Δ|/|ref| =
+// 1.4e-15); used 0.014.
+inline constexpr Tol kRoundingF64{1e-14, 1e-13};
+
+// One double-accumulated reduction split over 1 vs 2 OpenMP threads: only the summation order of
+// n positive terms changes, bounded by n·eps ≈ 1.1e-13 relative for n = 1000.
+// Measured (sum_squares of 1000 values): |Δ|/|ref| = 1.2e-15, used 0.012.
+inline constexpr Tol kSerialVsParallelSumF64{0.0, 1e-13};
+
+// The float instantiation of an op vs the double one on the same float-representable inputs
+// (O(1) values, logits in ±8, GELU inputs in ±5; reductions of ≤ 16 terms; the float kernels use
+// the fast exp/tanh of kernels/cpu/fast_math.h). Measured worst: |Δ| = 1.2e-6 on gelu dinp at
+// |x| ≈ 5, where 1 − tanh² cancels in float (used 0.12); every other op |Δ| ≤ 3.6e-7 (used ≤ 0.03).
+inline constexpr Tol kFp32VsFp64{1e-5, 1e-5};
+
+// Training losses of the same run with 1 vs 2 OpenMP/OpenBLAS threads over 20 steps (fp32): GEMM
+// blocking and the grad-norm partial sums change with the thread count. The bound; measured
+// worst |Δ|/|ref| over the 20 steps of tests/test_train.cpp: 2.9e-8.
+inline constexpr Tol kThreadsLoss{0.0, 1e-6};
+
+// ---- comparison ---------------------------------------------------------------------------------
+
+// Checks |got[i] − ref[i]| ≤ atol + rtol·|ref[i]| for i < n; a NaN anywhere fails. Each failure is
+// a gtest non-fatal failure naming `what`, the index and both values; after kMaxReported the rest
+// are only counted. Returns true when all elements pass.
+inline bool expect_close(const double* got, const double* ref, int64_t n, Tol tol,
+                         const char* what) {
+  constexpr int64_t kMaxReported = 5;
+  int64_t n_bad = 0;
+  double max_abs = 0, max_rel = 0, max_used = 0;  // for BERTH_TOL_REPORT
+  for (int64_t i = 0; i < n; i++) {
+    const double diff = std::fabs(got[i] - ref[i]);
+    const double bound = tol.atol + tol.rtol * std::fabs(ref[i]);
+    const bool ok = diff <= bound;  // false for NaN
+    if (!(diff <= max_abs)) max_abs = diff;
+    if (std::fabs(ref[i]) >= 1e-3 && !(diff / std::fabs(ref[i]) <= max_rel)) {
+      max_rel = diff / std::fabs(ref[i]);
+    }
+    if (bound > 0 && !(diff / bound <= max_used)) max_used = diff / bound;
+    if (ok) continue;
+    if (n_bad < kMaxReported) {
+      char msg[256];
+      std::snprintf(msg, sizeof msg,
+                    "[%lld]: got %.17g, expected %.17g (|diff| %.3g > %.3g = atol %.3g + "
+                    "rtol %.3g * |expected|)",
+                    static_cast<long long>(i), got[i], ref[i], diff, bound, tol.atol, tol.rtol);
+      ADD_FAILURE() << what << msg;
+    }
+    n_bad++;
+  }
+  if (n_bad > kMaxReported) {
+    ADD_FAILURE() << what << ": " << n_bad << " of " << n << " elements out of tolerance ("
+                  << n_bad - kMaxReported << " more not shown)";
+  }
+  if (std::getenv("BERTH_TOL_REPORT") != nullptr) {
+    std::printf(
+        "[tol] %-36s n=%-4lld max|diff| %.2g, max|diff|/|ref| (|ref|>=1e-3) %.2g, "
+        "tolerance used %.2g\n",
+        what, static_cast<long long>(n), max_abs, max_rel, max_used);
+  }
+  return n_bad == 0;
+}
+
+}  // namespace berth::test
