@@ -15,6 +15,7 @@
 
 #include "packing/packed_batch.h"
 #include "runtime/core/check.h"
+#include "tests/expect_error.h"
 #include "runtime/io/token_dataset.h"
 #include "runtime/train/data_loader.h"
 
@@ -34,16 +35,7 @@ TokenDataset counting_dataset(int64_t n) {
   return ds;
 }
 
-// Runs `fn`, expects a berth::Error whose message contains every string in `parts`.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected berth::Error containing '" << parts.front() << "'";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg;
-  }
-}
+using test::expect_error;
 
 // The window of each row of `batch`, read back from the tokens (token i == i).
 std::vector<int64_t> windows_in_batch(const PackedBatch& batch) {

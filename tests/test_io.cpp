@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/core/check.h"
+#include "tests/expect_error.h"
 #include "runtime/io/importers.h"
 #include "runtime/io/token_dataset.h"
 
@@ -58,17 +59,7 @@ std::string read_bytes(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// Runs `fn`, expects a berth::Error whose message contains every string in `parts`.
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected berth::Error containing '" << parts.front() << "'";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg;
-  }
-}
+using test::expect_error;
 
 TokenDataset small_dataset(int64_t vocab, bool with_mask) {
   TokenDataset ds;

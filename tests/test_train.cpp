@@ -12,6 +12,7 @@
 #include "runtime/core/check.h"
 #include "runtime/io/token_dataset.h"
 #include "runtime/train/trainer.h"
+#include "tests/expect_error.h"
 #include "tests/tolerance.h"
 
 namespace berth {
@@ -149,12 +150,7 @@ TEST_F(TrainTest, RunWritesConfigAndMetricsAndEvaluates) {
 TEST_F(TrainTest, DatasetVocabLargerThanModelIsRejected) {
   RunConfig cfg = config(1);
   cfg.model.vocab_size = 32;
-  try {
-    Trainer t(cfg);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("raise model.vocab_size"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { Trainer t(cfg); }, {"raise model.vocab_size"});
 }
 
 }  // namespace

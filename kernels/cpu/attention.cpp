@@ -24,6 +24,24 @@ int64_t att_offset(const int32_t* cu_seqlens, int s, int NH) {
   return off;
 }
 
+// Where the work item p = (sequence s, head h) reads and writes: row offsets into qkv (N,3C) and
+// out (N,C) for head h of the sequence's first token, and its L×L block in att.
+struct HeadBlock {
+  int L;
+  int64_t qkv, out, att;
+};
+
+HeadBlock head_block(const int32_t* cu_seqlens, int p, int C, int NH) {
+  const int s = p / NH, h = p % NH, HS = C / NH;
+  const int64_t start = cu_seqlens[s];
+  HeadBlock b;
+  b.L = cu_seqlens[s + 1] - cu_seqlens[s];
+  b.qkv = start * 3 * C + int64_t(h) * HS;
+  b.out = start * C + int64_t(h) * HS;
+  b.att = att_offset(cu_seqlens, s, NH) + int64_t(h) * b.L * b.L;
+  return b;
+}
+
 }  // namespace
 
 int64_t attention_att_size(const int32_t* cu_seqlens, int S, int NH) {
@@ -38,14 +56,13 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* cu_seqlens, 
   const T scale = T(1) / std::sqrt(T(HS));
 #pragma omp parallel for schedule(dynamic, 1)
   for (int p = 0; p < S * NH; p++) {
-    const int s = p / NH, h = p % NH;
-    const int64_t start = cu_seqlens[s];
-    const int L = cu_seqlens[s + 1] - cu_seqlens[s];
+    const HeadBlock b = head_block(cu_seqlens, p, C, NH);
+    const int L = b.L;
     if (L == 0) continue;
-    const T* q = qkv + start * C3 + int64_t(h) * HS;
+    const T* q = qkv + b.qkv;
     const T* k = q + C;
     const T* v = q + 2 * C;
-    T* a = att + att_offset(cu_seqlens, s, NH) + int64_t(h) * L * L;
+    T* a = att + b.att;
     gemm(false, true, L, L, HS, scale, q, C3, k, C3, T(0), a, L);  // scores = q kᵀ / sqrt(HS)
     for (int i = 0; i < L; i++) {
       T* row = a + int64_t(i) * L;
@@ -61,7 +78,7 @@ void attention_forward(T* out, T* att, const T* qkv, const int32_t* cu_seqlens, 
       for (int j = 0; j <= i; j++) row[j] *= inv;
       for (int j = i + 1; j < L; j++) row[j] = 0;
     }
-    T* o = out + start * C + int64_t(h) * HS;
+    T* o = out + b.out;
     gemm(false, false, L, HS, L, T(1), a, L, v, C3, T(0), o, C);  // out = att · v
   }
 }
@@ -74,20 +91,18 @@ void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* 
   const T scale = T(1) / std::sqrt(T(HS));
 #pragma omp parallel for schedule(dynamic, 1)
   for (int p = 0; p < S * NH; p++) {
-    const int s = p / NH, h = p % NH;
-    const int64_t start = cu_seqlens[s];
-    const int L = cu_seqlens[s + 1] - cu_seqlens[s];
+    const HeadBlock b = head_block(cu_seqlens, p, C, NH);
+    const int L = b.L;
     if (L == 0) continue;
-    const int64_t block = att_offset(cu_seqlens, s, NH) + int64_t(h) * L * L;
-    const T* a = att + block;
-    T* da = datt + block;
-    const T* q = qkv + start * C3 + int64_t(h) * HS;
+    const T* a = att + b.att;
+    T* da = datt + b.att;
+    const T* q = qkv + b.qkv;
     const T* k = q + C;
     const T* v = q + 2 * C;
-    T* dq = dqkv + start * C3 + int64_t(h) * HS;
+    T* dq = dqkv + b.qkv;
     T* dk = dq + C;
     T* dv = dq + 2 * C;
-    const T* dov = dout + start * C + int64_t(h) * HS;
+    const T* dov = dout + b.out;
     gemm(false, true, L, L, HS, T(1), dov, C, v, C3, T(0), da, L);   // datt = dout · vᵀ
     gemm(true, false, L, HS, L, T(1), a, L, dov, C, T(0), dv, C3);   // dv = attᵀ · dout
     for (int i = 0; i < L; i++) {  // softmax backward, in place: dscores = att ⊙ (datt - Σ att·datt)

@@ -89,7 +89,7 @@ StepStats Trainer::train_step(int64_t step) {
 double Trainer::evaluate() {
   BERTH_CHECK(val_loader_ != nullptr, "evaluation needs data.val");
   val_loader_->set_rows_consumed(0);
-  PackedBatch vb;
+  PackedBatch& vb = val_batch_;
   double sum = 0;
   int64_t count = 0;
   for (int64_t i = 0; i < cfg_.eval.batches; i++) {

@@ -56,7 +56,7 @@ class Trainer {
   std::unique_ptr<GPT<float>> model_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<StreamLoader> loader_, val_loader_;
-  PackedBatch batch_;
+  PackedBatch batch_, val_batch_;
   double flops_per_token_ = 0;
   std::string run_dir_;
 };
