@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "packing/packed_batch.h"
 #include "runtime/model/gpt.h"
 #include "runtime/train/optimizer.h"
@@ -70,7 +72,9 @@ Result bench_model(const char* name, int L, int C, int NH, int V, int T, int B, 
     model.zero_grad();
     model.forward(batch);
     model.backward(batch, 1.f / float(B * T));
-    opt.step(model.params(), model.grads(), 1e-4);
+    const double norm = std::sqrt(berth::cpu::sum_squares(model.grads().data(),
+                                                          int64_t(model.grads().size())));
+    opt.step(model.params().data(), model.grads().data(), 1e-4, norm);
   };
   for (int i = 0; i < warmup; i++) step();
   std::vector<double> times;

@@ -1,9 +1,8 @@
 // `berth train CONFIG [--set section.key=value]...`
-#include <mpi.h>
-
 #include <CLI/CLI.hpp>
 
 #include "launcher/commands.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/config/config.h"
 #include "runtime/core/check.h"
 #include "runtime/train/trainer.h"
@@ -36,15 +35,9 @@ void register_train_command(CLI::App& app) {
                   "Override a config value: --set section.key=value (repeatable)")
       ->type_name("KEY=VALUE");
   cmd->callback([args]() {
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    BERTH_CHECK(world == 1,
-                "berth train was started on {} ranks, but this build trains on one rank only "
-                "(data, tensor and pipeline parallelism are not in this build yet): run with "
-                "`mpirun -np 1`",
-                world);
     const RunConfig cfg = load_config(args->config, args->overrides);
-    Trainer trainer(cfg);
+    std::unique_ptr<Communicator> world = make_mpi_world();
+    Trainer trainer(cfg, *world);
     trainer.run();
   });
 }

@@ -27,4 +27,52 @@ int grid_rank(const GridShape& s, const GridCoord& c) {
   return ((c.dp * s.pp + c.pp) * s.cp + c.cp) * s.tp + c.tp;
 }
 
+GridShape resolve_grid(const GridRequest& r, int world, int64_t n_head, int64_t n_layer) {
+  BERTH_CHECK(r.tp >= 1 && r.pp >= 1 && r.cp >= 1 && r.dp >= 0,
+              "parallel sizes must be >= 1 (dp may be 0 = derived): tp={} pp={} cp={} dp={}", r.tp,
+              r.pp, r.cp, r.dp);
+  const int64_t inner = r.tp * r.pp * r.cp;
+  int64_t dp = r.dp;
+  if (dp == 0) {
+    BERTH_CHECK(world % inner == 0,
+                "the {} ranks cannot be split into groups of tp·pp·cp = {}·{}·{} = {}: launch a "
+                "multiple of {} ranks or change parallel.tp/pp/cp",
+                world, r.tp, r.pp, r.cp, inner, inner);
+    dp = world / inner;
+  }
+  BERTH_CHECK(inner * dp == world,
+              "tp·pp·cp·dp = {}·{}·{}·{} = {} does not match the {} launched ranks: set "
+              "parallel.dp = {} (or 0 to derive it) or launch {} ranks",
+              r.tp, r.pp, r.cp, dp, inner * dp, world, world % inner == 0 ? world / inner : 0,
+              inner * dp);
+  BERTH_CHECK(n_head % r.tp == 0, "model.n_head ({}) must be divisible by parallel.tp ({})", n_head,
+              r.tp);
+  BERTH_CHECK(r.pp <= n_layer, "parallel.pp ({}) > model.n_layer ({}): a stage needs a layer",
+              r.pp, n_layer);
+  BERTH_CHECK(r.tp == 1 && r.pp == 1 && r.cp == 1,
+              "parallel.tp = {}, pp = {}, cp = {}: tensor, pipeline and context parallelism are not "
+              "yet supported in this build; use data parallelism (tp = pp = cp = 1)",
+              r.tp, r.pp, r.cp);
+  return GridShape{int(r.tp), int(r.cp), int(r.pp), int(dp)};
+}
+
+std::string describe_grid(const GridShape& s) {
+  return fmt::format("dp={} tp={} pp={} cp={} ({} rank{})", s.dp, s.tp, s.pp, s.cp, s.world(),
+                     s.world() == 1 ? "" : "s");
+}
+
+ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape)
+    : world_(world), shape_(shape) {
+  BERTH_CHECK(world.size() == shape.world(), "grid {} needs {} ranks, the world has {}",
+              describe_grid(shape), shape.world(), world.size());
+  coord_ = grid_coord(shape, world.rank());
+  const GridCoord c = coord_;
+  auto color = [&](GridCoord g) { return grid_rank(shape, g); };  // rank of the group's first member
+  tp_ = world.split(color({0, c.cp, c.pp, c.dp}), c.tp);
+  cp_ = world.split(color({c.tp, 0, c.pp, c.dp}), c.cp);
+  pp_ = world.split(color({c.tp, c.cp, 0, c.dp}), c.pp);
+  dp_ = world.split(color({c.tp, c.cp, c.pp, 0}), c.dp);
+  dp_cp_ = world.split(color({c.tp, 0, c.pp, 0}), c.dp * shape.cp + c.cp);
+}
+
 }  // namespace berth

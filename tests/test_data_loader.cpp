@@ -199,6 +199,32 @@ TEST(StreamLoader, ShuffledEpochIsAPermutationOfAllWindows) {
   }
 }
 
+// Data-parallel shards: replica d of n keeps rows [d·B, d·B + B) of every n·B global rows, so the
+// replicas together read exactly what one loader with n·B rows reads, in the same order.
+TEST(StreamLoader, ShardsTogetherReadTheRowsOfOneWideLoader) {
+  const int B = 2, T = 4, n = 3;
+  const TokenDataset ds = counting_dataset(17 * T + 1);  // 17 windows: shards wrap mid-batch
+  for (bool shuffle : {false, true}) {
+    StreamLoader wide(&ds, n * B, T, shuffle, 5);
+    std::vector<StreamLoader> parts;
+    for (int d = 0; d < n; d++) parts.emplace_back(&ds, B, T, shuffle, 5, StreamLoader::Shard{d, n});
+    PackedBatch all, part;
+    for (int step = 0; step < 9; step++) {
+      wide.next(&all);
+      for (int d = 0; d < n; d++) {
+        parts[size_t(d)].next(&part);
+        for (int i = 0; i < B * T; i++) {
+          ASSERT_EQ(part.tokens[size_t(i)], all.tokens[size_t(d * B * T + i)])
+              << "shuffle " << shuffle << " step " << step << " replica " << d << " token " << i;
+          ASSERT_EQ(part.targets[size_t(i)], all.targets[size_t(d * B * T + i)]);
+        }
+        EXPECT_EQ(parts[size_t(d)].rows_consumed(), wide.rows_consumed());
+      }
+    }
+  }
+  EXPECT_THROW(StreamLoader(&ds, B, T, false, 5, StreamLoader::Shard{3, 3}), Error);
+}
+
 // Shuffled rows still carry whole windows: tokens [w·T, w·T + T), targets shifted by one.
 TEST(StreamLoader, ShuffledRowsAreWholeWindows) {
   const int B = 3, T = 5;

@@ -1,11 +1,15 @@
-// Grid coordinates: a bijection between ranks and (tp, cp, pp, dp), TP innermost then CP, PP, DP.
+// Pure index arithmetic of parallel/: grid coordinates (a bijection between ranks and
+// (tp, cp, pp, dp), TP innermost then CP, PP, DP), layout resolution and ZeRO shard ranges.
 #include <gtest/gtest.h>
 
 #include <set>
 #include <tuple>
+#include <vector>
 
+#include "parallel/data_parallel.h"
 #include "parallel/grid.h"
 #include "runtime/core/check.h"
+#include "tests/expect_error.h"
 
 namespace berth {
 namespace {
@@ -41,6 +45,49 @@ TEST(Grid, OutOfRangeIsAnError) {
   EXPECT_THROW(grid_coord(s, -1), Error);
   EXPECT_THROW(grid_rank(s, GridCoord{2, 0, 0, 0}), Error);
   EXPECT_THROW(grid_coord(GridShape{0, 1, 1, 1}, 0), Error);
+}
+
+}  // namespace
+}  // namespace berth
+
+namespace berth {
+namespace {
+
+TEST(ResolveGrid, DerivesDpAndChecksTheLayout) {
+  EXPECT_EQ(resolve_grid(GridRequest{}, 4, 4, 2).dp, 4);
+  EXPECT_EQ(resolve_grid(GridRequest{1, 1, 1, 2}, 2, 4, 2).dp, 2);
+  test::expect_error([] { resolve_grid(GridRequest{1, 1, 1, 3}, 4, 4, 2); },
+                     {"tp·pp·cp·dp = 1·1·1·3 = 3 does not match the 4 launched ranks",
+                      "parallel.dp = 4"});
+  test::expect_error([] { resolve_grid(GridRequest{5, 1, 1, 0}, 5, 12, 2); },
+                     {"model.n_head (12) must be divisible by parallel.tp (5)"});
+  test::expect_error([] { resolve_grid(GridRequest{1, 6, 1, 0}, 6, 4, 4); },
+                     {"parallel.pp (6) > model.n_layer (4)"});
+  test::expect_error([] { resolve_grid(GridRequest{2, 1, 1, 0}, 3, 4, 2); },
+                     {"cannot be split into groups of tp·pp·cp"});
+  test::expect_error([] { resolve_grid(GridRequest{2, 1, 1, 0}, 4, 4, 2); },
+                     {"not yet supported"});
+  test::expect_error([] { resolve_grid(GridRequest{0, 1, 1, 0}, 4, 4, 2); }, {"must be >= 1"});
+}
+
+TEST(Shards, CountsAndRangesCoverEveryElementOnce) {
+  for (int64_t n : {0, 1, 7, 30080, 30081}) {
+    for (int parts : {1, 2, 3, 4, 7}) {
+      const std::vector<size_t> counts = shard_counts(n, parts);
+      int64_t next = 0;
+      for (int i = 0; i < parts; i++) {
+        const ShardRange r = shard_range(n, parts, i);
+        EXPECT_EQ(r.begin, next);
+        EXPECT_EQ(r.size(), int64_t(counts[size_t(i)]));
+        EXPECT_LE(r.size(), n / parts + 1);
+        EXPECT_GE(r.size(), n / parts);
+        next = r.end;
+      }
+      EXPECT_EQ(next, n);
+    }
+  }
+  EXPECT_EQ(shard_counts(7, 3), (std::vector<size_t>{3, 2, 2}));  // uneven: first ranks get more
+  EXPECT_THROW(shard_range(7, 3, 3), Error);
 }
 
 }  // namespace

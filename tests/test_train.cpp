@@ -9,38 +9,24 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/core/check.h"
 #include "runtime/io/token_dataset.h"
 #include "runtime/train/trainer.h"
 #include "tests/expect_error.h"
+#include "tests/mpi_world.h"
+#include "tests/synthetic_data.h"
 #include "tests/tolerance.h"
 
 namespace berth {
 namespace {
 
-constexpr int kVocab = 64;  // tokens 0..62, EOT 63
+constexpr int kVocab = test::kRuleVocab;
+using test::rule_dataset;
 
-// Documents following a fixed rule t' = (5t + 3) mod 63 from seeded starts: a model that learns
-// the rule predicts every token but the first of each document.
-TokenDataset rule_dataset(int n_docs, int doc_len, uint32_t seed) {
-  TokenDataset ds;
-  ds.vocab_size = kVocab;
-  ds.eot_token = kVocab - 1;
-  ds.tokenizer = "synthetic";
-  ds.doc_offsets.push_back(0);
-  uint32_t state = seed;
-  for (int d = 0; d < n_docs; d++) {
-    state = state * 1664525u + 1013904223u;
-    uint32_t t = (state >> 8) % 63;
-    for (int i = 0; i < doc_len; i++) {
-      ds.tokens.push_back(t);
-      t = (5 * t + 3) % 63;
-    }
-    ds.tokens.push_back(uint32_t(ds.eot_token));
-    ds.doc_offsets.push_back(ds.tokens.size());
-  }
-  return ds;
-}
+
+// This binary runs as one process: the world communicator has one rank.
+Communicator* world() { return &test::world(); }
 
 class TrainTest : public ::testing::Test {
  protected:
@@ -81,7 +67,7 @@ class TrainTest : public ::testing::Test {
   }
 
   static std::vector<double> losses(const RunConfig& cfg) {
-    Trainer trainer(cfg);
+    Trainer trainer(cfg, *world());
     std::vector<double> out;
     for (int64_t s = 0; s < cfg.train.steps; s++) out.push_back(trainer.train_step(s).loss);
     return out;
@@ -125,7 +111,7 @@ TEST_F(TrainTest, RunWritesConfigAndMetricsAndEvaluates) {
   RunConfig cfg = config(6);
   cfg.eval.interval = 3;
   cfg.eval.batches = 2;
-  Trainer trainer(cfg);
+  Trainer trainer(cfg, *world());
   const double before = trainer.evaluate();
   EXPECT_NEAR(before, std::log(double(kVocab)), 0.3);
   EXPECT_EQ(trainer.evaluate(), before) << "evaluation must not change the model or depend on history";
@@ -150,7 +136,7 @@ TEST_F(TrainTest, RunWritesConfigAndMetricsAndEvaluates) {
 TEST_F(TrainTest, DatasetVocabLargerThanModelIsRejected) {
   RunConfig cfg = config(1);
   cfg.model.vocab_size = 32;
-  test::expect_error([&] { Trainer t(cfg); }, {"raise model.vocab_size"});
+  test::expect_error([&] { Trainer t(cfg, *world()); }, {"raise model.vocab_size"});
 }
 
 }  // namespace

@@ -64,11 +64,20 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(train, log_interval),
     BERTH_CONFIG_FIELD(eval, interval),
     BERTH_CONFIG_FIELD(eval, batches),
+    BERTH_CONFIG_FIELD(parallel, tp),
+    BERTH_CONFIG_FIELD(parallel, pp),
+    BERTH_CONFIG_FIELD(parallel, cp),
+    BERTH_CONFIG_FIELD(parallel, dp),
+    BERTH_CONFIG_FIELD(parallel, zero),
+    BERTH_CONFIG_FIELD(parallel, microbatches),
+    BERTH_CONFIG_FIELD(debug, fail_rank),
+    BERTH_CONFIG_FIELD(debug, fail_step),
 };
 
 #undef BERTH_CONFIG_FIELD
 
-const std::string_view kSections[] = {"run", "model", "data", "train", "eval"};
+const std::string_view kSections[] = {"run",   "model",    "data",
+                                      "train", "eval",     "parallel", "debug"};
 
 bool is_section(std::string_view section) {
   for (std::string_view s : kSections) {
@@ -346,6 +355,10 @@ void validate_config(const RunConfig& cfg) {
       {"train.steps", cfg.train.steps},
       {"train.log_interval", cfg.train.log_interval},
       {"eval.batches", cfg.eval.batches},
+      {"parallel.tp", cfg.parallel.tp},
+      {"parallel.pp", cfg.parallel.pp},
+      {"parallel.cp", cfg.parallel.cp},
+      {"parallel.microbatches", cfg.parallel.microbatches},
   };
   for (const auto& s : sizes) {
     if (s.value <= 0) BERTH_FAIL("{}: {} must be > 0, got {}", w, s.name, s.value);
@@ -406,6 +419,18 @@ void validate_config(const RunConfig& cfg) {
   }
   if (cfg.eval.interval < 0) {
     BERTH_FAIL("{}: eval.interval must be >= 0 (0 = never), got {}", w, cfg.eval.interval);
+  }
+  if (cfg.parallel.dp < 0) {
+    BERTH_FAIL("{}: parallel.dp must be >= 1, or 0 to take world size / (tp·pp·cp); got {}", w,
+               cfg.parallel.dp);
+  }
+  if (cfg.parallel.zero != 0 && cfg.parallel.zero != 1) {
+    BERTH_FAIL("{}: parallel.zero must be 0 (replicated optimizer state) or 1 (moments sharded "
+               "over dp×cp), got {}",
+               w, cfg.parallel.zero);
+  }
+  if (cfg.debug.fail_rank < -1 || cfg.debug.fail_step < -1) {
+    BERTH_FAIL("{}: debug.fail_rank and debug.fail_step must be >= -1 (-1 = off)", w);
   }
 }
 

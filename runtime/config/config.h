@@ -56,12 +56,28 @@ struct EvalSection {
   int64_t batches = 4;
 };
 
+struct ParallelSection {
+  int64_t tp = 1;            // tensor-parallel ranks
+  int64_t pp = 1;            // pipeline stages
+  int64_t cp = 1;            // context-parallel ranks
+  int64_t dp = 0;            // data-parallel replicas; 0 = world size / (tp·pp·cp)
+  int64_t zero = 0;          // 0: replicated optimizer state; 1: AdamW moments sharded over dp×cp
+  int64_t microbatches = 1;  // micro-batches per step and rank (gradient accumulation)
+};
+
+struct DebugSection {
+  int64_t fail_rank = -1;  // fault injection: this rank throws at step fail_step (-1 = off)
+  int64_t fail_step = -1;
+};
+
 struct RunConfig {
   RunSection run;
   ModelSection model;
   DataSection data;
   TrainSection train;
   EvalSection eval;
+  ParallelSection parallel;
+  DebugSection debug;
   std::string source;  // path the config was read from ("" when built in code)
 };
 

@@ -7,8 +7,11 @@
 
 namespace berth {
 
-StreamLoader::StreamLoader(const TokenDataset* ds, int B, int T, bool shuffle, uint64_t seed)
-    : ds_(ds), B_(B), T_(T), shuffle_(shuffle), seed_(seed) {
+StreamLoader::StreamLoader(const TokenDataset* ds, int B, int T, bool shuffle, uint64_t seed,
+                           Shard shard)
+    : ds_(ds), B_(B), T_(T), shard_(shard), shuffle_(shuffle), seed_(seed) {
+  BERTH_CHECK(shard.count > 0 && shard.index >= 0 && shard.index < shard.count,
+              "loader shard {} of {} is invalid", shard.index, shard.count);
   BERTH_CHECK(B > 0 && T > 0, "micro_batch_size ({}) and seq_len ({}) must be positive", B, T);
   BERTH_CHECK(ds->n_tokens() >= int64_t(T) + 1,
               "the dataset has {} tokens, fewer than seq_len + 1 = {}: lower data.seq_len or use "
@@ -41,7 +44,7 @@ void StreamLoader::next(PackedBatch* batch) {
   if (batch->B != B_ || batch->T != T_) reset_rows(batch, B_, T_);
   const uint32_t* tok = ds_->tokens.data();
   for (int r = 0; r < B_; r++) {
-    const int64_t start = window_of_row(rows_ + r) * T_;
+    const int64_t start = window_of_row(rows_ + int64_t(shard_.index) * B_ + r) * T_;
     int32_t* x = batch->tokens.data() + size_t(r) * size_t(T_);
     int32_t* y = batch->targets.data() + size_t(r) * size_t(T_);
     for (int t = 0; t < T_; t++) {
@@ -49,7 +52,7 @@ void StreamLoader::next(PackedBatch* batch) {
       y[t] = int32_t(tok[start + t + 1]);
     }
   }
-  rows_ += B_;
+  rows_ += int64_t(shard_.count) * B_;
 }
 
 }  // namespace berth

@@ -8,7 +8,13 @@
 // at the end. With shuffle, each epoch (every W rows) uses its own seeded permutation of the
 // windows, so every window is seen once per epoch.
 //
-// The position is one integer (rows consumed), so a checkpoint can store it and resume exactly.
+// Data parallelism: with `shard = {index, count}` the loader is one of `count` replicas. Each
+// call draws the next count·B global rows and keeps rows [index·B, index·B + B) of them, so the
+// replicas together read exactly the rows — in the same order — that one loader with count·B rows
+// per call would read.
+//
+// The position is one integer (global rows consumed), so a checkpoint can store it and resume
+// exactly.
 #pragma once
 
 #include <cstdint>
@@ -22,9 +28,14 @@ namespace berth {
 class StreamLoader {
  public:
   // Throws Error when the dataset has fewer than T+1 tokens.
-  StreamLoader(const TokenDataset* ds, int B, int T, bool shuffle, uint64_t seed);
+  struct Shard {
+    int index = 0, count = 1;
+  };
+  StreamLoader(const TokenDataset* ds, int B, int T, bool shuffle, uint64_t seed,
+               Shard shard = {0, 1});
 
-  // Fills `batch` with the next B rows and advances the position.
+  // Fills `batch` with this replica's B rows of the next count·B global rows and advances the
+  // position by count·B.
   void next(PackedBatch* batch);
 
   int64_t n_windows() const { return n_windows_; }
@@ -39,6 +50,7 @@ class StreamLoader {
 
   const TokenDataset* ds_;
   int B_, T_;
+  Shard shard_;
   bool shuffle_;
   uint64_t seed_;
   int64_t n_windows_;

@@ -1,5 +1,6 @@
 #include "runtime/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/ops.h"
@@ -7,24 +8,29 @@
 
 namespace berth {
 
-AdamW::AdamW(const ParamLayout& layout, const AdamWSettings& settings)
-    : layout_(layout), s_(settings), m_(size_t(layout.total), 0.f), v_(size_t(layout.total), 0.f) {}
+AdamW::AdamW(const ParamLayout& layout, const AdamWSettings& settings, ShardRange range)
+    : layout_(layout), s_(settings), range_(range) {
+  if (range_.end < 0) range_ = ShardRange{0, layout.total};
+  BERTH_CHECK(range_.begin >= 0 && range_.begin <= range_.end && range_.end <= layout.total,
+              "optimizer range [{}, {}) outside the {} parameters", range_.begin, range_.end,
+              layout.total);
+  m_.assign(size_t(range_.size()), 0.f);
+  v_.assign(size_t(range_.size()), 0.f);
+}
 
-double AdamW::step(std::vector<float>& params, const std::vector<float>& grads, double lr) {
-  BERTH_CHECK(params.size() == m_.size() && grads.size() == m_.size(),
-              "optimizer buffers ({}) do not match parameters ({}) / gradients ({})", m_.size(),
-              params.size(), grads.size());
-  const double norm = std::sqrt(cpu::sum_squares(grads.data(), int64_t(grads.size())));
+void AdamW::step(float* params, const float* range_grads, double lr, double grad_norm) {
   float scale = 1.f;
-  if (s_.grad_clip > 0 && norm > s_.grad_clip) scale = float(s_.grad_clip / norm);
+  if (s_.grad_clip > 0 && grad_norm > s_.grad_clip) scale = float(s_.grad_clip / grad_norm);
   t_++;
   for (const ParamSpec& spec : layout_.specs) {
-    const size_t o = size_t(spec.offset);
-    cpu::adamw_update(params.data() + o, grads.data() + o, m_.data() + o, v_.data() + o, spec.numel,
+    const int64_t lo = std::max(spec.offset, range_.begin);
+    const int64_t hi = std::min(spec.offset + spec.numel, range_.end);
+    if (lo >= hi) continue;
+    const size_t o = size_t(lo - range_.begin);
+    cpu::adamw_update(params + lo, range_grads + o, m_.data() + o, v_.data() + o, hi - lo,
                       float(lr), float(s_.beta1), float(s_.beta2), float(s_.eps),
                       spec.decay ? float(s_.weight_decay) : 0.f, scale, t_);
   }
-  return norm;
 }
 
 }  // namespace berth

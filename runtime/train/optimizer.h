@@ -1,11 +1,15 @@
-// AdamW over a model's flat parameter buffer, with global grad-norm clipping.
-// Moments m, v are flat buffers of the same layout; weight decay applies to tensors whose spec
-// says `decay` (2-D weights), never to biases or LayerNorm parameters.
+// AdamW over a range of a model's flat parameter buffer, with global grad-norm clipping.
+//
+// The optimizer owns moments m, v for the elements [range.begin, range.end) of the flat layout:
+// the whole buffer without ZeRO, this rank's shard with ZeRO-1. Weight decay applies to tensors
+// whose spec says `decay` (2-D weights), never to biases or LayerNorm parameters, also when a
+// shard boundary cuts a tensor.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "parallel/data_parallel.h"
 #include "runtime/model/gpt_config.h"
 
 namespace berth {
@@ -17,12 +21,16 @@ struct AdamWSettings {
 
 class AdamW {
  public:
-  AdamW(const ParamLayout& layout, const AdamWSettings& settings);
+  // range: the elements this optimizer updates (default: all of the layout).
+  AdamW(const ParamLayout& layout, const AdamWSettings& settings, ShardRange range = {0, -1});
 
-  // Global L2 norm of `grads` (before clipping); then one AdamW step t = steps_taken()+1 at `lr`,
-  // with grads scaled by min(1, grad_clip/norm) when clipping is on. Returns the norm.
-  double step(std::vector<float>& params, const std::vector<float>& grads, double lr);
+  // One AdamW step t = steps_taken()+1 at `lr` on params[range] with `range_grads` (the gradients
+  // of the range only, range.size() values). `grad_norm` is the global L2 norm of the whole
+  // gradient (computed by the caller, reduced over ranks); grads are scaled by
+  // min(1, grad_clip / grad_norm) when clipping is on.
+  void step(float* params, const float* range_grads, double lr, double grad_norm);
 
+  const ShardRange& range() const { return range_; }
   int64_t steps_taken() const { return t_; }
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
@@ -30,6 +38,7 @@ class AdamW {
  private:
   const ParamLayout& layout_;
   AdamWSettings s_;
+  ShardRange range_;
   std::vector<float> m_, v_;
   int64_t t_ = 0;
 };

@@ -1,5 +1,12 @@
-// Trainer: the wiring of one training run on this process — data, model, optimizer, schedule,
-// evaluation, logging and the run directory (out_dir/name/ with config.toml and metrics.jsonl).
+// Trainer: the wiring of one training run — process grid, data, model, optimizer, schedule,
+// evaluation, logging and the run directory (out_dir/name/ with config.toml and metrics.jsonl,
+// written by rank 0).
+//
+// Data parallelism: every rank holds the whole model; DP rank d reads its rows of each global
+// batch (StreamLoader shards), gradients are summed over dp×cp (bucketed all-reduce, or
+// reduce-scatter with ZeRO-1), and the loss is normalized per target token over the global batch
+// (sum and count reduced), so dp ranks with micro_batch_size B train exactly like one rank with
+// B·dp rows, up to floating-point summation order.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +15,8 @@
 #include <vector>
 
 #include "packing/packed_batch.h"
+#include "parallel/grid.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/config/config.h"
 #include "runtime/io/token_dataset.h"
 #include "runtime/model/gpt.h"
@@ -22,17 +31,18 @@ struct StepStats {
   double loss = 0;           // mean cross-entropy per target token of this step's batch
   double lr = 0;
   double grad_norm = 0;      // before clipping
-  double seconds = 0;        // wall time of the step (data + forward + backward + update)
-  double tokens_per_s = 0;
-  double model_flops_per_s = 0;
+  double seconds = 0;        // wall time of the step on rank 0 (data + fwd + bwd + sync + update)
+  double tokens_per_s = 0;   // global: all ranks' tokens
+  double model_flops_per_s = 0;  // global
   double val_loss = -1;      // when evaluated at this step (before its update), else -1
 };
 
 class Trainer {
  public:
-  // Validates the config, reads the datasets and checks them against the model, allocates
-  // everything. Throws Error with an actionable message on any bad input.
-  explicit Trainer(const RunConfig& cfg);
+  // Validates the config and the parallel layout against `world`, reads the datasets and checks
+  // them against the model, allocates everything. Throws Error with an actionable message on any
+  // bad input. Collective over `world` (every rank constructs its Trainer together).
+  Trainer(const RunConfig& cfg, Communicator& world);
 
   // Creates the run directory, saves the resolved config, trains for train.steps steps and logs.
   // Returns every step's stats.
@@ -41,22 +51,30 @@ class Trainer {
   // One optimizer step (used by run and by tests).
   StepStats train_step(int64_t step);
 
-  // Mean loss per target token over eval.batches sequential validation windows (from the start
-  // of the validation set each time); requires data.val.
+  // Mean loss per target token over eval.batches global batches of sequential validation
+  // windows (from the start of the validation set each time); requires data.val. Collective.
   double evaluate();
 
   GPT<float>& model() { return *model_; }
   const std::string& run_dir() const { return run_dir_; }
+  ProcessGrid& grid() { return *grid_; }
 
  private:
+  void sync_and_update(double lr, StepStats* st);
+
   RunConfig cfg_;
+  Communicator& world_;
+  std::unique_ptr<ProcessGrid> grid_;
   GPTConfig gcfg_;
   LrSchedule schedule_;
   TokenDataset train_ds_, val_ds_;
   std::unique_ptr<GPT<float>> model_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<StreamLoader> loader_, val_loader_;
-  PackedBatch batch_, val_batch_;
+  std::vector<PackedBatch> batches_;  // one per micro-batch
+  PackedBatch val_batch_;
+  std::vector<float> shard_grads_;    // ZeRO-1: this rank's reduced gradient shard
+  std::vector<size_t> shard_counts_;  // ZeRO-1: elements per dp×cp rank
   double flops_per_token_ = 0;
   std::string run_dir_;
 };

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# MPI launch checks (ctest label "mpi"): `berth train` under `mpirun -np 1` trains and writes its
-# run directory; under `mpirun -np 2` (this build trains on one rank) it fails fast with the
-# specific message on every rank and a non-zero exit instead of hanging.
+# MPI launch checks (ctest label "mpi"): `berth train` under `mpirun -np 1` and `-np 2` (data
+# parallel) trains and writes its run directory from rank 0 only; an injected failure on one rank
+# ends the whole job non-zero within 30 s; a layout that does not match the ranks is refused.
 #   train_mpirun.sh BERTH MPIEXEC
 set -u
 berth=$1
@@ -32,15 +32,35 @@ check "mpirun -np 1 writes 4 metrics lines" $?
 grep -q "step     4/4" "$tmp/np1.log"
 check "mpirun -np 1 logs step 4/4 once (rank 0 only)" $?
 
-timeout 120 "${mpi[@]}" -np 2 "$berth" train "$cfg" "${tiny[@]}" --set run.name=np2 > "$tmp/np2.log" 2>&1
-rc=$?
-[ $rc -ne 0 ] && [ $rc -ne 124 ]
-check "mpirun -np 2 exits non-zero without hanging (rc $rc)" $?
-grep -q "trains on one rank only" "$tmp/np2.log"
-check "mpirun -np 2 says why" $?
-[ ! -e "$tmp/runs/np2" ]
-check "mpirun -np 2 leaves no run directory" $?
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=np2 \
+    > "$tmp/np2.log" 2>&1
+check "mpirun -np 2 (dp = 2) exits 0" $?
+grep -q "layout: dp=2 tp=1 pp=1 cp=1 (2 ranks)" "$tmp/np2.log"
+check "mpirun -np 2 logs the layout" $?
+[ "$(grep -c "layout:" "$tmp/np2.log")" = "1" ]
+check "only rank 0 logs" $?
+[ "$(wc -l < "$tmp/runs/np2/metrics.jsonl" 2>/dev/null)" = "4" ]
+check "mpirun -np 2 writes 4 metrics lines" $?
 
-[ $fail -ne 0 ] && cat "$tmp/np1.log" "$tmp/np2.log"
+# Fault injection: rank 1 throws at step 3; every rank must exit non-zero within 30 s.
+start=$(date +%s)
+timeout 60 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=fail \
+    --set train.steps=50 --set debug.fail_rank=1 --set debug.fail_step=3 > "$tmp/fail.log" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $elapsed -le 30 ]
+check "an injected failure on rank 1 ends the job non-zero in ${elapsed}s (rc $rc)" $?
+grep -q "rank 1/2@.*failure injected by debug.fail_rank = 1 at step 3" "$tmp/fail.log"
+check "the failure message carries rank@host" $?
+
+timeout 60 "${mpi[@]}" -np 3 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=np3 \
+    --set parallel.dp=2 > "$tmp/np3.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "does not match the 3 launched ranks" "$tmp/np3.log"
+check "a layout that does not match the ranks is refused (rc $rc)" $?
+[ ! -e "$tmp/runs/np3" ]
+check "the refused run leaves no run directory" $?
+
+[ $fail -ne 0 ] && cat "$tmp"/*.log
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
