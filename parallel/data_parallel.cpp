@@ -32,4 +32,33 @@ void all_reduce_gradients(Communicator& comm, float* grads, int64_t n, int64_t b
   }
 }
 
+void ring_all_reduce(Communicator& comm, float* buf, int64_t n, std::vector<float>* scratch) {
+  const int size = comm.size(), rank = comm.rank();
+  if (size == 1) return;
+  const std::vector<size_t> counts = shard_counts(n, size);
+  std::vector<int64_t> offsets(size_t(size) + 1, 0);
+  for (int i = 0; i < size; i++) offsets[size_t(i) + 1] = offsets[size_t(i)] + int64_t(counts[size_t(i)]);
+  scratch->resize(*std::max_element(counts.begin(), counts.end()));
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  auto chunk = [&](int k) { return ((k % size) + size) % size; };
+  // Reduce-scatter: after step s, chunk (rank − s − 1) holds the sum over s + 2 ranks.
+  for (int s = 0; s < size - 1; s++) {
+    const int send_c = chunk(rank - s), recv_c = chunk(rank - s - 1);
+    comm.group_begin();
+    comm.send(buf + offsets[size_t(send_c)], counts[size_t(send_c)], DType::F32, right);
+    comm.recv(scratch->data(), counts[size_t(recv_c)], DType::F32, left);
+    comm.group_end();
+    float* dst = buf + offsets[size_t(recv_c)];
+    for (size_t i = 0; i < counts[size_t(recv_c)]; i++) dst[i] += (*scratch)[i];
+  }
+  // All-gather: rank holds the full sum of chunk (rank + 1); pass the finished chunks around.
+  for (int s = 0; s < size - 1; s++) {
+    const int send_c = chunk(rank + 1 - s), recv_c = chunk(rank - s);
+    comm.group_begin();
+    comm.send(buf + offsets[size_t(send_c)], counts[size_t(send_c)], DType::F32, right);
+    comm.recv(buf + offsets[size_t(recv_c)], counts[size_t(recv_c)], DType::F32, left);
+    comm.group_end();
+  }
+}
+
 }  // namespace berth

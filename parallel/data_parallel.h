@@ -27,4 +27,11 @@ constexpr int64_t kGradBucketElems = int64_t(1) << 22;
 // them, so a later overlap with backward keeps the same buckets). Collective over comm.
 void all_reduce_gradients(Communicator& comm, float* grads, int64_t n, int64_t bucket_elems);
 
+// The same sum as a ring all-reduce written on grouped send/recv (reduce-scatter ring, then
+// all-gather ring, over the shard_counts chunks): each rank sends exactly Σ of n−1 chunks twice,
+// i.e. 2(n−1)/n × the buffer, which the communicator's send counters make measurable
+// (bench_grad_sync compares it with the theory and with MPI's own all-reduce). `scratch` is
+// resized to the largest chunk. Collective over comm; exact for exactly representable values.
+void ring_all_reduce(Communicator& comm, float* buf, int64_t n, std::vector<float>* scratch);
+
 }  // namespace berth

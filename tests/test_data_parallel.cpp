@@ -152,6 +152,29 @@ TEST_F(DataParallelTest, DerivedDpAndReplicasStayIdentical) {
   EXPECT_TRUE(root == r.params) << "replica " << world().rank() << " diverged from rank 0";
 }
 
+TEST(GradientSync, BucketedAndRingAllReduceAreExactAndRingSendsTheTheory) {
+  Communicator& w = world();
+  const int n = w.size();
+  for (int64_t len : {int64_t(0), int64_t(1), int64_t(1001), int64_t(30080)}) {
+    std::vector<float> a(static_cast<size_t>(len)), b(a), expect(a);
+    for (int64_t i = 0; i < len; i++) {
+      a[size_t(i)] = b[size_t(i)] = float((i * 7 + w.rank() * 3) % 11);  // small integers: exact
+      expect[size_t(i)] = 0;
+      for (int r = 0; r < n; r++) expect[size_t(i)] += float((i * 7 + r * 3) % 11);
+    }
+    all_reduce_gradients(w, a.data(), len, 100);  // many buckets, the last one partial
+    EXPECT_TRUE(a == expect) << "bucketed all-reduce of " << len;
+    std::vector<float> scratch;
+    w.reset_stats();
+    ring_all_reduce(w, b.data(), len, &scratch);
+    EXPECT_TRUE(b == expect) << "ring all-reduce of " << len;
+    // Each rank sends n−1 chunks in each phase: within one chunk of 2(n−1)/n × len elements.
+    const double theory = 2.0 * (n - 1) / n * double(len) * sizeof(float);
+    const double sent = double(w.stats().send_bytes);
+    EXPECT_NEAR(sent, theory, 2.0 * sizeof(float) * double(n)) << "bytes sent for " << len;
+  }
+}
+
 TEST_F(DataParallelTest, ShardsAreUnevenWhereTheSizesSayso) {
   // The ZeRO shards of this model are uneven for some world sizes; the equality tests above
   // then cover uneven reduce-scatter/all-gather. Record which case this run exercised.
