@@ -13,102 +13,18 @@
 
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
+#include "runtime/io/hdf5_util.h"
 
 namespace berth {
 namespace {
 
+using h5::describe_type;
+using h5::file_access_plist;
+using h5::h5_error_detail;
+using h5::H5Id;
+using h5::H5QuietErrors;
+
 constexpr const char* kImportHint = "import it with `berth data import`";
-
-// ---- HDF5 plumbing ------------------------------------------------------------------------------
-
-// Owns one HDF5 identifier and closes it with the matching H5*close on every path.
-class H5Id {
- public:
-  using Closer = herr_t (*)(hid_t);
-  H5Id() = default;
-  H5Id(hid_t id, Closer closer) : id_(id), closer_(closer) {}
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-  H5Id(H5Id&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), closer_(o.closer_) {}
-  H5Id& operator=(H5Id&& o) noexcept {
-    if (this != &o) {
-      close();
-      id_ = std::exchange(o.id_, H5I_INVALID_HID);
-      closer_ = o.closer_;
-    }
-    return *this;
-  }
-  ~H5Id() { close(); }
-
-  hid_t get() const { return id_; }
-  bool valid() const { return id_ >= 0; }
-  // Closes now; returns false when HDF5 reports a failure (e.g. flushing the file failed).
-  bool close() {
-    if (id_ < 0) return true;
-    const herr_t rc = closer_(id_);
-    id_ = H5I_INVALID_HID;
-    return rc >= 0;
-  }
-
- private:
-  hid_t id_ = H5I_INVALID_HID;
-  Closer closer_ = nullptr;
-};
-
-// Turns off HDF5's automatic printing of its error stack for this scope (we report our own
-// messages) and restores the previous handler afterwards.
-class H5QuietErrors {
- public:
-  H5QuietErrors() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~H5QuietErrors() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-  H5QuietErrors(const H5QuietErrors&) = delete;
-  H5QuietErrors& operator=(const H5QuietErrors&) = delete;
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
-
-// The innermost message on HDF5's error stack (the most specific one), then clears the stack.
-std::string h5_error_detail() {
-  std::string detail;
-  H5Ewalk2(
-      H5E_DEFAULT, H5E_WALK_UPWARD,
-      [](unsigned n, const H5E_error2_t* err, void* out) -> herr_t {
-        auto* s = static_cast<std::string*>(out);
-        if (s->empty() && err != nullptr && err->desc != nullptr) *s = err->desc;
-        return 0;
-      },
-      &detail);
-  H5Eclear2(H5E_DEFAULT);
-  return detail.empty() ? std::string("no detail from HDF5") : detail;
-}
-
-hid_t file_access_plist() {
-  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-  if (fapl < 0) return fapl;
-#if H5_VERSION_GE(1, 12, 1) || (H5_VERS_MAJOR == 1 && H5_VERS_MINOR == 10 && H5_VERS_RELEASE >= 7)
-  // Lock where the file system supports it, carry on where it does not (Lustre/NFS mounts).
-  H5Pset_file_locking(fapl, true, true);
-#endif
-  return fapl;
-}
-
-std::string describe_type(hid_t type) {
-  const size_t bits = H5Tget_size(type) * 8;
-  switch (H5Tget_class(type)) {
-    case H5T_INTEGER:
-      return fmt::format("{}int{}", H5Tget_sign(type) == H5T_SGN_NONE ? "u" : "", bits);
-    case H5T_FLOAT: return fmt::format("float{}", bits);
-    case H5T_STRING: return "string";
-    case H5T_ENUM: return "enum";
-    case H5T_COMPOUND: return "compound";
-    default: return fmt::format("HDF5 type class {}", static_cast<int>(H5Tget_class(type)));
-  }
-}
 
 // ---- writing ------------------------------------------------------------------------------------
 
