@@ -27,6 +27,7 @@ void register_train_command(CLI::App& app) {
   struct Args {
     std::string config;
     std::vector<std::string> overrides;
+    std::string resume;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a TOML config");
@@ -34,10 +35,15 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--set", args->overrides,
                   "Override a config value: --set section.key=value (repeatable)")
       ->type_name("KEY=VALUE");
+  cmd->add_option("--resume", args->resume,
+                  "Continue from a checkpoint: a step-N directory, or 'auto' for the newest "
+                  "complete one in checkpoint.dir")
+      ->type_name("auto|PATH");
   cmd->callback([args]() {
     const RunConfig cfg = load_config(args->config, args->overrides);
     std::unique_ptr<Communicator> world = make_mpi_world();
     Trainer trainer(cfg, *world);
+    if (!args->resume.empty()) trainer.resume(args->resume);
     trainer.run();
   });
 }

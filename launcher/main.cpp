@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   berth::register_train_command(app);
   berth::register_data_commands(app);
+  berth::register_model_commands(app);
 
   int code = 0;
   try {

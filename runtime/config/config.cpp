@@ -45,6 +45,7 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(model, d_model),
     BERTH_CONFIG_FIELD(model, vocab_size),
     BERTH_CONFIG_FIELD(model, max_seq_len),
+    BERTH_CONFIG_FIELD(model, init_from),
     BERTH_CONFIG_FIELD(data, train),
     BERTH_CONFIG_FIELD(data, val),
     BERTH_CONFIG_FIELD(data, mode),
@@ -70,14 +71,19 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(parallel, dp),
     BERTH_CONFIG_FIELD(parallel, zero),
     BERTH_CONFIG_FIELD(parallel, microbatches),
+    BERTH_CONFIG_FIELD(checkpoint, dir),
+    BERTH_CONFIG_FIELD(checkpoint, interval),
+    BERTH_CONFIG_FIELD(checkpoint, keep_last),
+    BERTH_CONFIG_FIELD(checkpoint, final),
     BERTH_CONFIG_FIELD(debug, fail_rank),
     BERTH_CONFIG_FIELD(debug, fail_step),
+    BERTH_CONFIG_FIELD(debug, checkpoint_pause_s),
 };
 
 #undef BERTH_CONFIG_FIELD
 
-const std::string_view kSections[] = {"run",   "model",    "data",
-                                      "train", "eval",     "parallel", "debug"};
+const std::string_view kSections[] = {"run",  "model",    "data",       "train",
+                                      "eval", "parallel", "checkpoint", "debug"};
 
 bool is_section(std::string_view section) {
   for (std::string_view s : kSections) {
@@ -428,6 +434,15 @@ void validate_config(const RunConfig& cfg) {
     BERTH_FAIL("{}: parallel.zero must be 0 (replicated optimizer state) or 1 (moments sharded "
                "over dp×cp), got {}",
                w, cfg.parallel.zero);
+  }
+  if (cfg.checkpoint.interval < 0 || cfg.checkpoint.keep_last < 0) {
+    BERTH_FAIL("{}: checkpoint.interval and checkpoint.keep_last must be >= 0 (0 = off / keep "
+               "all), got {} and {}",
+               w, cfg.checkpoint.interval, cfg.checkpoint.keep_last);
+  }
+  if (!(std::isfinite(cfg.debug.checkpoint_pause_s) && cfg.debug.checkpoint_pause_s >= 0)) {
+    BERTH_FAIL("{}: debug.checkpoint_pause_s must be >= 0, got {}", w,
+               cfg.debug.checkpoint_pause_s);
   }
   if (cfg.debug.fail_rank < -1 || cfg.debug.fail_step < -1) {
     BERTH_FAIL("{}: debug.fail_rank and debug.fail_step must be >= -1 (-1 = off)", w);

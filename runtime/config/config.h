@@ -26,6 +26,7 @@ struct ModelSection {
   int64_t d_model = 256;
   int64_t vocab_size = 257;
   int64_t max_seq_len = 256;
+  std::string init_from;  // checkpoint directory whose weights start the run ("" = random init)
 };
 
 struct DataSection {
@@ -65,9 +66,17 @@ struct ParallelSection {
   int64_t microbatches = 1;  // micro-batches per step and rank (gradient accumulation)
 };
 
+struct CheckpointSection {
+  std::string dir;        // "" = <out_dir>/<name>/checkpoints
+  int64_t interval = 0;   // save every N steps (0 = only the final checkpoint)
+  int64_t keep_last = 0;  // keep the newest N complete checkpoints (0 = all)
+  bool final = true;      // save a checkpoint at the end of training
+};
+
 struct DebugSection {
   int64_t fail_rank = -1;  // fault injection: this rank throws at step fail_step (-1 = off)
   int64_t fail_step = -1;
+  double checkpoint_pause_s = 0;  // sleep inside every checkpoint save, before its commit
 };
 
 struct RunConfig {
@@ -77,6 +86,7 @@ struct RunConfig {
   TrainSection train;
   EvalSection eval;
   ParallelSection parallel;
+  CheckpointSection checkpoint;
   DebugSection debug;
   std::string source;  // path the config was read from ("" when built in code)
 };

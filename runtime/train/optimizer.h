@@ -32,6 +32,7 @@ class AdamW {
 
   const ShardRange& range() const { return range_; }
   int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }  // when restoring moments from a checkpoint
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
 

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "kernels/ops.h"
@@ -14,6 +16,7 @@
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
+#include "runtime/train/checkpoint.h"
 
 namespace berth {
 
@@ -77,6 +80,88 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
   batches_.resize(size_t(cfg_.parallel.microbatches));
   for (PackedBatch& b : batches_) reset_rows(&b, B, T);
   run_dir_ = (std::filesystem::path(cfg_.run.out_dir) / cfg_.run.name).string();
+  checkpoint_dir_ = cfg_.checkpoint.dir.empty() ? run_dir_ + "/checkpoints" : cfg_.checkpoint.dir;
+  if (!cfg_.model.init_from.empty()) {
+    const auto t_load = std::chrono::steady_clock::now();
+    const CheckpointData ck = load_checkpoint(cfg_.model.init_from, false);
+    const std::string diff = describe_shape_mismatch(ck.model, gcfg_);
+    BERTH_CHECK(diff.empty(), "model.init_from '{}' does not fit this model: {}; set model.* to "
+                "the checkpoint's shape", cfg_.model.init_from, diff);
+    model_->params() = ck.params;
+    log_info("init_from {}: weights loaded in {:.2f} s (fresh optimizer, step 0)",
+             cfg_.model.init_from,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
+  }
+}
+
+void Trainer::resume(const std::string& spec) {
+  std::string path = spec;
+  if (spec == "auto") {
+    const std::optional<std::string> latest = latest_checkpoint(checkpoint_dir_);
+    if (!latest) {
+      log_info("resume auto: no complete checkpoint in {}; starting at step 0", checkpoint_dir_);
+      return;
+    }
+    path = *latest;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const CheckpointData ck = load_checkpoint(path, true);
+  const std::string diff = describe_shape_mismatch(ck.model, gcfg_);
+  BERTH_CHECK(diff.empty(), "cannot resume from '{}': its model differs from the config: {}", path,
+              diff);
+  BERTH_CHECK(ck.has_optimizer(),
+              "cannot resume from '{}': it holds weights only (an import?); start a new run from "
+              "it with model.init_from instead",
+              path);
+  BERTH_CHECK(ck.meta.step < cfg_.train.steps,
+              "checkpoint '{}' is at step {}, which already reaches train.steps = {}; raise "
+              "train.steps to train further",
+              path, ck.meta.step, cfg_.train.steps);
+  model_->params() = ck.params;
+  const ShardRange r = opt_->range();
+  std::copy(ck.adam_m.begin() + r.begin, ck.adam_m.begin() + r.end, opt_->m().begin());
+  std::copy(ck.adam_v.begin() + r.begin, ck.adam_v.begin() + r.end, opt_->v().begin());
+  opt_->set_steps_taken(ck.adam_step);
+  loader_->set_rows_consumed(ck.meta.rows_consumed);
+  start_step_ = ck.meta.step;
+  log_info("resumed from {} at step {} (saved by layout {}) in {:.2f} s", path, start_step_,
+           ck.meta.layout.empty() ? "?" : ck.meta.layout,
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+double Trainer::save(int64_t steps_done) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CheckpointData ck;
+  ck.model = gcfg_;
+  ck.adam_step = opt_->steps_taken();
+  if (cfg_.parallel.zero == 1) {  // gather the moment shards (collective)
+    Communicator& g = grid_->dp_cp();
+    ck.adam_m.resize(size_t(model_->layout().total));
+    ck.adam_v.resize(size_t(model_->layout().total));
+    g.all_gather(opt_->m().data(), ck.adam_m.data(), shard_counts_, DType::F32);
+    g.all_gather(opt_->v().data(), ck.adam_v.data(), shard_counts_, DType::F32);
+  }
+  if (world_.rank() == 0) {
+    ck.params = model_->params();
+    if (cfg_.parallel.zero != 1) {
+      ck.adam_m = opt_->m();
+      ck.adam_v = opt_->v();
+    }
+    ck.meta.step = steps_done;
+    ck.meta.rows_consumed = loader_->rows_consumed();
+    ck.meta.seed = cfg_.run.seed;
+    ck.meta.config_toml = config_to_toml(cfg_);
+    ck.meta.layout = describe_grid(grid_->shape());
+    ck.meta.source = "berth train";
+    const std::string dir = checkpoint_dir_ + "/" + checkpoint_dir_name(steps_done);
+    save_checkpoint(dir, ck, cfg_.debug.checkpoint_pause_s);
+    const int pruned = prune_checkpoints(checkpoint_dir_, cfg_.checkpoint.keep_last);
+    log_info("checkpoint: saved {} in {:.2f} s{}", dir,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+             pruned > 0 ? fmt::format(" (removed {} older)", pruned) : std::string());
+  }
+  world_.barrier();  // no rank runs ahead of a save that may still fail on rank 0
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void Trainer::sync_and_update(double lr, StepStats* st) {
@@ -160,6 +245,11 @@ std::vector<StepStats> Trainer::run() {
   if (writer) {
     ensure_writable_dir(run_dir_, "run directory (run.out_dir/run.name)");
     write_text_file_atomic(run_dir_ + "/config.toml", resolved);
+    const int cleaned = clean_partial_checkpoints(checkpoint_dir_);
+    if (cleaned > 0) {
+      log_info("checkpoint: removed {} incomplete checkpoint(s) left in {} by an interrupted save",
+               cleaned, checkpoint_dir_);
+    }
   }
   log_info("berth {} | resolved config ({} → {}/config.toml):\n{}", BERTH_VERSION,
            cfg_.source.empty() ? "built-in" : cfg_.source, run_dir_, resolved);
@@ -189,13 +279,33 @@ std::vector<StepStats> Trainer::run() {
   const std::string partial_path = metrics_path + ".partial";
   std::ofstream partial;
   if (writer) {
+    std::error_code ec;
+    if (start_step_ > 0 && std::filesystem::exists(partial_path, ec)) {
+      std::filesystem::rename(partial_path, partial_path + ".resume", ec);
+    }
     partial.open(partial_path, std::ios::trunc);
     BERTH_CHECK(partial.good(), "cannot write {}", partial_path);
   }
   std::string metrics;
+  if (writer && start_step_ > 0) {  // keep the metrics of the steps before the resumed one
+    // A killed run left its lines in the .partial file; a finished one in metrics.jsonl.
+    std::error_code ec;
+    const std::string previous = std::filesystem::exists(partial_path + ".resume", ec)
+                                     ? partial_path + ".resume"
+                                     : metrics_path;
+    if (std::filesystem::exists(previous, ec)) {
+      std::istringstream in(read_text_file(previous));
+      for (std::string line; std::getline(in, line);) {
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_discarded() && j.value("step", int64_t(0)) <= start_step_) metrics += line + "\n";
+      }
+    }
+    partial << metrics;
+    std::filesystem::remove(partial_path + ".resume", ec);
+  }
   std::vector<StepStats> all;
   const int64_t steps = cfg_.train.steps;
-  for (int64_t step = 0; step < steps; step++) {
+  for (int64_t step = start_step_; step < steps; step++) {
     double val_loss = -1;
     const bool last = step == steps - 1;
     if (cfg_.eval.interval > 0 && (step % cfg_.eval.interval == 0 || last)) val_loss = evaluate();
@@ -220,6 +330,11 @@ std::vector<StepStats> Trainer::run() {
       partial << line;
       partial.flush();
     }
+    const int64_t done = step + 1;
+    if ((cfg_.checkpoint.interval > 0 && done % cfg_.checkpoint.interval == 0 && done < steps) ||
+        (cfg_.checkpoint.final && done == steps)) {
+      save(done);
+    }
   }
   if (writer) {
     partial.close();
@@ -228,8 +343,8 @@ std::vector<StepStats> Trainer::run() {
   }
   double seconds = 0;
   for (const StepStats& st : all) seconds += st.seconds;
-  log_info("done: {} steps in {:.2f} s, final loss {:.4f} | metrics in {}", steps, seconds,
-           all.back().loss, metrics_path);
+  log_info("done: steps {}..{} in {:.2f} s, final loss {:.4f} | metrics in {}", start_step_ + 1,
+           steps, seconds, all.empty() ? 0.0 : all.back().loss, metrics_path);
   return all;
 }
 

@@ -44,9 +44,24 @@ class Trainer {
   // bad input. Collective over `world` (every rank constructs its Trainer together).
   Trainer(const RunConfig& cfg, Communicator& world);
 
-  // Creates the run directory, saves the resolved config, trains for train.steps steps and logs.
-  // Returns every step's stats.
+  // Continues from a checkpoint: `spec` is a checkpoint directory or "auto" (the newest complete
+  // checkpoint in checkpoint.dir; none there = start at step 0, with a notice). Restores weights,
+  // AdamW moments and step, the data position and the step counter, so the rest of the run is
+  // bit-identical to an uninterrupted one. The model shape must match (the error lists every
+  // difference). Collective.
+  void resume(const std::string& spec);
+
+  // Creates the run directory, saves the resolved config, trains from the current step (0, or
+  // the resumed one) to train.steps, saving checkpoints as configured, and logs. Returns the
+  // stats of the steps it ran.
   std::vector<StepStats> run();
+
+  // Saves a checkpoint of the state after `steps_done` steps into checkpoint.dir (rank 0
+  // writes; ZeRO-1 moments are gathered first). Collective. Returns the seconds the save took.
+  double save(int64_t steps_done);
+
+  int64_t start_step() const { return start_step_; }
+  const std::string& checkpoint_dir() const { return checkpoint_dir_; }
 
   // One optimizer step (used by run and by tests).
   StepStats train_step(int64_t step);
@@ -76,7 +91,8 @@ class Trainer {
   std::vector<float> shard_grads_;    // ZeRO-1: this rank's reduced gradient shard
   std::vector<size_t> shard_counts_;  // ZeRO-1: elements per dp×cp rank
   double flops_per_token_ = 0;
-  std::string run_dir_;
+  std::string run_dir_, checkpoint_dir_;
+  int64_t start_step_ = 0;
 };
 
 // The dataset must fit the model: vocab_size <= model.vocab_size and enough tokens for one window.

@@ -1,0 +1,382 @@
+// Checkpoint directories in HDF5 + JSON; see checkpoint.h for the layout and the guarantees.
+#include "runtime/train/checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include <fmt/ranges.h>
+
+#include "runtime/core/check.h"
+#include "runtime/core/fs.h"
+#include "runtime/io/hdf5_util.h"
+
+namespace berth {
+namespace {
+
+namespace fs = std::filesystem;
+using h5::H5Id;
+
+constexpr const char* kStepPrefix = "step-";
+constexpr const char* kTmpMarker = ".tmp-";
+
+// ---- writing ------------------------------------------------------------------------------------
+
+[[noreturn]] void fail_write(const std::string& path, const std::string& what) {
+  BERTH_FAIL("writing checkpoint file '{}' failed at {}: {} (disk full or not writable?)", path,
+             what, h5::h5_error_detail());
+}
+
+void write_i64_array_attr(hid_t obj, const char* name, const std::vector<int64_t>& v,
+                          const std::string& path) {
+  const hsize_t dims[1] = {hsize_t(v.size())};
+  H5Id space(v.empty() ? H5Screate(H5S_NULL) : H5Screate_simple(1, dims, nullptr), H5Sclose);
+  H5Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!space.valid() || !attr.valid() ||
+      (!v.empty() && H5Awrite(attr.get(), H5T_NATIVE_INT64, v.data()) < 0)) {
+    fail_write(path, fmt::format("attribute '{}'", name));
+  }
+}
+
+void write_i64_attr(hid_t obj, const char* name, int64_t value, const std::string& path) {
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!space.valid() || !attr.valid() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &value) < 0) {
+    fail_write(path, fmt::format("attribute '{}'", name));
+  }
+}
+
+void write_string_attr(hid_t obj, const char* name, const std::string& value,
+                       const std::string& path) {
+  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), H5T_VARIABLE);
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  const char* c = value.c_str();
+  if (!attr.valid() || H5Awrite(attr.get(), type.get(), &c) < 0) {
+    fail_write(path, fmt::format("attribute '{}'", name));
+  }
+}
+
+// One float32 dataset `name` (inside `loc`) with the tensor's shape, Fletcher-32 checksummed
+// chunks of at most ~16 Mi elements, and the full_shape/offset attributes of a whole tensor.
+void write_tensor(hid_t loc, const std::string& name, const float* data,
+                  const std::vector<int64_t>& shape, const std::string& path) {
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  std::vector<hsize_t> chunk = dims;
+  hsize_t rest = 1;
+  for (size_t i = 1; i < chunk.size(); i++) rest *= chunk[i];
+  chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (hsize_t(1) << 24) / std::max<hsize_t>(rest, 1)));
+  H5Id space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
+  H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (!space.valid() || !dcpl.valid() || H5Pset_chunk(dcpl.get(), int(chunk.size()), chunk.data()) < 0 ||
+      H5Pset_fletcher32(dcpl.get()) < 0) {
+    fail_write(path, fmt::format("dataset '{}' properties", name));
+  }
+  H5Id dset(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(),
+                       H5P_DEFAULT),
+            H5Dclose);
+  if (!dset.valid() || H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
+    fail_write(path, fmt::format("dataset '{}'", name));
+  }
+  write_i64_array_attr(dset.get(), "full_shape", shape, path);
+  write_i64_array_attr(dset.get(), "offset", std::vector<int64_t>(shape.size(), 0), path);
+  if (!dset.close()) fail_write(path, fmt::format("closing dataset '{}'", name));
+}
+
+void write_model_file(const std::string& path, const CheckpointData& d, const ParamLayout& layout) {
+  H5Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) fail_write(path, "creating the file");
+  const hid_t f = file.get();
+  write_string_attr(f, "format", kCheckpointFormat, path);
+  write_i64_attr(f, "format_version", kCheckpointFormatVersion, path);
+  write_i64_attr(f, "n_layer", d.model.L, path);
+  write_i64_attr(f, "n_head", d.model.NH, path);
+  write_i64_attr(f, "d_model", d.model.C, path);
+  write_i64_attr(f, "vocab_size", d.model.V, path);
+  write_i64_attr(f, "padded_vocab_size", d.model.Vp, path);
+  write_i64_attr(f, "max_seq_len", d.model.maxT, path);
+  for (const ParamSpec& s : layout.specs) {
+    write_tensor(f, s.name, d.params.data() + s.offset, s.shape, path);
+  }
+  if (!file.close()) fail_write(path, "closing the file");
+}
+
+void write_optimizer_file(const std::string& path, const CheckpointData& d,
+                          const ParamLayout& layout) {
+  H5Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) fail_write(path, "creating the file");
+  write_string_attr(file.get(), "format", kCheckpointFormat, path);
+  write_i64_attr(file.get(), "format_version", kCheckpointFormatVersion, path);
+  write_i64_attr(file.get(), "adam_step", d.adam_step, path);
+  for (const char* moment : {"m", "v"}) {
+    H5Id group(H5Gcreate2(file.get(), moment, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    if (!group.valid()) fail_write(path, fmt::format("group '{}'", moment));
+    const std::vector<float>& buf = moment[0] == 'm' ? d.adam_m : d.adam_v;
+    for (const ParamSpec& s : layout.specs) {
+      write_tensor(group.get(), s.name, buf.data() + s.offset, s.shape, path);
+    }
+  }
+  if (!file.close()) fail_write(path, "closing the file");
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// ---- reading ------------------------------------------------------------------------------------
+
+[[noreturn]] void fail_read(const std::string& path, const std::string& what) {
+  BERTH_FAIL("checkpoint file '{}' is unreadable at {}: {} (corrupt or truncated? use an older "
+             "checkpoint)",
+             path, what, h5::h5_error_detail());
+}
+
+int64_t read_i64_attr(hid_t obj, const char* name, const std::string& path) {
+  if (H5Aexists(obj, name) <= 0) {
+    BERTH_FAIL("checkpoint file '{}' has no attribute '{}': not a berth checkpoint file", path,
+               name);
+  }
+  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  int64_t v = 0;
+  if (!attr.valid() || H5Aread(attr.get(), H5T_NATIVE_INT64, &v) < 0) {
+    fail_read(path, fmt::format("attribute '{}'", name));
+  }
+  return v;
+}
+
+void read_tensor(hid_t loc, const std::string& name, float* out, const std::vector<int64_t>& shape,
+                 const std::string& path) {
+  if (H5Lexists(loc, name.c_str(), H5P_DEFAULT) <= 0) {
+    BERTH_FAIL("checkpoint file '{}' has no tensor '{}': it was written for another model; "
+               "check model.* against the checkpoint",
+               path, name);
+  }
+  H5Id dset(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dset.valid()) fail_read(path, fmt::format("opening '{}'", name));
+  H5Id space(H5Dget_space(dset.get()), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> dims(size_t(std::max(rank, 0)));
+  if (rank < 0 || H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr) < 0) {
+    fail_read(path, fmt::format("shape of '{}'", name));
+  }
+  const std::vector<int64_t> got(dims.begin(), dims.end());
+  if (got != shape) {
+    BERTH_FAIL("checkpoint file '{}': tensor '{}' has shape [{}], the model expects [{}]", path,
+               name, fmt::join(got, ", "), fmt::join(shape, ", "));
+  }
+  if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
+    fail_read(path, fmt::format("reading '{}' (checksum mismatch means the file is corrupt)", name));
+  }
+}
+
+H5Id open_file(const std::string& path) {
+  if (!fs::exists(path)) BERTH_FAIL("checkpoint file '{}' is missing", path);
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) fail_read(path, "opening");
+  return file;
+}
+
+int64_t step_of_name(const std::string& name) {
+  if (name.rfind(kStepPrefix, 0) != 0 || name.find(kTmpMarker) != std::string::npos) return -1;
+  const std::string digits = name.substr(std::strlen(kStepPrefix));
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+// Complete checkpoints in `dir`, sorted by step.
+std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const int64_t step = step_of_name(e.path().filename().string());
+    if (step >= 0 && fs::exists(e.path() / "meta.json")) out.emplace_back(step, e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::string checkpoint_dir_name(int64_t step) { return fmt::format("{}{:08d}", kStepPrefix, step); }
+
+double save_checkpoint(const std::string& dir, const CheckpointData& d, double pause_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  h5::H5QuietErrors quiet;
+  const ParamLayout layout = gpt_param_layout(d.model);
+  BERTH_CHECK(int64_t(d.params.size()) == layout.total,
+              "checkpoint of {} parameters does not match the model's {}", d.params.size(),
+              layout.total);
+  BERTH_CHECK(!d.has_optimizer() || (int64_t(d.adam_m.size()) == layout.total &&
+                                     int64_t(d.adam_v.size()) == layout.total),
+              "optimizer moments do not match the {} parameters", layout.total);
+  const fs::path final_dir(dir);
+  BERTH_CHECK(!fs::exists(final_dir), "checkpoint '{}' already exists; choose another path", dir);
+  std::error_code ec;
+  if (final_dir.has_parent_path()) fs::create_directories(final_dir.parent_path(), ec);
+  const fs::path tmp = final_dir.string() + kTmpMarker + std::to_string(::getpid());
+  fs::remove_all(tmp, ec);
+  BERTH_CHECK(fs::create_directory(tmp, ec) && !ec, "cannot create checkpoint directory '{}': {}",
+              tmp.string(), ec.message());
+  try {
+    write_model_file((tmp / "model.h5").string(), d, layout);
+    if (d.has_optimizer()) write_optimizer_file((tmp / "optimizer.h5").string(), d, layout);
+    if (pause_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(pause_s));
+    nlohmann::json meta = {{"format", kCheckpointFormat},
+                           {"format_version", kCheckpointFormatVersion},
+                           {"step", d.meta.step},
+                           {"rows_consumed", d.meta.rows_consumed},
+                           {"seed", d.meta.seed},
+                           {"config", d.meta.config_toml},
+                           {"layout", d.meta.layout},
+                           {"source", d.meta.source},
+                           {"optimizer", d.has_optimizer()},
+                           {"saved_at", utc_now()}};
+    meta["fencing_token"] = d.meta.fencing_token ? nlohmann::json(*d.meta.fencing_token) : nullptr;
+    write_text_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
+    fs::rename(tmp, final_dir, ec);
+    BERTH_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp.string(), dir, ec.message());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
+  h5::H5QuietErrors quiet;
+  BERTH_CHECK(fs::is_directory(dir), "checkpoint '{}' does not exist (or is not a directory)", dir);
+  const fs::path meta_path = fs::path(dir) / "meta.json";
+  BERTH_CHECK(fs::exists(meta_path),
+              "'{}' has no meta.json: an incomplete checkpoint (interrupted save) or not a berth "
+              "checkpoint; use another one (`--resume auto` picks the newest complete one)",
+              dir);
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(read_text_file(meta_path.string()));
+  } catch (const nlohmann::json::exception& e) {
+    BERTH_FAIL("'{}' is not valid JSON ({}): the checkpoint is corrupt", meta_path.string(),
+               e.what());
+  }
+  BERTH_CHECK(meta.value("format", "") == kCheckpointFormat, "'{}' is not a berth checkpoint",
+              meta_path.string());
+  const int64_t version = meta.value("format_version", int64_t(-1));
+  BERTH_CHECK(version == kCheckpointFormatVersion,
+              "checkpoint '{}' has format_version {}, this build reads {}; use the berth version "
+              "that wrote it",
+              dir, version, kCheckpointFormatVersion);
+  CheckpointData d;
+  try {
+    d.meta.step = meta.at("step").get<int64_t>();
+    d.meta.rows_consumed = meta.at("rows_consumed").get<int64_t>();
+    d.meta.seed = meta.at("seed").get<int64_t>();
+    d.meta.config_toml = meta.at("config").get<std::string>();
+    d.meta.layout = meta.value("layout", "");
+    d.meta.source = meta.value("source", "");
+    if (meta.contains("fencing_token") && !meta["fencing_token"].is_null()) {
+      d.meta.fencing_token = meta["fencing_token"].get<int64_t>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    BERTH_FAIL("'{}' lacks a field or has a wrong type ({}): the checkpoint is corrupt",
+               meta_path.string(), e.what());
+  }
+
+  const std::string model_path = (fs::path(dir) / "model.h5").string();
+  H5Id file = open_file(model_path);
+  const hid_t f = file.get();
+  const int64_t file_version = read_i64_attr(f, "format_version", model_path);
+  BERTH_CHECK(file_version == kCheckpointFormatVersion, "'{}' has format_version {}, expected {}",
+              model_path, file_version, kCheckpointFormatVersion);
+  d.model = make_gpt_config(read_i64_attr(f, "n_layer", model_path),
+                            read_i64_attr(f, "n_head", model_path),
+                            read_i64_attr(f, "d_model", model_path),
+                            read_i64_attr(f, "vocab_size", model_path),
+                            read_i64_attr(f, "max_seq_len", model_path));
+  const int64_t vp = read_i64_attr(f, "padded_vocab_size", model_path);
+  BERTH_CHECK(vp == d.model.Vp, "'{}': padded_vocab_size {} but vocab_size {} pads to {}",
+              model_path, vp, d.model.V, d.model.Vp);
+  const ParamLayout layout = gpt_param_layout(d.model);
+  d.params.assign(size_t(layout.total), 0.f);
+  for (const ParamSpec& s : layout.specs) read_tensor(f, s.name, d.params.data() + s.offset, s.shape, model_path);
+
+  const std::string opt_path = (fs::path(dir) / "optimizer.h5").string();
+  if (with_optimizer && meta.value("optimizer", false)) {
+    H5Id of = open_file(opt_path);
+    d.adam_step = read_i64_attr(of.get(), "adam_step", opt_path);
+    d.adam_m.assign(size_t(layout.total), 0.f);
+    d.adam_v.assign(size_t(layout.total), 0.f);
+    for (const ParamSpec& s : layout.specs) {
+      read_tensor(of.get(), "m/" + s.name, d.adam_m.data() + s.offset, s.shape, opt_path);
+      read_tensor(of.get(), "v/" + s.name, d.adam_v.data() + s.offset, s.shape, opt_path);
+    }
+  }
+  for (float x : d.params) {
+    if (!std::isfinite(x)) {
+      BERTH_FAIL("checkpoint '{}' holds non-finite weights (NaN/Inf): it was saved from a "
+                 "diverged run; resume from an earlier checkpoint",
+                 dir);
+    }
+  }
+  return d;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir) {
+  const auto all = complete_checkpoints(checkpoint_dir);
+  if (all.empty()) return std::nullopt;
+  return all.back().second.string();
+}
+
+int clean_partial_checkpoints(const std::string& checkpoint_dir) {
+  int removed = 0;
+  std::error_code ec;
+  if (!fs::is_directory(checkpoint_dir, ec)) return 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(checkpoint_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kStepPrefix, 0) == 0 && name.find(kTmpMarker) != std::string::npos) {
+      fs::remove_all(e.path(), ec);
+      removed++;
+    }
+  }
+  return removed;
+}
+
+int prune_checkpoints(const std::string& checkpoint_dir, int64_t keep_last) {
+  if (keep_last <= 0) return 0;
+  auto all = complete_checkpoints(checkpoint_dir);
+  int removed = 0;
+  std::error_code ec;
+  for (size_t i = 0; i + size_t(keep_last) < all.size(); i++) {
+    fs::remove_all(all[i].second, ec);
+    removed++;
+  }
+  return removed;
+}
+
+std::string describe_shape_mismatch(const GPTConfig& ck, const GPTConfig& cfg) {
+  std::vector<std::string> diffs;
+  auto cmp = [&](const char* name, int a, int b) {
+    if (a != b) diffs.push_back(fmt::format("{}: checkpoint {}, config {}", name, a, b));
+  };
+  cmp("n_layer", ck.L, cfg.L);
+  cmp("n_head", ck.NH, cfg.NH);
+  cmp("d_model", ck.C, cfg.C);
+  cmp("vocab_size", ck.V, cfg.V);
+  cmp("max_seq_len", ck.maxT, cfg.maxT);
+  return fmt::format("{}", fmt::join(diffs, "; "));
+}
+
+}  // namespace berth

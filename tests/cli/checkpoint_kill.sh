@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# kill -9 during a checkpoint save: the next `--resume auto` uses the previous complete
+# checkpoint, removes the partial one, and training continues to the end.
+#   checkpoint_kill.sh BERTH
+set -u
+berth=$1
+tmp=$(mktemp -d)
+pid=""
+trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+check() {  # check NAME STATUS
+  if [ "$2" -eq 0 ]; then echo "ok   $1"; pass=$((pass + 1)); else echo "FAIL $1"; fail=$((fail + 1)); fi
+}
+
+printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 60) > "$tmp/a.txt"
+"$berth" data import --format text "$tmp/a.txt" --out "$tmp/d.h5" >/dev/null
+cfg="$(dirname "$0")/../../configs/tiny.toml"
+args=(train "$cfg" --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2
+      --set model.max_seq_len=16 --set data.seq_len=16 --set train.micro_batch_size=2
+      --set train.steps=6 --set eval.interval=0 --set data.val= --set "data.train=$tmp/d.h5"
+      --set "run.out_dir=$tmp/runs" --set checkpoint.interval=2 --set parallel.zero=0)
+ck="$tmp/runs/tiny/checkpoints"
+
+# Every save pauses 2 s before its commit; kill while the step-4 save is paused.
+"$berth" "${args[@]}" --set debug.checkpoint_pause_s=2 > "$tmp/first.log" 2>&1 &
+pid=$!
+for _ in $(seq 300); do
+  if [ -f "$ck/step-00000002/meta.json" ] && compgen -G "$ck/step-00000004.tmp-*" > /dev/null; then
+    break
+  fi
+  sleep 0.1
+done
+compgen -G "$ck/step-00000004.tmp-*" > /dev/null
+check "the step-4 save is in progress" $?
+kill -9 "$pid"
+wait "$pid" 2>/dev/null
+pid=""
+[ ! -e "$ck/step-00000004" ]
+check "no step-4 checkpoint after kill -9" $?
+
+"$berth" "${args[@]}" --resume auto > "$tmp/second.log" 2>&1
+check "resume auto exits 0" $?
+grep -q "resumed from $ck/step-00000002 at step 2" "$tmp/second.log"
+check "resume auto used the previous complete checkpoint (step 2)" $?
+grep -q "removed 1 incomplete checkpoint" "$tmp/second.log"
+check "the partial checkpoint was cleaned up" $?
+! compgen -G "$ck/*.tmp-*" > /dev/null
+check "no temporary checkpoint directory left" $?
+[ -f "$ck/step-00000006/meta.json" ]
+check "training continued to the final checkpoint (step 6)" $?
+[ "$(wc -l < "$tmp/runs/tiny/metrics.jsonl")" = "6" ]
+check "metrics.jsonl holds steps 1..6" $?
+
+[ $fail -ne 0 ] && cat "$tmp/first.log" "$tmp/second.log"
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,229 @@
+// Checkpoints: atomic save, exact resume (bit-identical losses), incomplete and corrupt
+// checkpoints, init_from, retention. Runs as one MPI rank (tests/mpi_test_main.cpp).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "runtime/core/fs.h"
+#include "runtime/train/checkpoint.h"
+#include "runtime/train/trainer.h"
+#include "tests/expect_error.h"
+#include "tests/mpi_world.h"
+#include "tests/synthetic_data.h"
+
+namespace berth {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("berth_ckpt_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    write_token_dataset((dir_ / "train.h5").string(), test::rule_dataset(60, 40, 9));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  RunConfig config(int64_t steps, bool shuffle, int64_t zero = 0) const {
+    RunConfig c;
+    c.run.name = "r";
+    c.run.out_dir = (dir_ / "runs").string();
+    c.run.seed = 11;
+    c.model.n_layer = 2;
+    c.model.n_head = 2;
+    c.model.d_model = 32;
+    c.model.vocab_size = test::kRuleVocab;
+    c.model.max_seq_len = 16;
+    c.data.train = (dir_ / "train.h5").string();
+    c.data.seq_len = 16;
+    c.data.shuffle = shuffle;
+    c.train.micro_batch_size = 4;
+    c.train.steps = steps;
+    c.train.lr = 3e-3;
+    c.train.warmup_steps = 3;
+    c.parallel.zero = zero;
+    c.checkpoint.interval = 10;
+    c.checkpoint.final = false;
+    return c;
+  }
+
+  static std::vector<double> losses(const std::vector<StepStats>& stats) {
+    std::vector<double> out;
+    for (const StepStats& s : stats) out.push_back(s.loss);
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CheckpointTest, ResumeIsBitIdenticalWithAndWithoutShuffle) {
+  for (bool shuffle : {false, true}) {
+    for (int64_t zero : {0, 1}) {
+      RunConfig full = config(20, shuffle, zero);
+      full.run.name = fmt::format("full_{}_{}", shuffle, zero);
+      Trainer a(full, test::world());
+      const std::vector<double> whole = losses(a.run());
+      ASSERT_EQ(whole.size(), 20u);
+      const std::string step10 = a.checkpoint_dir() + "/" + checkpoint_dir_name(10);
+      ASSERT_TRUE(fs::exists(step10 + "/meta.json"));
+
+      RunConfig second = full;
+      second.run.name = fmt::format("resumed_{}_{}", shuffle, zero);
+      Trainer b(second, test::world());
+      b.resume(step10);
+      EXPECT_EQ(b.start_step(), 10);
+      const std::vector<double> rest = losses(b.run());
+      ASSERT_EQ(rest.size(), 10u);
+      for (size_t i = 0; i < 10; i++) {
+        EXPECT_EQ(rest[i], whole[10 + i]) << "step " << 11 + i << " shuffle " << shuffle
+                                          << " zero " << zero;
+      }
+    }
+  }
+}
+
+TEST_F(CheckpointTest, ResumeAutoPicksTheNewestCompleteAndCleansPartials) {
+  RunConfig cfg = config(20, true);
+  cfg.checkpoint.interval = 5;
+  Trainer a(cfg, test::world());
+  a.run();
+  const std::string ck = a.checkpoint_dir();
+  // An interrupted save of a later step: a temporary directory without meta.json.
+  fs::create_directories(ck + "/step-00000017.tmp-999");
+  std::ofstream(ck + "/step-00000017.tmp-999/model.h5") << "half";
+  // A complete-looking name without meta.json is not complete either.
+  fs::create_directories(ck + "/step-00000019");
+  EXPECT_EQ(latest_checkpoint(ck).value(), ck + "/" + checkpoint_dir_name(15));
+
+  RunConfig more = cfg;
+  Trainer b(more, test::world());
+  b.resume("auto");
+  EXPECT_EQ(b.start_step(), 15);
+  b.run();
+  EXPECT_FALSE(fs::exists(ck + "/step-00000017.tmp-999")) << "partial save not cleaned";
+}
+
+TEST_F(CheckpointTest, KeepLastPrunesOlderCheckpoints) {
+  RunConfig cfg = config(20, false);
+  cfg.checkpoint.interval = 4;
+  cfg.checkpoint.keep_last = 2;
+  cfg.checkpoint.final = true;
+  Trainer a(cfg, test::world());
+  a.run();
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(a.checkpoint_dir())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{checkpoint_dir_name(16), checkpoint_dir_name(20)}));
+}
+
+TEST_F(CheckpointTest, ShapeMismatchIsExplained) {
+  RunConfig cfg = config(10, false);
+  cfg.checkpoint.final = true;
+  Trainer a(cfg, test::world());
+  a.run();
+  const std::string step10 = a.checkpoint_dir() + "/" + checkpoint_dir_name(10);
+  RunConfig other = cfg;
+  other.run.name = "other";
+  other.model.n_layer = 3;
+  other.model.d_model = 64;
+  Trainer b(other, test::world());
+  test::expect_error([&] { b.resume(step10); },
+                     {"its model differs from the config", "n_layer: checkpoint 2, config 3",
+                      "d_model: checkpoint 32, config 64"});
+  other.model.init_from = step10;
+  test::expect_error([&] { Trainer c(other, test::world()); },
+                     {"does not fit this model", "n_layer: checkpoint 2, config 3"});
+}
+
+TEST_F(CheckpointTest, InitFromLoadsWeightsWithAFreshOptimizer) {
+  RunConfig cfg = config(10, false);
+  cfg.checkpoint.final = true;
+  Trainer a(cfg, test::world());
+  a.run();
+  const std::string step10 = a.checkpoint_dir() + "/" + checkpoint_dir_name(10);
+  RunConfig b_cfg = cfg;
+  b_cfg.run.name = "b";
+  b_cfg.model.init_from = step10;
+  Trainer b(b_cfg, test::world());
+  EXPECT_TRUE(b.model().params() == a.model().params());
+  EXPECT_EQ(b.start_step(), 0);
+  const CheckpointData ck = load_checkpoint(step10, true);
+  EXPECT_TRUE(ck.has_optimizer());
+  EXPECT_EQ(ck.adam_step, 10);
+  EXPECT_EQ(ck.meta.step, 10);
+  EXPECT_FALSE(ck.meta.fencing_token.has_value());
+}
+
+TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
+  RunConfig cfg = config(10, false);
+  cfg.checkpoint.final = true;
+  Trainer a(cfg, test::world());
+  a.run();
+  const std::string good = a.checkpoint_dir() + "/" + checkpoint_dir_name(10);
+  const fs::path work = dir_ / "copies";
+  fs::create_directories(work);
+
+  test::expect_error([&] { load_checkpoint((work / "nope").string(), true); }, {"does not exist"});
+
+  fs::copy(good, work / "no_meta", fs::copy_options::recursive);
+  fs::remove(work / "no_meta" / "meta.json");
+  test::expect_error([&] { load_checkpoint((work / "no_meta").string(), true); },
+                     {"no meta.json", "incomplete checkpoint"});
+
+  fs::copy(good, work / "newer", fs::copy_options::recursive);
+  {
+    std::string meta = read_text_file((work / "newer" / "meta.json").string());
+    const size_t at = meta.find("\"format_version\": 1");
+    ASSERT_NE(at, std::string::npos);
+    meta.replace(at, 19, "\"format_version\": 7");
+    std::ofstream((work / "newer" / "meta.json").string()) << meta;
+  }
+  test::expect_error([&] { load_checkpoint((work / "newer").string(), true); },
+                     {"format_version 7, this build reads 1"});
+
+  // Flip bytes in the middle of the model file: a Fletcher-32 checksum (or the HDF5 structure)
+  // catches it — never silently different weights.
+  fs::copy(good, work / "flipped", fs::copy_options::recursive);
+  {
+    const std::string p = (work / "flipped" / "model.h5").string();
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    const auto size = fs::file_size(p);
+    for (uint64_t pos = size / 3; pos < size / 3 + 64; pos++) {
+      f.seekp(std::streamoff(pos));
+      f.put(char(0x5A));
+    }
+  }
+  test::expect_error([&] { load_checkpoint((work / "flipped").string(), true); },
+                     {"model.h5", "unreadable"});
+
+  fs::copy(good, work / "truncated", fs::copy_options::recursive);
+  fs::resize_file(work / "truncated" / "optimizer.h5", fs::file_size(work / "truncated" / "optimizer.h5") / 2);
+  test::expect_error([&] { load_checkpoint((work / "truncated").string(), true); },
+                     {"optimizer.h5", "unreadable"});
+}
+
+TEST_F(CheckpointTest, SaveNeverOverwritesAndLeavesNothingOnFailure) {
+  RunConfig cfg = config(10, false);
+  cfg.checkpoint.final = true;
+  Trainer a(cfg, test::world());
+  a.run();
+  const std::string good = a.checkpoint_dir() + "/" + checkpoint_dir_name(10);
+  CheckpointData ck = load_checkpoint(good, true);
+  test::expect_error([&] { save_checkpoint(good, ck); }, {"already exists"});
+  ck.adam_m.resize(3);  // inconsistent state: refused before anything is written
+  const std::string bad = (dir_ / "bad").string();
+  test::expect_error([&] { save_checkpoint(bad, ck); }, {"optimizer moments do not match"});
+  EXPECT_FALSE(fs::exists(bad));
+}
+
+}  // namespace
+}  // namespace berth
