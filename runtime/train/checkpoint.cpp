@@ -16,6 +16,7 @@
 
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/log.h"
 #include "runtime/io/hdf5_util.h"
 
 namespace berth {
@@ -239,8 +240,13 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
     nlohmann::json meta = {{"format", kCheckpointFormat},
                            {"format_version", kCheckpointFormatVersion},
                            {"step", d.meta.step},
+                           {"lr_schedule_step", d.meta.step},
                            {"rows_consumed", d.meta.rows_consumed},
                            {"seed", d.meta.seed},
+                           // berth draws no random numbers while training: init and the shuffle
+                           // order are functions of (seed, tensor name) and (seed, epoch), so
+                           // the seed and the data position are the whole RNG state.
+                           {"rng", {{"seed", d.meta.seed}, {"rows_consumed", d.meta.rows_consumed}}},
                            {"config", d.meta.config_toml},
                            {"layout", d.meta.layout},
                            {"source", d.meta.source},
@@ -324,14 +330,29 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
       read_tensor(of.get(), "v/" + s.name, d.adam_v.data() + s.offset, s.shape, opt_path);
     }
   }
-  for (float x : d.params) {
-    if (!std::isfinite(x)) {
-      BERTH_FAIL("checkpoint '{}' holds non-finite weights (NaN/Inf): it was saved from a "
-                 "diverged run; resume from an earlier checkpoint",
-                 dir);
+  warn_non_finite(d, layout, dir);
+  return d;
+}
+
+// One warning per tensor holding NaN/Inf: an imported model with them would train or evaluate to
+// NaN, but the user may want to inspect or repair it, so it is not an error.
+void warn_non_finite(const CheckpointData& data, const ParamLayout& layout,
+                     const std::string& source) {
+  for (const ParamSpec& s : layout.specs) {
+    const float* p = data.params.data() + s.offset;
+    int64_t count = 0, first = -1;
+    for (int64_t i = 0; i < s.numel; i++) {
+      if (!std::isfinite(p[i])) {
+        if (count++ == 0) first = i;
+      }
+    }
+    if (count > 0) {
+      log_warn(
+          "'{}': tensor {} holds {} NaN/Inf value(s) (first at element {}); the model will "
+          "produce NaN losses unless this is repaired",
+          source, s.name, count, first);
     }
   }
-  return d;
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir) {

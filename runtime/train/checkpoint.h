@@ -61,7 +61,14 @@ double save_checkpoint(const std::string& dir, const CheckpointData& data,
 // Reads a checkpoint directory. with_optimizer = false skips optimizer.h5. Throws Error with a
 // specific message: not a checkpoint (no meta.json: incomplete or not berth's), newer
 // format_version, missing or corrupt (checksum) dataset, shape that disagrees with the header.
+// NaN/Inf weights are a warning naming the tensor (warn_non_finite), not an error.
 CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer);
+
+// Logs one warning per tensor of `data.params` holding NaN/Inf (name, count, first element):
+// such weights train or evaluate to NaN, but a user may want to inspect or repair them, so
+// loading them is not an error. load_checkpoint and the model importers call it.
+void warn_non_finite(const CheckpointData& data, const ParamLayout& layout,
+                     const std::string& source);
 
 // "step-00000120" for step 120: the name of a training checkpoint inside checkpoint.dir.
 std::string checkpoint_dir_name(int64_t step);

@@ -123,26 +123,6 @@ ParamLayout checked_layout(const CheckpointData& data, const std::string& out) {
   return layout;
 }
 
-// One warning per tensor holding NaN/Inf: an imported model with them would train or evaluate to
-// NaN, but the user may want to inspect or repair it, so it is not an error.
-void warn_non_finite(const CheckpointData& data, const ParamLayout& layout,
-                     const std::string& source) {
-  for (const ParamSpec& s : layout.specs) {
-    const float* p = data.params.data() + s.offset;
-    int64_t count = 0, first = -1;
-    for (int64_t i = 0; i < s.numel; i++) {
-      if (!std::isfinite(p[i])) {
-        if (count++ == 0) first = i;
-      }
-    }
-    if (count > 0) {
-      log_warn(
-          "'{}': tensor {} holds {} NaN/Inf value(s) (first at element {}); the model will "
-          "produce NaN losses unless this is repaired",
-          source, s.name, count, first);
-    }
-  }
-}
 
 std::string shape_str(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));

@@ -263,9 +263,11 @@ std::vector<StepStats> Trainer::run() {
            train_ds_.n_docs(), loader_->n_windows(), cfg_.data.seq_len,
            cfg_.data.shuffle ? ", shuffled" : "");
   const GridShape& shape = grid_->shape();
-  log_info("layout: {} | global batch {} rows = dp {} x microbatches {} x micro_batch_size {} | "
+  const LocalRank local = mpi_local_rank();
+  log_info("layout: {} | {} rank(s) on this host | global batch {} rows = dp {} x microbatches "
+           "{} x micro_batch_size {} | "
            "ZeRO-{}{}",
-           describe_grid(shape), int64_t(shape.dp) * cfg_.parallel.microbatches *
+           describe_grid(shape), local.size, int64_t(shape.dp) * cfg_.parallel.microbatches *
                                      cfg_.train.micro_batch_size,
            shape.dp, cfg_.parallel.microbatches, cfg_.train.micro_batch_size, cfg_.parallel.zero,
            cfg_.parallel.zero == 1
