@@ -1,10 +1,13 @@
 // `berth data import --format text|llmc INPUTS... --out D.h5 [--val-out V.h5 --val-fraction F]`
-// `berth data info D.h5`
+// `berth data info D.h5 [--seq-len T]` (with T: BFD vs padded packing statistics)
 #include <CLI/CLI.hpp>
 
 #include "launcher/commands.h"
+#include <chrono>
 #include <cstdio>
 
+#include "packing/packers.h"
+#include "packing/plan_cache.h"
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
@@ -64,6 +67,24 @@ void run_import(const ImportArgs& a) {
            all.vocab_size);
 }
 
+// What `berth pack` would achieve at seq_len T: BFD against one document per row (padded).
+std::string packing_preview(const TokenDataset& ds, int64_t seq_len) {
+  const std::vector<int64_t> lengths = doc_lengths_from_offsets(ds.doc_offsets);
+  std::string text;
+  for (const PackAlgorithm a : {PackAlgorithm::BFD, PackAlgorithm::PADDED}) {
+    PackOptions o;
+    o.seq_len = seq_len;
+    o.algorithm = a;
+    const auto t0 = std::chrono::steady_clock::now();
+    const PackPlan plan = pack_documents(lengths, o);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    text += fmt::format("{}packing at seq_len {} ({}):\n{}", text.empty() ? "" : "\n", seq_len,
+                        pack_algorithm_name(a), format_pack_stats(pack_stats(plan, lengths), seconds));
+  }
+  return text;
+}
+
 }  // namespace
 
 void register_data_commands(CLI::App& app) {
@@ -86,11 +107,15 @@ void register_data_commands(CLI::App& app) {
   import->callback([imp]() { run_import(*imp); });
 
   auto path = std::make_shared<std::string>();
+  auto info_seq_len = std::make_shared<int64_t>(0);
   CLI::App* info = data->add_subcommand("info", "Summarize a token dataset");
   info->add_option("dataset", *path, "Dataset (.h5)")->required();
-  info->callback([path]() {
+  info->add_option("--seq-len", *info_seq_len, "Also show what packing into T-token rows achieves")
+      ->check(CLI::PositiveNumber);
+  info->callback([path, info_seq_len]() {
     const TokenDataset ds = read_token_dataset(*path);
     log_info("{}", format_dataset_info(*path, dataset_info(ds)));
+    if (*info_seq_len > 0) log_info("{}", packing_preview(ds, *info_seq_len));
   });
 }
 

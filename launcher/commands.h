@@ -15,5 +15,6 @@ std::string version_text();  // "berth 0.1.0 (CUDA: ...)"
 void register_train_command(CLI::App& app);  // berth train CONFIG [--set k=v]...
 void register_data_commands(CLI::App& app);  // berth data import|info
 void register_model_commands(CLI::App& app);  // berth model import|export
+void register_pack_command(CLI::App& app);  // berth pack --data D.h5 --seq-len T --out PLAN.h5
 
 }  // namespace berth

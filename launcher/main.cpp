@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   berth::register_train_command(app);
   berth::register_data_commands(app);
   berth::register_model_commands(app);
+  berth::register_pack_command(app);
 
   int code = 0;
   try {

@@ -363,14 +363,16 @@ TEST(Config, ValidationOptimizer) {
 }
 
 TEST(Config, ValidationDataMode) {
-  std::string msg = parse_error("[data]\nmode = \"packed\"\n");
-  EXPECT_CONTAINS(msg, "configs/x.toml: data.mode = \"packed\"");
-  EXPECT_CONTAINS(msg, "sequence packing");
-  EXPECT_CONTAINS(msg, "not supported yet");
-  msg = parse_error("[data]\nmode = \"padded\"\n");
-  EXPECT_CONTAINS(msg, "sequence packing");
-  msg = parse_error("[data]\nmode = \"random\"\n");
+  EXPECT_NO_THROW(parse_config("[data]\nmode = \"packed\"\n", "configs/x.toml"));
+  EXPECT_NO_THROW(parse_config("[data]\nmode = \"padded\"\n", "configs/x.toml"));
+  std::string msg = parse_error("[data]\nmode = \"random\"\n");
   EXPECT_CONTAINS(msg, "unknown data.mode \"random\"");
+  msg = parse_error("[data]\npack_algorithm = \"ffd\"\n");
+  EXPECT_CONTAINS(msg, "unknown data.pack_algorithm \"ffd\"");
+  msg = parse_error("[data]\npack_window = 0\n");
+  EXPECT_CONTAINS(msg, "data.pack_window must be > 0");
+  msg = parse_error("[data]\nlong_docs = \"truncate\"\n");
+  EXPECT_CONTAINS(msg, "unknown data.long_docs \"truncate\"");
 }
 
 TEST(Config, ValidateAfterEditNamesSourceOrConfig) {

@@ -51,6 +51,9 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(data, mode),
     BERTH_CONFIG_FIELD(data, seq_len),
     BERTH_CONFIG_FIELD(data, shuffle),
+    BERTH_CONFIG_FIELD(data, pack_algorithm),
+    BERTH_CONFIG_FIELD(data, pack_window),
+    BERTH_CONFIG_FIELD(data, long_docs),
     BERTH_CONFIG_FIELD(train, micro_batch_size),
     BERTH_CONFIG_FIELD(train, steps),
     BERTH_CONFIG_FIELD(train, lr),
@@ -384,13 +387,23 @@ void validate_config(const RunConfig& cfg) {
                "model.max_seq_len",
                w, cfg.data.seq_len, cfg.model.max_seq_len);
   }
-  if (cfg.data.mode == "packed" || cfg.data.mode == "padded") {
-    BERTH_FAIL("{}: data.mode = \"{}\" comes with sequence packing, which is not supported yet; "
-               "use data.mode = \"stream\"",
-               w, cfg.data.mode);
+  if (cfg.data.mode != "stream" && cfg.data.mode != "packed" && cfg.data.mode != "padded") {
+    BERTH_FAIL("{}: unknown data.mode {}; use \"stream\", \"packed\" or \"padded\"", w,
+               quote_toml(cfg.data.mode));
   }
-  if (cfg.data.mode != "stream") {
-    BERTH_FAIL("{}: unknown data.mode {}; use \"stream\"", w, quote_toml(cfg.data.mode));
+  const std::string& a = cfg.data.pack_algorithm;
+  if (a != "bfd" && a != "next_fit" && a != "balanced") {
+    BERTH_FAIL("{}: unknown data.pack_algorithm {}; use \"bfd\", \"next_fit\" or \"balanced\" "
+               "(one document per row is data.mode = \"padded\")",
+               w, quote_toml(a));
+  }
+  if (cfg.data.pack_window <= 0) {
+    BERTH_FAIL("{}: data.pack_window must be > 0, got {}", w, cfg.data.pack_window);
+  }
+  if (cfg.data.long_docs != "split" && cfg.data.long_docs != "drop") {
+    BERTH_FAIL("{}: unknown data.long_docs {}; use \"split\" (cut into seq_len pieces) or "
+               "\"drop\"",
+               w, quote_toml(cfg.data.long_docs));
   }
 
   const TrainSection& t = cfg.train;

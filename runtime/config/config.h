@@ -35,6 +35,9 @@ struct DataSection {
   std::string mode = "stream";
   int64_t seq_len = 256;
   bool shuffle = false;
+  std::string pack_algorithm = "bfd";  // mode "packed": "bfd" | "next_fit" | "balanced"
+  int64_t pack_window = 1000;          // BFD window, in document pieces
+  std::string long_docs = "split";     // documents longer than seq_len: "split" | "drop"
 };
 
 struct TrainSection {

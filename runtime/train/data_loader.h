@@ -25,7 +25,16 @@
 
 namespace berth {
 
-class StreamLoader {
+// What the trainer draws batches from: a position (global rows consumed) and the next batch.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual void next(PackedBatch* batch) = 0;
+  virtual int64_t rows_consumed() const = 0;
+  virtual void set_rows_consumed(int64_t rows) = 0;
+};
+
+class StreamLoader : public BatchSource {
  public:
   // Throws Error when the dataset has fewer than T+1 tokens.
   struct Shard {
@@ -36,11 +45,11 @@ class StreamLoader {
 
   // Fills `batch` with this replica's B rows of the next count·B global rows and advances the
   // position by count·B.
-  void next(PackedBatch* batch);
+  void next(PackedBatch* batch) override;
 
   int64_t n_windows() const { return n_windows_; }
-  int64_t rows_consumed() const { return rows_; }
-  void set_rows_consumed(int64_t rows) { rows_ = rows; }
+  int64_t rows_consumed() const override { return rows_; }
+  void set_rows_consumed(int64_t rows) override { rows_ = rows; }
 
   // Window index (into the un-shuffled order) of the `row`-th row ever drawn. Pure.
   int64_t window_of_row(int64_t row) const;

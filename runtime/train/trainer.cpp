@@ -17,6 +17,8 @@
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
 #include "runtime/train/checkpoint.h"
+#include "packing/plan_cache.h"
+#include "runtime/train/packed_loader.h"
 
 namespace berth {
 
@@ -48,16 +50,13 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
                           cfg_.model.vocab_size, cfg_.model.max_seq_len);
   schedule_ = parse_lr_schedule(cfg_.train.lr_schedule);
   const int B = int(cfg_.train.micro_batch_size), T = int(cfg_.data.seq_len);
-  const StreamLoader::Shard shard{grid_->coord().dp, shape.dp};
-
   train_ds_ = read_token_dataset(cfg_.data.train);
   check_dataset_fits(train_ds_, cfg_.data.train, cfg_);
-  loader_ = std::make_unique<StreamLoader>(&train_ds_, B, T, cfg_.data.shuffle,
-                                           uint64_t(cfg_.run.seed), shard);
+  loader_ = make_loader(&train_ds_, cfg_.data.train, cfg_.data.shuffle, uint64_t(cfg_.run.seed));
   if (!cfg_.data.val.empty()) {
     val_ds_ = read_token_dataset(cfg_.data.val);
     check_dataset_fits(val_ds_, cfg_.data.val, cfg_);
-    val_loader_ = std::make_unique<StreamLoader>(&val_ds_, B, T, false, 0, shard);
+    val_loader_ = make_loader(&val_ds_, cfg_.data.val, false, 0);
   }
 
   model_ = std::make_unique<GPT<float>>(gcfg_, B, T);
@@ -92,6 +91,67 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
              cfg_.model.init_from,
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
   }
+}
+
+std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const std::string& path,
+                                                  bool shuffle, uint64_t seed) {
+  const int B = int(cfg_.train.micro_batch_size), T = int(cfg_.data.seq_len);
+  const StreamLoader::Shard shard{grid_->coord().dp, grid_->shape().dp};
+  if (cfg_.data.mode == "stream") {
+    auto loader = std::make_unique<StreamLoader>(ds, B, T, shuffle, seed, shard);
+    if (data_summary_.empty()) {
+      data_summary_ = fmt::format("stream: {} windows of {} (+1) tokens{}", loader->n_windows(), T,
+                                  shuffle ? ", shuffled" : "");
+    }
+    return loader;
+  }
+  // packed / padded: the plan is cached next to the dataset, keyed by a hash of the document
+  // offsets and every packing option; a matching plan is reused, a stale one rebuilt. Rank 0
+  // builds or checks it; the others read it (or, where the cache cannot be written, pack the
+  // same plan themselves: it is a pure function of the lengths and options).
+  PackOptions o;
+  o.seq_len = T;
+  o.algorithm = cfg_.data.mode == "padded" ? PackAlgorithm::PADDED
+                                            : parse_pack_algorithm(cfg_.data.pack_algorithm);
+  o.window = cfg_.data.pack_window;
+  o.long_docs = cfg_.data.long_docs == "drop" ? LongDocs::DROP : LongDocs::SPLIT;
+  o.seed = uint64_t(cfg_.run.seed);
+  const std::string cache =
+      fmt::format("{}.plan-{}-T{}.h5", path, pack_algorithm_name(o.algorithm), T);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int64_t> lengths = document_lengths(*ds);
+  PackPlan plan;
+  bool reused = false;
+  int32_t cached = 0;
+  if (world_.rank() == 0) {
+    try {
+      plan = load_or_build_plan(cache, ds->doc_offsets, o, &reused);
+      cached = 1;
+    } catch (const Error& e) {
+      log_warn("cannot cache the packing plan as {} ({}); packing in memory", cache, e.what());
+    }
+  }
+  world_.broadcast(&cached, 1, DType::I32, 0);
+  if (world_.rank() != 0 || cached == 0) {
+    if (cached == 1) {
+      std::string key;
+      plan = read_plan(cache, &key);
+      BERTH_CHECK(key == plan_key(ds->doc_offsets, o),
+                  "packing plan {} changed while this run started; start again", cache);
+    } else {
+      plan = pack_documents(lengths, o);
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (reused) log_info("packing: reusing the plan {} (same data and options)", cache);
+  const PackStats st = pack_stats(plan, lengths);
+  if (data_summary_.empty()) {
+    data_summary_ = fmt::format("{} ({}) of '{}': {}", cfg_.data.mode,
+                                pack_algorithm_name(o.algorithm), path,
+                                format_pack_stats(st, seconds));
+  }
+  return std::make_unique<PackedLoader>(ds, std::move(plan), B, T, shuffle, seed, shard);
 }
 
 void Trainer::resume(const std::string& spec) {
@@ -259,9 +319,8 @@ std::vector<StepStats> Trainer::run() {
            gcfg_.NH, gcfg_.V, gcfg_.Vp, cfg_.train.micro_batch_size, cfg_.data.seq_len,
            flops_per_token_ / 1e6, omp_get_max_threads(),
            double(model_->activation_bytes()) / (1024.0 * 1024.0));
-  log_info("data: {} tokens in {} documents, {} windows of {} (+1) tokens{}", train_ds_.n_tokens(),
-           train_ds_.n_docs(), loader_->n_windows(), cfg_.data.seq_len,
-           cfg_.data.shuffle ? ", shuffled" : "");
+  log_info("data: {} tokens in {} documents | {}", train_ds_.n_tokens(), train_ds_.n_docs(),
+           data_summary_);
   const GridShape& shape = grid_->shape();
   const LocalRank local = mpi_local_rank();
   log_info("layout: {} | {} rank(s) on this host | global batch {} rows = dp {} x microbatches "

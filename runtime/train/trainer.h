@@ -85,7 +85,11 @@ class Trainer {
   TokenDataset train_ds_, val_ds_;
   std::unique_ptr<GPT<float>> model_;
   std::unique_ptr<AdamW> opt_;
-  std::unique_ptr<StreamLoader> loader_, val_loader_;
+  std::unique_ptr<BatchSource> make_loader(const TokenDataset* ds, const std::string& path,
+                                           bool shuffle, uint64_t seed);
+
+  std::unique_ptr<BatchSource> loader_, val_loader_;
+  std::string data_summary_;  // how the training data is laid out, logged at start
   std::vector<PackedBatch> batches_;  // one per micro-batch
   PackedBatch val_batch_;
   std::vector<float> shard_grads_;    // ZeRO-1: this rank's reduced gradient shard

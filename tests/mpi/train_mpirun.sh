@@ -42,6 +42,17 @@ check "only rank 0 logs" $?
 [ "$(wc -l < "$tmp/runs/np2/metrics.jsonl" 2>/dev/null)" = "4" ]
 check "mpirun -np 2 writes 4 metrics lines" $?
 
+# Packed data mode on 2 ranks: the plan is built once, cached next to the data, then reused.
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=packed \
+    --set data.mode=packed > "$tmp/packed.log" 2>&1
+check "mpirun -np 2 with data.mode = packed exits 0" $?
+grep -q "packed (bfd)" "$tmp/packed.log" && [ -f "$tmp/d.h5.plan-bfd-T16.h5" ]
+check "the packing plan is built and cached" $?
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=packed2 \
+    --set data.mode=packed > "$tmp/packed2.log" 2>&1
+grep -q "reusing the plan" "$tmp/packed2.log"
+check "a second run reuses the cached plan and says so" $?
+
 # Fault injection: rank 1 throws at step 3; every rank must exit non-zero within 30 s.
 start=$(date +%s)
 timeout 60 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=fail \

@@ -1,0 +1,365 @@
+// Packing plans as HDF5 files; see plan_cache.h for the layout.
+#include "packing/plan_cache.h"
+
+#include <hdf5.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "runtime/core/check.h"
+#include "runtime/core/fs.h"
+#include "runtime/core/log.h"
+#include "runtime/io/hdf5_util.h"
+
+namespace berth {
+namespace {
+
+using h5::describe_type;
+using h5::file_access_plist;
+using h5::h5_error_detail;
+using h5::H5Id;
+using h5::H5QuietErrors;
+
+constexpr const char* kPackHint = "rebuild it with `berth pack`";
+
+// ---- key ----------------------------------------------------------------------------------------
+
+struct Fnv1a {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void bytes(const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= p[i];
+      h *= 0x100000001b3ull;
+    }
+  }
+  void u64(uint64_t v) {  // little-endian bytes, whatever the host
+    unsigned char b[8];
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+    bytes(b, 8);
+  }
+  void f64(double v) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    u64(bits);
+  }
+};
+
+const char* long_docs_name(LongDocs l) { return l == LongDocs::DROP ? "drop" : "split"; }
+
+// ---- writing ------------------------------------------------------------------------------------
+
+[[noreturn]] void fail_write(const std::string& path, const std::string& step) {
+  BERTH_FAIL("writing packing plan '{}' failed at {}: {} (disk full or directory not writable?)",
+             path, step, h5_error_detail());
+}
+
+void write_i64_dataset(hid_t file, const char* name, const std::vector<int64_t>& v,
+                       const std::string& path) {
+  const hsize_t dims[1] = {static_cast<hsize_t>(v.size())};
+  H5Id space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+  if (!space.valid()) fail_write(path, fmt::format("/{} dataspace", name));
+  H5Id dset(H5Dcreate2(file, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                       H5P_DEFAULT),
+            H5Dclose);
+  if (!dset.valid()) fail_write(path, fmt::format("creating /{}", name));
+  if (!v.empty() &&
+      H5Dwrite(dset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0) {
+    fail_write(path, fmt::format("writing /{}", name));
+  }
+  if (!dset.close()) fail_write(path, fmt::format("closing /{}", name));
+}
+
+void write_scalar_attr(hid_t file, const char* name, hid_t file_type, hid_t mem_type,
+                       const void* value, const std::string& path) {
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5Acreate2(file, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!space.valid() || !attr.valid() || H5Awrite(attr.get(), mem_type, value) < 0) {
+    fail_write(path, fmt::format("attribute '{}'", name));
+  }
+}
+
+void write_string_attr(hid_t file, const char* name, const std::string& value,
+                       const std::string& path) {
+  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+  if (!type.valid() || H5Tset_size(type.get(), H5T_VARIABLE) < 0 ||
+      H5Tset_cset(type.get(), H5T_CSET_UTF8) < 0) {
+    fail_write(path, fmt::format("attribute '{}' type", name));
+  }
+  const char* cstr = value.c_str();
+  write_scalar_attr(file, name, type.get(), type.get(), &cstr, path);
+}
+
+void write_hdf5(const std::string& tmp, const std::string& path, const PackPlan& plan,
+                const std::string& key) {
+  H5Id fapl(file_access_plist(), H5Pclose);
+  H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  if (!file.valid()) {
+    BERTH_FAIL("cannot create '{}' (temporary for '{}'): {}; check that the directory exists and "
+               "is writable",
+               tmp, path, h5_error_detail());
+  }
+  const hid_t f = file.get();
+  const PackOptions& o = plan.options;
+  write_string_attr(f, "format", kPlanFormatName, path);
+  write_scalar_attr(f, "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &kPlanFormatVersion,
+                    path);
+  write_string_attr(f, "key", key, path);
+  write_scalar_attr(f, "seq_len", H5T_STD_I64LE, H5T_NATIVE_INT64, &o.seq_len, path);
+  write_string_attr(f, "algorithm", pack_algorithm_name(o.algorithm), path);
+  write_scalar_attr(f, "window", H5T_STD_I64LE, H5T_NATIVE_INT64, &o.window, path);
+  write_scalar_attr(f, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &o.seed, path);
+  write_string_attr(f, "long_docs", long_docs_name(o.long_docs), path);
+  write_scalar_attr(f, "alpha", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &o.alpha, path);
+  write_scalar_attr(f, "beta", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &o.beta, path);
+
+  write_i64_dataset(f, "row_offsets", plan.row_offsets, path);
+  std::vector<int64_t> col(plan.pieces.size());
+  for (size_t i = 0; i < col.size(); ++i) col[i] = plan.pieces[i].doc;
+  write_i64_dataset(f, "piece_doc", col, path);
+  for (size_t i = 0; i < col.size(); ++i) col[i] = plan.pieces[i].start;
+  write_i64_dataset(f, "piece_start", col, path);
+  for (size_t i = 0; i < col.size(); ++i) col[i] = plan.pieces[i].length;
+  write_i64_dataset(f, "piece_length", col, path);
+  if (H5Fflush(f, H5F_SCOPE_LOCAL) < 0) fail_write(path, "flush");
+  if (!file.close()) fail_write(path, "close");
+}
+
+// ---- reading ------------------------------------------------------------------------------------
+
+[[noreturn]] void fail_corrupt(const std::string& path, const std::string& step) {
+  BERTH_FAIL("packing plan '{}' is not a readable HDF5 file (corrupt or truncated?): {} failed: "
+             "{}; {}",
+             path, step, h5_error_detail(), kPackHint);
+}
+
+H5Id open_attr(hid_t file, const char* name, H5T_class_t expected, const std::string& path) {
+  const htri_t exists = H5Aexists(file, name);
+  if (exists < 0) fail_corrupt(path, fmt::format("looking up attribute '{}'", name));
+  if (exists == 0) {
+    BERTH_FAIL("'{}' has no '{}' attribute: not a berth packing plan; {}", path, name, kPackHint);
+  }
+  H5Id attr(H5Aopen(file, name, H5P_DEFAULT), H5Aclose);
+  if (!attr.valid()) fail_corrupt(path, fmt::format("opening attribute '{}'", name));
+  H5Id type(H5Aget_type(attr.get()), H5Tclose);
+  H5Id space(H5Aget_space(attr.get()), H5Sclose);
+  if (!type.valid() || !space.valid()) fail_corrupt(path, fmt::format("attribute '{}'", name));
+  if (H5Tget_class(type.get()) != expected || H5Sget_simple_extent_npoints(space.get()) != 1) {
+    BERTH_FAIL("'{}': attribute '{}' is {} (or not a single value), expected one {}; {}", path,
+               name, describe_type(type.get()),
+               expected == H5T_STRING ? "string" : expected == H5T_FLOAT ? "float" : "integer",
+               kPackHint);
+  }
+  return attr;
+}
+
+std::string read_string_attr(hid_t file, const char* name, const std::string& path) {
+  H5Id attr = open_attr(file, name, H5T_STRING, path);
+  H5Id type(H5Aget_type(attr.get()), H5Tclose);
+  if (H5Tis_variable_str(type.get()) > 0) {
+    H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    char* buf = nullptr;
+    if (!mem.valid() || H5Tset_size(mem.get(), H5T_VARIABLE) < 0 ||
+        H5Tset_cset(mem.get(), H5Tget_cset(type.get())) < 0 ||
+        H5Aread(attr.get(), mem.get(), &buf) < 0) {
+      fail_corrupt(path, fmt::format("reading attribute '{}'", name));
+    }
+    std::string value = buf != nullptr ? buf : "";
+    H5free_memory(buf);
+    return value;
+  }
+  std::string raw(H5Tget_size(type.get()), '\0');
+  if (!raw.empty() && H5Aread(attr.get(), type.get(), raw.data()) < 0) {
+    fail_corrupt(path, fmt::format("reading attribute '{}'", name));
+  }
+  return std::string(raw.c_str());
+}
+
+template <typename V>
+V read_num_attr(hid_t file, const char* name, H5T_class_t cls, hid_t mem_type,
+                const std::string& path) {
+  H5Id attr = open_attr(file, name, cls, path);
+  V value{};
+  if (H5Aread(attr.get(), mem_type, &value) < 0) {
+    fail_corrupt(path, fmt::format("reading attribute '{}'", name));
+  }
+  return value;
+}
+
+std::vector<int64_t> read_i64_dataset(hid_t file, const char* name, const std::string& path) {
+  const htri_t exists = H5Lexists(file, name, H5P_DEFAULT);
+  if (exists < 0) fail_corrupt(path, fmt::format("looking up /{}", name));
+  if (exists == 0) {
+    BERTH_FAIL("'{}' has no /{} dataset: not a complete berth packing plan; {}", path, name,
+               kPackHint);
+  }
+  H5Id dset(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
+  if (!dset.valid()) fail_corrupt(path, fmt::format("opening /{}", name));
+  H5Id type(H5Dget_type(dset.get()), H5Tclose);
+  H5Id space(H5Dget_space(dset.get()), H5Sclose);
+  if (!type.valid() || !space.valid()) fail_corrupt(path, fmt::format("reading /{}", name));
+  if (H5Tget_class(type.get()) != H5T_INTEGER || H5Sget_simple_extent_ndims(space.get()) != 1) {
+    BERTH_FAIL("'{}': /{} is not a 1-D integer dataset ({}); {}", path, name,
+               describe_type(type.get()), kPackHint);
+  }
+  hsize_t dims[1] = {0};
+  H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+  std::vector<int64_t> v(static_cast<size_t>(dims[0]));
+  if (!v.empty() &&
+      H5Dread(dset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0) {
+    fail_corrupt(path, fmt::format("reading /{}", name));
+  }
+  return v;
+}
+
+PackPlan read_hdf5(const std::string& path, std::string* key) {
+  H5Id fapl(file_access_plist(), H5Pclose);
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (!file.valid()) fail_corrupt(path, "opening");
+  const hid_t f = file.get();
+
+  const std::string format = read_string_attr(f, "format", path);
+  if (format != kPlanFormatName) {
+    BERTH_FAIL("'{}' has format '{}', expected '{}': not a berth packing plan; {}", path, format,
+               kPlanFormatName, kPackHint);
+  }
+  const auto version = read_num_attr<int64_t>(f, "format_version", H5T_INTEGER, H5T_NATIVE_INT64,
+                                              path);
+  if (version != kPlanFormatVersion) {
+    BERTH_FAIL("packing plan '{}' has format_version {}, this build reads {}; {} (or delete it: a "
+               "plan is rebuilt when missing)",
+               path, version, kPlanFormatVersion, kPackHint);
+  }
+  PackPlan plan;
+  PackOptions& o = plan.options;
+  if (key != nullptr) *key = read_string_attr(f, "key", path);
+  o.seq_len = read_num_attr<int64_t>(f, "seq_len", H5T_INTEGER, H5T_NATIVE_INT64, path);
+  o.algorithm = parse_pack_algorithm(read_string_attr(f, "algorithm", path));
+  o.window = read_num_attr<int64_t>(f, "window", H5T_INTEGER, H5T_NATIVE_INT64, path);
+  o.seed = read_num_attr<uint64_t>(f, "seed", H5T_INTEGER, H5T_NATIVE_UINT64, path);
+  const std::string long_docs = read_string_attr(f, "long_docs", path);
+  BERTH_CHECK(long_docs == "split" || long_docs == "drop",
+              "'{}': attribute long_docs is '{}', expected 'split' or 'drop'; {}", path, long_docs,
+              kPackHint);
+  o.long_docs = long_docs == "drop" ? LongDocs::DROP : LongDocs::SPLIT;
+  o.alpha = read_num_attr<double>(f, "alpha", H5T_FLOAT, H5T_NATIVE_DOUBLE, path);
+  o.beta = read_num_attr<double>(f, "beta", H5T_FLOAT, H5T_NATIVE_DOUBLE, path);
+
+  plan.row_offsets = read_i64_dataset(f, "row_offsets", path);
+  const std::vector<int64_t> doc = read_i64_dataset(f, "piece_doc", path);
+  const std::vector<int64_t> start = read_i64_dataset(f, "piece_start", path);
+  const std::vector<int64_t> length = read_i64_dataset(f, "piece_length", path);
+
+  // Consistency: a plan that passes these can be indexed without further checks.
+  BERTH_CHECK(doc.size() == start.size() && doc.size() == length.size(),
+              "'{}': piece_doc/piece_start/piece_length have {}/{}/{} entries, expected equal; {}",
+              path, doc.size(), start.size(), length.size(), kPackHint);
+  const auto& ro = plan.row_offsets;
+  BERTH_CHECK(!ro.empty() && ro.front() == 0 && ro.back() == int64_t(doc.size()),
+              "'{}': row_offsets must start at 0 and end at the piece count {}; {}", path,
+              doc.size(), kPackHint);
+  for (size_t r = 1; r < ro.size(); ++r) {
+    BERTH_CHECK(ro[r] >= ro[r - 1], "'{}': row_offsets[{}] = {} < row_offsets[{}] = {}; {}", path,
+                r, ro[r], r - 1, ro[r - 1], kPackHint);
+  }
+  plan.pieces.resize(doc.size());
+  for (size_t i = 0; i < doc.size(); ++i) {
+    BERTH_CHECK(doc[i] >= 0 && start[i] >= 0 && length[i] > 0 && length[i] <= o.seq_len,
+                "'{}': piece {} (doc {}, start {}, length {}) is out of range for seq_len {}; {}",
+                path, i, doc[i], start[i], length[i], o.seq_len, kPackHint);
+    plan.pieces[i] = Piece{doc[i], start[i], length[i]};
+  }
+  return plan;
+}
+
+}  // namespace
+
+// ---- public API ---------------------------------------------------------------------------------
+
+std::string plan_key(const std::vector<uint64_t>& doc_offsets, const PackOptions& o) {
+  Fnv1a h;
+  h.u64(uint64_t(kPlanFormatVersion));
+  h.u64(uint64_t(o.seq_len));
+  h.u64(uint64_t(o.algorithm));
+  h.u64(uint64_t(o.window));
+  h.u64(uint64_t(o.long_docs));
+  h.u64(o.seed);
+  h.f64(o.alpha);
+  h.f64(o.beta);
+  h.u64(doc_offsets.size());
+  for (const uint64_t off : doc_offsets) h.u64(off);
+  return fmt::format("{:016x}", h.h);
+}
+
+void write_plan(const std::string& path, const PackPlan& plan, const std::string& key) {
+  const std::string tmp = temp_path_for(path);
+  H5QuietErrors quiet;
+  try {
+    write_hdf5(tmp, path, plan, key);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  commit_file(tmp, path);
+}
+
+PackPlan read_plan(const std::string& path, std::string* key) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) {
+    BERTH_FAIL("packing plan '{}' does not exist; build one with `berth pack`", path);
+  }
+  if (fs::is_directory(st)) {
+    BERTH_FAIL("packing plan path '{}' is a directory; expected an HDF5 file made by `berth pack`",
+               path);
+  }
+  H5QuietErrors quiet;
+  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+  if (is_hdf5 == 0) {
+    BERTH_FAIL("packing plan '{}' is not a readable HDF5 file (corrupt or truncated?): it has no "
+               "HDF5 signature; {}",
+               path, kPackHint);
+  }
+  if (is_hdf5 < 0) fail_corrupt(path, "checking the HDF5 signature");
+  return read_hdf5(path, key);
+}
+
+std::vector<int64_t> doc_lengths_from_offsets(const std::vector<uint64_t>& doc_offsets) {
+  std::vector<int64_t> lengths(doc_offsets.empty() ? 0 : doc_offsets.size() - 1);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    BERTH_CHECK(doc_offsets[i + 1] >= doc_offsets[i],
+                "doc_offsets[{}] = {} < doc_offsets[{}] = {}; offsets must be non-decreasing",
+                i + 1, doc_offsets[i + 1], i, doc_offsets[i]);
+    lengths[i] = int64_t(doc_offsets[i + 1] - doc_offsets[i]);
+  }
+  return lengths;
+}
+
+PackPlan load_or_build_plan(const std::string& cache_path, const std::vector<uint64_t>& doc_offsets,
+                            const PackOptions& options, bool* reused) {
+  const std::string key = plan_key(doc_offsets, options);
+  if (reused != nullptr) *reused = false;
+  std::error_code ec;
+  if (std::filesystem::exists(cache_path, ec)) {
+    std::string old_key;
+    try {
+      PackPlan cached = read_plan(cache_path, &old_key);
+      if (old_key == key) {
+        if (reused != nullptr) *reused = true;
+        return cached;
+      }
+      log_info("packing plan {} is stale (key {}, expected {}), rebuilding", cache_path, old_key,
+               key);
+    } catch (const Error& e) {
+      // A cache: an unreadable or old-format plan is rebuilt, not fatal.
+      log_info("packing plan {} is unreadable (key {}), rebuilding: {}", cache_path, key, e.what());
+    }
+  }
+  PackPlan plan = pack_documents(doc_lengths_from_offsets(doc_offsets), options);
+  write_plan(cache_path, plan, key);
+  return plan;
+}
+
+}  // namespace berth

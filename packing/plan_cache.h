@@ -1,0 +1,45 @@
+// Packing plans as files, so a large dataset is packed once and reused across runs.
+//
+// File layout (HDF5, format "berth-pack-plan", format_version 1):
+//   /row_offsets    int64, rows + 1 entries into the pieces (starts at 0, non-decreasing)
+//   /piece_doc      int64, one per piece: document index
+//   /piece_start    int64, one per piece: first token, relative to the document
+//   /piece_length   int64, one per piece
+//   attributes on the root group: format, format_version, key (string, see plan_key), seq_len,
+//   algorithm (string, e.g. "bfd"), window, seed (uint64), long_docs ("split"/"drop"), alpha,
+//   beta (float64)
+// Writers write a temporary and rename it into place (never a half-written plan).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "packing/packers.h"
+
+namespace berth {
+
+constexpr const char* kPlanFormatName = "berth-pack-plan";
+constexpr int64_t kPlanFormatVersion = 1;
+
+// 16 hex digits of a 64-bit FNV-1a over the plan format version, every PackOptions field and the
+// document offsets: a plan built for other data or other options has another key.
+std::string plan_key(const std::vector<uint64_t>& doc_offsets, const PackOptions& options);
+
+// Writes `plan` with `key` atomically (temporary + rename). Throws Error on failure.
+void write_plan(const std::string& path, const PackPlan& plan, const std::string& key);
+
+// Reads a plan and (when key != nullptr) its key. Missing file, not HDF5 / corrupt, wrong format
+// name or version, inconsistent datasets -> Error naming the path and what to do.
+PackPlan read_plan(const std::string& path, std::string* key);
+
+// Document lengths from dataset offsets (doc i = offsets[i+1] - offsets[i]).
+std::vector<int64_t> doc_lengths_from_offsets(const std::vector<uint64_t>& doc_offsets);
+
+// Reuses the plan at `cache_path` when its key equals plan_key(doc_offsets, options) (*reused =
+// true); otherwise (absent, stale, unreadable) packs, writes the plan there and sets *reused =
+// false. `reused` may be null.
+PackPlan load_or_build_plan(const std::string& cache_path, const std::vector<uint64_t>& doc_offsets,
+                            const PackOptions& options, bool* reused);
+
+}  // namespace berth

@@ -1,0 +1,106 @@
+#include "runtime/train/packed_loader.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "runtime/core/check.h"
+
+namespace berth {
+
+std::vector<int64_t> document_lengths(const TokenDataset& ds) {
+  std::vector<int64_t> lengths(size_t(ds.n_docs()));
+  for (int64_t d = 0; d < ds.n_docs(); d++) {
+    lengths[size_t(d)] = int64_t(ds.doc_offsets[size_t(d) + 1] - ds.doc_offsets[size_t(d)]);
+  }
+  return lengths;
+}
+
+void fill_packed_rows(const TokenDataset& ds, const PackPlan& plan,
+                      const std::vector<int64_t>& rows, int T, PackedBatch* b) {
+  const int B = int(rows.size());
+  if (b->B != B || b->T != T) reset_rows(b, B, T);
+  b->cu_seqlens.clear();
+  b->max_seqlen = 0;
+  const int32_t pad_token = ds.eot_token >= 0 ? int32_t(ds.eot_token) : 0;
+  const bool masked = !ds.loss_mask.empty();
+  for (int r = 0; r < B; r++) {
+    const int64_t row = rows[size_t(r)];
+    BERTH_CHECK(row >= 0 && row < plan.n_rows(), "plan row {} outside [0, {})", row, plan.n_rows());
+    const int base = r * T;
+    int pos = 0;
+    for (int64_t p = plan.row_offsets[size_t(row)]; p < plan.row_offsets[size_t(row) + 1]; p++) {
+      const Piece& piece = plan.pieces[size_t(p)];
+      BERTH_CHECK(piece.doc >= 0 && piece.doc < ds.n_docs() && piece.length > 0 &&
+                      pos + piece.length <= T,
+                  "packing plan does not fit this dataset (piece doc {} start {} length {}); the "
+                  "plan is stale: delete it to rebuild",
+                  piece.doc, piece.start, piece.length);
+      const uint64_t doc_begin = ds.doc_offsets[size_t(piece.doc)];
+      const uint64_t doc_end = ds.doc_offsets[size_t(piece.doc) + 1];
+      BERTH_CHECK(doc_begin + uint64_t(piece.start + piece.length) <= doc_end,
+                  "packing plan piece runs past document {}; the plan is stale: delete it to "
+                  "rebuild",
+                  piece.doc);
+      b->cu_seqlens.push_back(base + pos);
+      b->max_seqlen = std::max<int32_t>(b->max_seqlen, int32_t(piece.length));
+      for (int64_t j = 0; j < piece.length; j++) {
+        const uint64_t at = doc_begin + uint64_t(piece.start + j);
+        const size_t i = size_t(base + pos + j);
+        b->tokens[i] = int32_t(ds.tokens[at]);
+        b->positions[i] = int32_t(j);
+        int32_t target = at + 1 < doc_end ? int32_t(ds.tokens[at + 1]) : -1;
+        if (target >= 0 && masked && ds.loss_mask[at + 1] == 0) target = -1;
+        b->targets[i] = target;
+      }
+      pos += int(piece.length);
+    }
+    if (pos < T) {  // padding: one sequence of its own that predicts nothing
+      b->cu_seqlens.push_back(base + pos);
+      b->max_seqlen = std::max(b->max_seqlen, int32_t(T - pos));
+      for (int j = 0; pos + j < T; j++) {
+        const size_t i = size_t(base + pos + j);
+        b->tokens[i] = pad_token;
+        b->positions[i] = j;
+        b->targets[i] = -1;
+      }
+    }
+  }
+  b->cu_seqlens.push_back(B * T);
+}
+
+PackedLoader::PackedLoader(const TokenDataset* ds, PackPlan plan, int B, int T, bool shuffle,
+                           uint64_t seed, StreamLoader::Shard shard)
+    : ds_(ds), plan_(std::move(plan)), B_(B), T_(T), shuffle_(shuffle), seed_(seed), shard_(shard) {
+  BERTH_CHECK(plan_.n_rows() > 0, "the packing plan has no rows: the dataset has no tokens to train on");
+  BERTH_CHECK(plan_.options.seq_len == T, "packing plan is for seq_len {}, the run uses {}",
+              plan_.options.seq_len, T);
+  BERTH_CHECK(shard.count > 0 && shard.index >= 0 && shard.index < shard.count,
+              "loader shard {} of {} is invalid", shard.index, shard.count);
+  row_ids_.resize(size_t(B));
+}
+
+int64_t PackedLoader::row_of(int64_t global_row) const {
+  const int64_t n = plan_.n_rows();
+  const int64_t in_epoch = global_row % n;
+  if (!shuffle_) return in_epoch;
+  const int64_t epoch = global_row / n;
+  if (perm_epoch_ != epoch) {
+    perm_.resize(size_t(n));
+    std::iota(perm_.begin(), perm_.end(), int64_t(0));
+    std::mt19937_64 gen(seed_ * 0x9E3779B97F4A7C15ull + uint64_t(epoch) + 1);
+    for (int64_t i = n - 1; i > 0; i--) {
+      std::swap(perm_[size_t(i)], perm_[size_t(gen() % uint64_t(i + 1))]);
+    }
+    perm_epoch_ = epoch;
+  }
+  return perm_[size_t(in_epoch)];
+}
+
+void PackedLoader::next(PackedBatch* batch) {
+  for (int r = 0; r < B_; r++) row_ids_[size_t(r)] = row_of(rows_ + int64_t(shard_.index) * B_ + r);
+  fill_packed_rows(*ds_, plan_, row_ids_, T_, batch);
+  rows_ += int64_t(shard_.count) * B_;
+}
+
+}  // namespace berth

@@ -1,0 +1,58 @@
+// Packed and padded data modes: rows built from a packing plan (packing/packers.h).
+//
+// Row layout: the plan's pieces one after another, each a sequence of its own (cu_seqlens entry,
+// positions restarting at 0), then padding to T as one more sequence (tokens = the dataset's EOT,
+// or 0 without one; targets -1). Targets: the next token of the document, or -1 at a document's
+// last token (no prediction across documents); a piece cut from a long document keeps its true
+// next token as the target of its last position. With a dataset /loss_mask, a target is kept only
+// where loss_mask of the target token is 1 (SFT: train on response tokens only).
+//
+// Rows are visited in plan order, or in a seeded permutation per epoch with shuffle. Data
+// parallelism works as for the stream loader: replica d of n keeps rows [d·B, d·B + B) of every
+// n·B global rows.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "packing/packed_batch.h"
+#include "packing/packers.h"
+#include "runtime/io/token_dataset.h"
+#include "runtime/train/data_loader.h"
+
+namespace berth {
+
+// Fills `batch` (resized to rows.size() × T) with the plan rows `rows`.
+void fill_packed_rows(const TokenDataset& ds, const PackPlan& plan, const std::vector<int64_t>& rows,
+                      int T, PackedBatch* batch);
+
+class PackedLoader : public BatchSource {
+ public:
+  // Throws Error when the plan has no rows.
+  PackedLoader(const TokenDataset* ds, PackPlan plan, int B, int T, bool shuffle, uint64_t seed,
+               StreamLoader::Shard shard = {0, 1});
+
+  void next(PackedBatch* batch) override;
+  int64_t rows_consumed() const override { return rows_; }
+  void set_rows_consumed(int64_t rows) override { rows_ = rows; }
+
+  const PackPlan& plan() const { return plan_; }
+  int64_t row_of(int64_t global_row) const;  // plan row of the global_row-th row drawn
+
+ private:
+  const TokenDataset* ds_;
+  PackPlan plan_;
+  int B_, T_;
+  bool shuffle_;
+  uint64_t seed_;
+  StreamLoader::Shard shard_;
+  int64_t rows_ = 0;
+  mutable int64_t perm_epoch_ = -1;
+  mutable std::vector<int64_t> perm_;
+  std::vector<int64_t> row_ids_;
+};
+
+// Document lengths of a dataset (pack_documents' input).
+std::vector<int64_t> document_lengths(const TokenDataset& ds);
+
+}  // namespace berth
