@@ -293,36 +293,13 @@ std::string plan_key(const std::vector<uint64_t>& doc_offsets, const PackOptions
 }
 
 void write_plan(const std::string& path, const PackPlan& plan, const std::string& key) {
-  const std::string tmp = temp_path_for(path);
   H5QuietErrors quiet;
-  try {
-    write_hdf5(tmp, path, plan, key);
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  commit_file(tmp, path);
+  write_via_temp(path, [&](const std::string& tmp) { write_hdf5(tmp, path, plan, key); });
 }
 
 PackPlan read_plan(const std::string& path, std::string* key) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (!fs::exists(st)) {
-    BERTH_FAIL("packing plan '{}' does not exist; build one with `berth pack`", path);
-  }
-  if (fs::is_directory(st)) {
-    BERTH_FAIL("packing plan path '{}' is a directory; expected an HDF5 file made by `berth pack`",
-               path);
-  }
+  h5::require_hdf5_file(path, "packing plan", "build one with `berth pack`");
   H5QuietErrors quiet;
-  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
-  if (is_hdf5 == 0) {
-    BERTH_FAIL("packing plan '{}' is not a readable HDF5 file (corrupt or truncated?): it has no "
-               "HDF5 signature; {}",
-               path, kPackHint);
-  }
-  if (is_hdf5 < 0) fail_corrupt(path, "checking the HDF5 signature");
   return read_hdf5(path, key);
 }
 

@@ -26,7 +26,7 @@ void commit_file(const std::string& temp_path, const std::string& final_path) {
   }
 }
 
-void write_text_file_atomic(const std::string& path, const std::string& text) {
+void write_file_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = temp_path_for(path);
   {
     std::ofstream out(tmp, std::ios::binary);

@@ -3,6 +3,7 @@
 // name.
 #pragma once
 
+#include <cstdio>
 #include <string>
 
 namespace berth {
@@ -13,8 +14,22 @@ std::string temp_path_for(const std::string& final_path);
 // Atomically replaces `final_path` with `temp_path` (rename). Throws Error on failure.
 void commit_file(const std::string& temp_path, const std::string& final_path);
 
-// Writes `text` to `path` atomically (temporary + rename).
-void write_text_file_atomic(const std::string& path, const std::string& text);
+// Writes `bytes` (text or binary) to `path` atomically (temporary + rename).
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+// Calls write(tmp) with a temporary path next to `path`, then renames the temporary into place.
+// If write throws, the temporary is removed and the error propagates: `path` is untouched.
+template <typename Write>
+void write_via_temp(const std::string& path, Write&& write) {
+  const std::string tmp = temp_path_for(path);
+  try {
+    write(tmp);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  commit_file(tmp, path);
+}
 
 // Reads a whole file; throws Error naming the path when it cannot be read.
 std::string read_text_file(const std::string& path);

@@ -4,10 +4,13 @@
 
 #include <hdf5.h>
 
+#include <filesystem>
 #include <string>
 #include <utility>
 
 #include <fmt/format.h>
+
+#include "runtime/core/check.h"
 
 namespace berth::h5 {
 
@@ -97,6 +100,31 @@ inline std::string describe_type(hid_t type) {
     case H5T_ENUM: return "enum";
     case H5T_COMPOUND: return "compound";
     default: return fmt::format("HDF5 type class {}", static_cast<int>(H5Tget_class(type)));
+  }
+}
+
+// Throws a specific Error unless `path` is an existing file with an HDF5 signature:
+//   "<what> '<path>' does not exist; <hint>", "<what> path '<path>' is a directory; ...",
+//   "'<path>' is not a readable HDF5 file (corrupt or truncated?): ...; <hint>".
+inline void require_hdf5_file(const std::string& path, const char* what, const char* hint) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) BERTH_FAIL("{} '{}' does not exist; {}", what, path, hint);
+  if (fs::is_directory(st)) {
+    BERTH_FAIL("{} path '{}' is a directory; expected an HDF5 file ({})", what, path, hint);
+  }
+  H5QuietErrors quiet;
+  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+  if (is_hdf5 == 0) {
+    BERTH_FAIL("'{}' is not a readable HDF5 file (corrupt or truncated?): it has no HDF5 "
+               "signature; {}",
+               path, hint);
+  }
+  if (is_hdf5 < 0) {
+    BERTH_FAIL("'{}' is not a readable HDF5 file (corrupt or truncated?): checking its signature "
+               "failed: {}",
+               path, h5_error_detail());
   }
 }
 

@@ -196,22 +196,7 @@ void write_llmc_tokens(const std::string& path, const std::vector<uint32_t>& tok
     q[2 * i] = static_cast<unsigned char>(tokens[i] & 0xff);
     q[2 * i + 1] = static_cast<unsigned char>(tokens[i] >> 8);
   }
-  const std::string tmp = temp_path_for(path);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      BERTH_FAIL("cannot write '{}': {} (check that the directory exists and is writable)", tmp,
-                 std::strerror(errno));
-    }
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      out.close();
-      std::remove(tmp.c_str());
-      BERTH_FAIL("writing '{}' failed (disk full?)", path);
-    }
-  }
-  commit_file(tmp, path);
+  write_file_atomic(path, bytes);
 }
 
 }  // namespace berth

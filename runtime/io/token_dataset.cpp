@@ -343,36 +343,13 @@ void validate_dataset(const TokenDataset& ds, const std::string& what) {
 
 void write_token_dataset(const std::string& path, const TokenDataset& ds) {
   validate_dataset(ds, path);
-  const std::string tmp = temp_path_for(path);
   H5QuietErrors quiet;
-  try {
-    write_hdf5(tmp, path, ds);
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  commit_file(tmp, path);  // removes tmp itself when the rename fails
+  write_via_temp(path, [&](const std::string& tmp) { write_hdf5(tmp, path, ds); });
 }
 
 TokenDataset read_token_dataset(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (!fs::exists(st)) {
-    BERTH_FAIL("dataset file '{}' does not exist; create one with `berth data import`", path);
-  }
-  if (fs::is_directory(st)) {
-    BERTH_FAIL("dataset path '{}' is a directory; expected an HDF5 file made by `berth data import`",
-               path);
-  }
+  h5::require_hdf5_file(path, "dataset file", "create one with `berth data import`");
   H5QuietErrors quiet;
-  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
-  if (is_hdf5 == 0) {
-    BERTH_FAIL("'{}' is not a readable HDF5 file (corrupt or truncated?): it has no HDF5 "
-               "signature; create a dataset with `berth data import`",
-               path);
-  }
-  if (is_hdf5 < 0) fail_corrupt(path, "checking the HDF5 signature");
   TokenDataset ds = read_hdf5(path);
   validate_dataset(ds, path);
   return ds;

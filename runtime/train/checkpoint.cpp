@@ -253,7 +253,7 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
                            {"optimizer", d.has_optimizer()},
                            {"saved_at", utc_now()}};
     meta["fencing_token"] = d.meta.fencing_token ? nlohmann::json(*d.meta.fencing_token) : nullptr;
-    write_text_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
+    write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
     fs::rename(tmp, final_dir, ec);
     BERTH_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp.string(), dir, ec.message());
   } catch (...) {

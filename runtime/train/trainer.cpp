@@ -304,7 +304,7 @@ std::vector<StepStats> Trainer::run() {
   const std::string resolved = config_to_toml(cfg_);
   if (writer) {
     ensure_writable_dir(run_dir_, "run directory (run.out_dir/run.name)");
-    write_text_file_atomic(run_dir_ + "/config.toml", resolved);
+    write_file_atomic(run_dir_ + "/config.toml", resolved);
     const int cleaned = clean_partial_checkpoints(checkpoint_dir_);
     if (cleaned > 0) {
       log_info("checkpoint: removed {} incomplete checkpoint(s) left in {} by an interrupted save",
@@ -399,7 +399,7 @@ std::vector<StepStats> Trainer::run() {
   }
   if (writer) {
     partial.close();
-    write_text_file_atomic(metrics_path, metrics);
+    write_file_atomic(metrics_path, metrics);
     std::remove(partial_path.c_str());
   }
   double seconds = 0;
