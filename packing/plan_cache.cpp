@@ -73,22 +73,16 @@ void write_i64_dataset(hid_t file, const char* name, const std::vector<int64_t>&
 
 void write_scalar_attr(hid_t file, const char* name, hid_t file_type, hid_t mem_type,
                        const void* value, const std::string& path) {
-  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Id attr(H5Acreate2(file, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!space.valid() || !attr.valid() || H5Awrite(attr.get(), mem_type, value) < 0) {
+  if (!h5::write_scalar_attr(file, name, file_type, mem_type, value)) {
     fail_write(path, fmt::format("attribute '{}'", name));
   }
 }
 
 void write_string_attr(hid_t file, const char* name, const std::string& value,
                        const std::string& path) {
-  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
-  if (!type.valid() || H5Tset_size(type.get(), H5T_VARIABLE) < 0 ||
-      H5Tset_cset(type.get(), H5T_CSET_UTF8) < 0) {
-    fail_write(path, fmt::format("attribute '{}' type", name));
+  if (!h5::write_string_attr(file, name, value)) {
+    fail_write(path, fmt::format("attribute '{}'", name));
   }
-  const char* cstr = value.c_str();
-  write_scalar_attr(file, name, type.get(), type.get(), &cstr, path);
 }
 
 void write_hdf5(const std::string& tmp, const std::string& path, const PackPlan& plan,

@@ -103,6 +103,28 @@ inline std::string describe_type(hid_t type) {
   }
 }
 
+// Scalar attribute writers on a file, group or dataset. They return false when HDF5 fails, and the
+// caller raises its own format's error (with h5_error_detail()).
+inline bool write_scalar_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_type,
+                              const void* value) {
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5Acreate2(obj, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  return space.valid() && attr.valid() && H5Awrite(attr.get(), mem_type, value) >= 0;
+}
+inline bool write_i64_attr(hid_t obj, const char* name, int64_t value) {
+  return write_scalar_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
+}
+// Variable-length UTF-8 string, as h5py writes a Python str.
+inline bool write_string_attr(hid_t obj, const char* name, const std::string& value) {
+  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+  if (!type.valid() || H5Tset_size(type.get(), H5T_VARIABLE) < 0 ||
+      H5Tset_cset(type.get(), H5T_CSET_UTF8) < 0) {
+    return false;
+  }
+  const char* cstr = value.c_str();
+  return write_scalar_attr(obj, name, type.get(), type.get(), &cstr);
+}
+
 // Throws a specific Error unless `path` is an existing file with an HDF5 signature:
 //   "<what> '<path>' does not exist; <hint>", "<what> path '<path>' is a directory; ...",
 //   "'<path>' is not a readable HDF5 file (corrupt or truncated?): ...; <hint>".

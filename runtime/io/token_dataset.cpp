@@ -49,25 +49,12 @@ void write_dataset_1d(hid_t file, const char* name, hid_t file_type, hid_t mem_t
 }
 
 void write_int_attr(hid_t file, const char* name, int64_t value, const std::string& path) {
-  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Id attr(H5Acreate2(file, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!space.valid() || !attr.valid() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &value) < 0) {
-    fail_write(path, fmt::format("attribute '{}'", name));
-  }
+  if (!h5::write_i64_attr(file, name, value)) fail_write(path, fmt::format("attribute '{}'", name));
 }
 
-// Variable-length UTF-8 string, as h5py writes a Python str.
 void write_string_attr(hid_t file, const char* name, const std::string& value,
                        const std::string& path) {
-  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
-  if (!type.valid() || H5Tset_size(type.get(), H5T_VARIABLE) < 0 ||
-      H5Tset_cset(type.get(), H5T_CSET_UTF8) < 0) {
-    fail_write(path, fmt::format("attribute '{}' type", name));
-  }
-  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Id attr(H5Acreate2(file, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  const char* cstr = value.c_str();
-  if (!space.valid() || !attr.valid() || H5Awrite(attr.get(), type.get(), &cstr) < 0) {
+  if (!h5::write_string_attr(file, name, value)) {
     fail_write(path, fmt::format("attribute '{}'", name));
   }
 }

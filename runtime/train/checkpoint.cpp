@@ -47,22 +47,12 @@ void write_i64_array_attr(hid_t obj, const char* name, const std::vector<int64_t
 }
 
 void write_i64_attr(hid_t obj, const char* name, int64_t value, const std::string& path) {
-  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!space.valid() || !attr.valid() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &value) < 0) {
-    fail_write(path, fmt::format("attribute '{}'", name));
-  }
+  if (!h5::write_i64_attr(obj, name, value)) fail_write(path, fmt::format("attribute '{}'", name));
 }
 
 void write_string_attr(hid_t obj, const char* name, const std::string& value,
                        const std::string& path) {
-  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type.get(), H5T_VARIABLE);
-  H5Tset_cset(type.get(), H5T_CSET_UTF8);
-  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Id attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  const char* c = value.c_str();
-  if (!attr.valid() || H5Awrite(attr.get(), type.get(), &c) < 0) {
+  if (!h5::write_string_attr(obj, name, value)) {
     fail_write(path, fmt::format("attribute '{}'", name));
   }
 }
