@@ -91,6 +91,21 @@ TEST_F(CheckpointTest, ResumeIsBitIdenticalWithAndWithoutShuffle) {
   }
 }
 
+TEST_F(CheckpointTest, PackedModeResumesToTheSameRows) {
+  RunConfig full = config(20, true);
+  full.data.mode = "packed";
+  full.run.name = "packed_full";
+  Trainer a(full, test::world());
+  const std::vector<double> whole = losses(a.run());
+  RunConfig second = full;
+  second.run.name = "packed_resumed";
+  Trainer b(second, test::world());
+  b.resume(a.checkpoint_dir() + "/" + checkpoint_dir_name(10));
+  const std::vector<double> rest = losses(b.run());
+  ASSERT_EQ(rest.size(), 10u);
+  for (size_t i = 0; i < 10; i++) EXPECT_EQ(rest[i], whole[10 + i]) << "step " << 11 + i;
+}
+
 TEST_F(CheckpointTest, ResumeAutoPicksTheNewestCompleteAndCleansPartials) {
   RunConfig cfg = config(20, true);
   cfg.checkpoint.interval = 5;

@@ -15,6 +15,7 @@
 #include "parallel/data_parallel.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/io/token_dataset.h"
+#include "runtime/train/checkpoint.h"
 #include "runtime/train/trainer.h"
 #include "tests/mpi_world.h"
 #include "tests/synthetic_data.h"
@@ -150,6 +151,45 @@ TEST_F(DataParallelTest, DerivedDpAndReplicasStayIdentical) {
   std::vector<float> root = r.params;
   world().broadcast(root.data(), root.size(), DType::F32, 0);
   EXPECT_TRUE(root == r.params) << "replica " << world().rank() << " diverged from rank 0";
+}
+
+TEST_F(DataParallelTest, ZeroOneCheckpointResumesAtAnotherDp) {
+  // dp = n with ZeRO-1 saves after 10 steps (moment shards gathered); the run then continues
+  // both at dp = n and on one rank with B·n rows, from the same checkpoint.
+  const int n = world().size();
+  RunConfig cfg = config(2, n, 1, 1);
+  cfg.run.name = "zero1_save";
+  cfg.checkpoint.dir = (dir_ / "ck_zero1").string();
+  cfg.checkpoint.interval = 10;
+  cfg.checkpoint.final = false;
+  {
+    Trainer first(cfg, world());
+    for (int64_t s = 0; s < 10; s++) first.train_step(s);
+    first.save(10);
+  }
+  const std::string ck = cfg.checkpoint.dir + "/" + checkpoint_dir_name(10);
+  auto rest = [](Trainer& t) {
+    std::vector<double> l;
+    for (int64_t s = t.start_step(); s < kSteps; s++) l.push_back(t.train_step(s).loss);
+    return l;
+  };
+  RunConfig again = cfg;
+  again.run.name = "zero1_again";
+  Trainer parallel(again, world());
+  parallel.resume(ck);
+  const std::vector<double> at_n = rest(parallel);
+
+  std::unique_ptr<Communicator> self = world().split(world().rank(), 0);
+  RunConfig one = config(2 * n, 1, 0, 1);
+  one.run.name = "zero1_one_rank";
+  one.checkpoint.dir = cfg.checkpoint.dir;
+  Trainer single(one, *self);
+  single.resume(ck);
+  EXPECT_EQ(single.start_step(), 10);
+  const std::vector<double> at_1 = rest(single);
+  ASSERT_EQ(at_n.size(), at_1.size());
+  test::expect_close(at_n.data(), at_1.data(), int64_t(at_1.size()), test::kDataParallelLoss,
+                     "losses after resuming a ZeRO-1 checkpoint at dp = n and at dp = 1");
 }
 
 TEST(GradientSync, BucketedAndRingAllReduceAreExactAndRingSendsTheTheory) {

@@ -54,6 +54,7 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(data, pack_algorithm),
     BERTH_CONFIG_FIELD(data, pack_window),
     BERTH_CONFIG_FIELD(data, long_docs),
+    BERTH_CONFIG_FIELD(data, pack_plan),
     BERTH_CONFIG_FIELD(train, micro_batch_size),
     BERTH_CONFIG_FIELD(train, steps),
     BERTH_CONFIG_FIELD(train, lr),

@@ -38,6 +38,7 @@ struct DataSection {
   std::string pack_algorithm = "bfd";  // mode "packed": "bfd" | "next_fit" | "balanced"
   int64_t pack_window = 1000;          // BFD window, in document pieces
   std::string long_docs = "split";     // documents longer than seq_len: "split" | "drop"
+  std::string pack_plan;  // plan file for data.train ("" = <train>.plan-<algorithm>-T<seq_len>.h5)
 };
 
 struct TrainSection {

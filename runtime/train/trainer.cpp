@@ -52,11 +52,12 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
   const int B = int(cfg_.train.micro_batch_size), T = int(cfg_.data.seq_len);
   train_ds_ = read_token_dataset(cfg_.data.train);
   check_dataset_fits(train_ds_, cfg_.data.train, cfg_);
-  loader_ = make_loader(&train_ds_, cfg_.data.train, cfg_.data.shuffle, uint64_t(cfg_.run.seed));
+  loader_ = make_loader(&train_ds_, cfg_.data.train, cfg_.data.pack_plan, cfg_.data.shuffle,
+                        uint64_t(cfg_.run.seed));
   if (!cfg_.data.val.empty()) {
     val_ds_ = read_token_dataset(cfg_.data.val);
     check_dataset_fits(val_ds_, cfg_.data.val, cfg_);
-    val_loader_ = make_loader(&val_ds_, cfg_.data.val, false, 0);
+    val_loader_ = make_loader(&val_ds_, cfg_.data.val, "", false, 0);
   }
 
   model_ = std::make_unique<GPT<float>>(gcfg_, B, T);
@@ -94,7 +95,8 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
 }
 
 std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const std::string& path,
-                                                  bool shuffle, uint64_t seed) {
+                                                  const std::string& plan_path, bool shuffle,
+                                                  uint64_t seed) {
   const int B = int(cfg_.train.micro_batch_size), T = int(cfg_.data.seq_len);
   const StreamLoader::Shard shard{grid_->coord().dp, grid_->shape().dp};
   if (cfg_.data.mode == "stream") {
@@ -117,7 +119,8 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
   o.long_docs = cfg_.data.long_docs == "drop" ? LongDocs::DROP : LongDocs::SPLIT;
   o.seed = uint64_t(cfg_.run.seed);
   const std::string cache =
-      fmt::format("{}.plan-{}-T{}.h5", path, pack_algorithm_name(o.algorithm), T);
+      plan_path.empty() ? fmt::format("{}.plan-{}-T{}.h5", path, pack_algorithm_name(o.algorithm), T)
+                        : plan_path;
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<int64_t> lengths = document_lengths(*ds);
   PackPlan plan;
@@ -260,6 +263,9 @@ StepStats Trainer::train_step(int64_t step) {
   int64_t local_targets = 0, local_tokens = 0;
   for (PackedBatch& b : batches_) {
     loader_->next(&b);
+#ifndef NDEBUG
+    check_invariants(b, gcfg_.V, gcfg_.maxT);  // debug builds check every batch
+#endif
     local_targets += b.n_targets();
     local_tokens += b.N();
   }

@@ -86,7 +86,8 @@ class Trainer {
   std::unique_ptr<GPT<float>> model_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<BatchSource> make_loader(const TokenDataset* ds, const std::string& path,
-                                           bool shuffle, uint64_t seed);
+                                           const std::string& plan_path, bool shuffle,
+                                           uint64_t seed);
 
   std::unique_ptr<BatchSource> loader_, val_loader_;
   std::string data_summary_;  // how the training data is laid out, logged at start
