@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   berth::register_data_commands(app);
   berth::register_model_commands(app);
   berth::register_pack_command(app);
+  berth::register_eta_commands(app);
 
   int code = 0;
   try {

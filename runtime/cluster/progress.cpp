@@ -1,0 +1,555 @@
+#include "runtime/cluster/progress.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/core/check.h"
+
+namespace berth {
+namespace {
+
+// ---- model constants (phenomena-level, see docs/progress.md) -----------------------------------
+constexpr int64_t kMinWindow = 30;  // recent window of normal steps: n/4 clamped to [30, 400]
+constexpr int64_t kMaxWindow = 400;
+constexpr double kWarmupTolerance =
+    1.15;  // transient ends at the first step within 15 % of the steady rate
+constexpr double kClipMads = 4.0;  // winsorize window rates at median ± 4 MAD
+constexpr double kStallFactor = 1.5;
+constexpr double kExcessPriorSteps = 200.0;  // unplanned overhead rate shrunk toward 0 by 200 steps
+// Priors for the extra cost of a checkpoint / eval step before one was seen, in median step times.
+constexpr double kCkptPriorSteps = 100.0;
+constexpr double kEvalPriorSteps = 50.0;
+
+bool is_warmup_event(const std::string& e) {
+  return e.find("first_step") != std::string::npos || e.find("compile") != std::string::npos ||
+         e.find("resume") != std::string::npos || e.find("warmup") != std::string::npos;
+}
+bool is_ckpt_event(const std::string& e) {
+  return e.find("ckpt") != std::string::npos || e.find("checkpoint") != std::string::npos;
+}
+bool is_eval_event(const std::string& e) { return e.find("eval") != std::string::npos; }
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  double m = v[mid];
+  if (v.size() % 2 == 0)
+    m = 0.5 * (m + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)));
+  return m;
+}
+
+double quantile_of(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
+// Number of multiples of `interval` in (a, b].
+int64_t multiples_in(int64_t a, int64_t b, int64_t interval) {
+  if (interval <= 0 || b <= a) return 0;
+  return b / interval - a / interval;
+}
+
+}  // namespace
+
+double step_cost(int64_t tokens, int64_t seq_len, int64_t hidden_size) {
+  const double attn = hidden_size > 0
+                          ? static_cast<double>(seq_len) / (6.0 * static_cast<double>(hidden_size))
+                          : 0.0;
+  return static_cast<double>(tokens) * (1.0 + attn);
+}
+
+const ScheduleEntry& schedule_at(const RunFacts& facts, int64_t step) {
+  BERTH_CHECK(!facts.schedule.empty(), "run facts have an empty schedule");
+  const ScheduleEntry* cur = &facts.schedule.front();
+  for (const auto& e : facts.schedule) {
+    if (step - 1 >= e.from_step) cur = &e;
+  }
+  return *cur;
+}
+
+// ---- ProgressPredictor -----------------------------------------------------------------------
+
+ProgressPredictor::ProgressPredictor(RunFacts facts) : facts_(std::move(facts)) {
+  BERTH_CHECK(facts_.session_steps > 0, "run facts: session_steps must be > 0, got {}",
+              facts_.session_steps);
+  BERTH_CHECK(facts_.start_step >= 0, "run facts: start_step must be >= 0, got {}",
+              facts_.start_step);
+  BERTH_CHECK(facts_.hidden_size > 0, "run facts: hidden_size must be > 0, got {}",
+              facts_.hidden_size);
+  BERTH_CHECK(!facts_.schedule.empty(),
+              "run facts: schedule needs at least one [from_step, seq_len, tokens_per_step] entry");
+  std::stable_sort(
+      facts_.schedule.begin(), facts_.schedule.end(),
+      [](const ScheduleEntry& a, const ScheduleEntry& b) { return a.from_step < b.from_step; });
+  for (const auto& e : facts_.schedule) {
+    BERTH_CHECK(e.seq_len > 0 && e.tokens_per_step > 0,
+                "run facts: schedule entry from step {} has seq_len {} and tokens_per_step {}; "
+                "both must be > 0",
+                e.from_step, e.seq_len, e.tokens_per_step);
+  }
+}
+
+void ProgressPredictor::observe(const StepRecord& r) {
+  const int64_t first = facts_.start_step + 1, last = facts_.start_step + facts_.session_steps;
+  BERTH_CHECK(r.step >= first && r.step <= last,
+              "step {} is outside this session (global steps {}..{})", r.step, first, last);
+  BERTH_CHECK(records_.empty() || r.step > records_.back().step,
+              "steps must arrive in increasing order: {} after {}", r.step, records_.back().step);
+  BERTH_CHECK(r.duration_s >= 0.0 && std::isfinite(r.duration_s),
+              "step {}: duration_s must be finite and >= 0, got {}", r.step, r.duration_s);
+  records_.push_back(r);
+  elapsed_s_ += r.duration_s;
+}
+
+Prediction ProgressPredictor::predict() const {
+  BERTH_CHECK(!records_.empty(),
+              "no step observed yet: the predictor needs at least one finished step");
+  const int64_t h = facts_.hidden_size;
+  const int64_t end_step = facts_.start_step + facts_.session_steps;
+  const int64_t last_step = records_.back().step;
+
+  // Normal steps: no event, not the session's first row. Rates are seconds per cost unit.
+  std::vector<size_t> normal;
+  std::vector<double> rate;
+  for (size_t i = 0; i < records_.size(); ++i) {
+    const auto& r = records_[i];
+    if (i == 0 || !r.event.empty() || r.tokens <= 0) continue;
+    normal.push_back(i);
+    rate.push_back(
+        r.duration_s /
+        step_cost(r.tokens, r.seq_len > 0 ? r.seq_len : schedule_at(facts_, r.step).seq_len, h));
+  }
+
+  Prediction out;
+  if (normal.empty()) {  // only warm-up rows so far: assume the steady step costs what the rest of
+                         // it did
+    const auto& r = records_.back();
+    const double per = r.duration_s;
+    const double rem = per * static_cast<double>(end_step - last_step);
+    out.total_s = elapsed_s_ + rem;
+    out.remaining_s = rem;
+    out.low_s = elapsed_s_;
+    out.high_s = elapsed_s_ + 2.0 * rem;
+    out.lease_exceeded = facts_.lease_s > 0 && out.total_s > facts_.lease_s;
+    return out;
+  }
+
+  // Warm-up transient: skip leading normal steps slower than 1.15× the median of the later half.
+  size_t begin = 0;
+  {
+    const std::vector<double> later(rate.begin() + static_cast<std::ptrdiff_t>(rate.size() / 2),
+                                    rate.end());
+    const double steady = median_of(later);
+    while (begin + 1 < rate.size() && begin < rate.size() / 2 &&
+           rate[begin] > kWarmupTolerance * steady)
+      ++begin;
+  }
+  const int64_t n_post = static_cast<int64_t>(rate.size() - begin);
+  const int64_t window = std::clamp<int64_t>(n_post / 4, kMinWindow, kMaxWindow);
+  size_t wbegin =
+      std::max<size_t>(begin, rate.size() - static_cast<size_t>(std::min<int64_t>(window, n_post)));
+  auto median_mad = [&](size_t from, double* m, double* d) {
+    std::vector<double> v(rate.begin() + static_cast<std::ptrdiff_t>(from), rate.end());
+    *m = median_of(v);
+    for (double& x : v) x = std::fabs(x - *m);
+    *d = 1.4826 * median_of(v);
+  };
+  double med = 0, mad = 0;
+  median_mad(wbegin, &med, &mad);
+  // Level shift (an unannounced speed change): when the newest quarter of the window sits well off
+  // the window's median, the window restarts there so the rate follows within ~window/4 steps.
+  {
+    const size_t ws = static_cast<size_t>(std::max<int64_t>(kMinWindow, window / 4));
+    if (rate.size() - wbegin >= 2 * ws) {
+      double ms = 0, ds = 0;
+      median_mad(rate.size() - ws, &ms, &ds);
+      const double se = 1.25 * std::max(mad, 0.002 * med) / std::sqrt(static_cast<double>(ws));
+      if (std::fabs(ms - med) > 4 * se && std::fabs(ms - med) > 0.03 * med) {
+        wbegin = rate.size() - ws;
+        med = ms, mad = ds;
+      }
+    }
+  }
+  std::vector<double> wrates(rate.begin() + static_cast<std::ptrdiff_t>(wbegin), rate.end());
+  const double clip_hi = med + kClipMads * std::max(mad, 0.01 * med);
+  const double clip_lo = med - kClipMads * std::max(mad, 0.01 * med);
+  double base = 0.0, sq = 0.0;
+  for (double x : wrates) base += std::clamp(x, clip_lo, clip_hi);
+  base /= static_cast<double>(wrates.size());
+  for (double x : wrates)
+    sq += (std::clamp(x, clip_lo, clip_hi) - base) * (std::clamp(x, clip_lo, clip_hi) - base);
+  const double cv =
+      wrates.size() > 1 ? std::sqrt(sq / static_cast<double>(wrates.size() - 1)) / base : 0.0;
+
+  // Fill: observed tokens vs the schedule's tokens_per_step (variable-length batches).
+  double fill = 0.0;
+  for (size_t k = wbegin; k < rate.size(); ++k) {
+    const auto& r = records_[normal[k]];
+    fill += static_cast<double>(r.tokens) /
+            static_cast<double>(schedule_at(facts_, r.step).tokens_per_step);
+  }
+  fill /= static_cast<double>(rate.size() - wbegin);
+
+  // Extra cost of steps with events: ckpt / eval learned from their excess over the base rate;
+  // everything else after warm-up (spikes, epoch boundaries, normal steps above the clip) feeds
+  // the unplanned-overhead rate.
+  const size_t first_post_record = normal[begin];
+  double ckpt_sum = 0, eval_sum = 0, both_sum = 0, unplanned = 0, unplanned_max = 0;
+  int unplanned_n = 0;
+  int ckpt_n = 0, eval_n = 0, both_n = 0;
+  int64_t post_steps = 0;
+  for (size_t i = first_post_record; i < records_.size(); ++i) {
+    const auto& r = records_[i];
+    if (is_warmup_event(r.event) || r.tokens <= 0) continue;
+    ++post_steps;
+    const double c =
+        step_cost(r.tokens, r.seq_len > 0 ? r.seq_len : schedule_at(facts_, r.step).seq_len, h);
+    const bool ck = is_ckpt_event(r.event), ev = is_eval_event(r.event);
+    const double excess = r.duration_s - base * c;
+    if (ck && ev) {
+      both_sum += excess, ++both_n;
+    } else if (ck) {
+      ckpt_sum += excess, ++ckpt_n;
+    } else if (ev) {
+      eval_sum += excess, ++eval_n;
+    } else {
+      // a stall is > 1.5× the current median step: a level that changed earlier is not a stall
+      const double x = std::max(0.0, r.duration_s - std::max(clip_hi, kStallFactor * med) * c);
+      unplanned += x;
+      unplanned_max = std::max(unplanned_max, x);
+      unplanned_n += x > 0;
+    }
+  }
+  const double med_step = med * step_cost(schedule_at(facts_, last_step).tokens_per_step,
+                                          schedule_at(facts_, last_step).seq_len, h);
+  double ckpt_cost = ckpt_n ? ckpt_sum / ckpt_n : kCkptPriorSteps * med_step;
+  double eval_cost = eval_n ? eval_sum / eval_n : kEvalPriorSteps * med_step;
+  if (both_n) {
+    const double both = both_sum / both_n;
+    if (ckpt_n && !eval_n)
+      eval_cost = std::max(0.0, both - ckpt_cost);
+    else if (!ckpt_n && eval_n)
+      ckpt_cost = std::max(0.0, both - eval_cost);
+    else if (!ckpt_n && !eval_n) {
+      const double share = kCkptPriorSteps / (kCkptPriorSteps + kEvalPriorSteps);
+      ckpt_cost = share * both, eval_cost = (1.0 - share) * both;
+    }
+  }
+  ckpt_cost = std::max(0.0, ckpt_cost);
+  eval_cost = std::max(0.0, eval_cost);
+  // One stall is not a rate: a single one is left out (it is already in elapsed).
+  const double unplanned_rate = (unplanned - (unplanned_n <= 1 ? unplanned_max : 0.0)) /
+                                (static_cast<double>(post_steps) + kExcessPriorSteps);
+
+  // Slow drift: medians of three consecutive blocks of recent normal steps; a trend is followed
+  // only when both differences agree in sign, are well above the noise of a block median and are of
+  // similar size (a single level shift is not a trend). The extrapolated rate is capped at ±25 %.
+  double slope = 0.0, center = static_cast<double>(last_step);
+  {
+    const int64_t w3 = std::min<int64_t>(window, n_post / 3);
+    if (w3 >= kMinWindow) {
+      double m[3], c[3];
+      for (int k = 0; k < 3; ++k) {
+        const size_t hi = rate.size() - static_cast<size_t>((2 - k) * w3),
+                     lo = hi - static_cast<size_t>(w3);
+        m[k] = median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(lo),
+                                             rate.begin() + static_cast<std::ptrdiff_t>(hi)));
+        c[k] = 0.5 * static_cast<double>(records_[normal[lo]].step + records_[normal[hi - 1]].step);
+      }
+      const double se = 1.25 * std::max(mad, 0.002 * med) / std::sqrt(static_cast<double>(w3));
+      const double d1 = m[1] - m[0], d2 = m[2] - m[1];
+      const bool agree =
+          d1 * d2 > 0 && std::fabs(d1) > 2 * se && std::fabs(d2) > 2 * se &&
+          std::min(std::fabs(d1), std::fabs(d2)) >= 0.33 * std::max(std::fabs(d1), std::fabs(d2));
+      if (agree && c[2] > c[0]) {
+        // a shift that already completed leaves the newest block flat: require the trend inside it
+        // too
+        const double sl = (m[2] - m[0]) / (c[2] - c[0]);
+        const size_t mid = rate.size() - static_cast<size_t>(w3 / 2),
+                     lo = rate.size() - static_cast<size_t>(w3);
+        const double h1 =
+            median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(lo),
+                                          rate.begin() + static_cast<std::ptrdiff_t>(mid)));
+        const double h2 = median_of(
+            std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(mid), rate.end()));
+        const double expect = sl * 0.5 * (c[2] - c[1]);
+        if ((h2 - h1) * expect > 0 && std::fabs(h2 - h1) >= 0.33 * std::fabs(expect)) slope = sl;
+      }
+    }
+    // the base (winsorized window mean) sits at the middle of its window
+    center =
+        0.5 * static_cast<double>(records_[normal[wbegin]].step + records_[normal.back()].step);
+  }
+  constexpr double kMaxDrift = 0.25;
+
+  // Remaining normal time, step by step over the schedule.
+  double rem_normal = 0.0;
+  for (int64_t st = last_step + 1; st <= end_step; ++st) {
+    const auto& e = schedule_at(facts_, st);
+    const double r = std::clamp(base + slope * (static_cast<double>(st) - center),
+                                (1 - kMaxDrift) * base, (1 + kMaxDrift) * base);
+    rem_normal += r * fill * step_cost(e.tokens_per_step, e.seq_len, h);
+  }
+  const int64_t rem_steps = end_step - last_step;
+  const int64_t rem_ckpt = multiples_in(last_step, end_step, facts_.ckpt_interval);
+  const int64_t rem_eval = multiples_in(last_step, end_step, facts_.eval_interval);
+  const double rem_events =
+      static_cast<double>(rem_ckpt) * ckpt_cost + static_cast<double>(rem_eval) * eval_cost;
+  const double rem = rem_normal + rem_events + unplanned_rate * static_cast<double>(rem_steps);
+
+  out.remaining_s = rem;
+  out.total_s = elapsed_s_ + rem;
+  // Band: rate uncertainty (standard error of the window mean, plus a 2 % floor for drift the
+  // window cannot see) on the normal part; event costs ±50 % while still a prior, ±25 % once
+  // learned.
+  const double rate_rel = 2.0 * cv / std::sqrt(static_cast<double>(wrates.size())) + 0.02;
+  const double ev_rel_ck = ckpt_n || both_n ? 0.25 : 0.5, ev_rel_e = eval_n || both_n ? 0.25 : 0.5;
+  const double spread = rem_normal * rate_rel +
+                        static_cast<double>(rem_ckpt) * ckpt_cost * ev_rel_ck +
+                        static_cast<double>(rem_eval) * eval_cost * ev_rel_e +
+                        unplanned_rate * static_cast<double>(rem_steps);
+  out.low_s = std::max(elapsed_s_, out.total_s - spread);
+  out.high_s = out.total_s + spread;
+  out.lease_exceeded = facts_.lease_s > 0 && out.total_s > facts_.lease_s;
+  return out;
+}
+
+// ---- baselines -------------------------------------------------------------------------------
+
+double linear_total_s(const std::vector<StepRecord>& rows, int64_t session_steps) {
+  BERTH_CHECK(!rows.empty(), "linear baseline needs at least one step");
+  double elapsed = 0;
+  for (const auto& r : rows) elapsed += r.duration_s;
+  return elapsed / static_cast<double>(rows.size()) * static_cast<double>(session_steps);
+}
+
+double moving_average_total_s(const std::vector<StepRecord>& rows, int64_t session_steps,
+                              double smoothing) {
+  BERTH_CHECK(!rows.empty(), "moving-average baseline needs at least one step");
+  double elapsed = 0, ema = rows.front().duration_s;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    elapsed += rows[i].duration_s;
+    if (i > 0) ema = smoothing * rows[i].duration_s + (1.0 - smoothing) * ema;
+  }
+  return elapsed + ema * static_cast<double>(session_steps - static_cast<int64_t>(rows.size()));
+}
+
+// ---- files -----------------------------------------------------------------------------------
+
+std::vector<StepRecord> read_trace_csv(const std::string& path) {
+  std::ifstream in(path);
+  BERTH_CHECK(in.good(), "cannot open trace {}: check the path", path);
+  const std::string expected =
+      "step,duration_s,tokens,seq_len,compute_s,comm_s,data_wait_s,overhead_s,mem_gib,event";
+  std::string line;
+  BERTH_CHECK(static_cast<bool>(std::getline(in, line)),
+              "trace {} is empty: expected the header '{}'", path, expected);
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  BERTH_CHECK(line == expected, "trace {}: header is '{}', expected '{}'", path, line, expected);
+  std::vector<StepRecord> rows;
+  int64_t lineno = 1;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) f.push_back(cell);
+    if (!line.empty() && line.back() == ',') f.emplace_back();
+    BERTH_CHECK(f.size() == 10, "trace {} line {}: {} fields, expected 10 ({})", path, lineno,
+                f.size(), expected);
+    StepRecord r;
+    auto num = [&](size_t k, const char* name) {
+      try {
+        size_t used = 0;
+        const double v = std::stod(f[k], &used);
+        if (used != f[k].size() || !std::isfinite(v)) throw std::invalid_argument("trailing");
+        return v;
+      } catch (const std::exception&) {
+        BERTH_FAIL("trace {} line {}: {} '{}' is not a number", path, lineno, name, f[k]);
+      }
+    };
+    r.step = static_cast<int64_t>(num(0, "step"));
+    r.duration_s = num(1, "duration_s");
+    r.tokens = static_cast<int64_t>(num(2, "tokens"));
+    r.seq_len = static_cast<int64_t>(num(3, "seq_len"));
+    r.compute_s = num(4, "compute_s");
+    r.comm_s = num(5, "comm_s");
+    r.data_wait_s = num(6, "data_wait_s");
+    r.overhead_s = num(7, "overhead_s");
+    r.mem_gib = num(8, "mem_gib");
+    r.event = f[9];
+    BERTH_CHECK(r.duration_s >= 0, "trace {} line {}: duration_s {} is negative", path, lineno,
+                r.duration_s);
+    BERTH_CHECK(rows.empty() || r.step > rows.back().step,
+                "trace {} line {}: step {} does not follow step {}", path, lineno, r.step,
+                rows.back().step);
+    rows.push_back(std::move(r));
+  }
+  BERTH_CHECK(!rows.empty(), "trace {} has a header but no rows", path);
+  return rows;
+}
+
+namespace {
+
+RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
+  BERTH_CHECK(j.is_object(), "{}: run facts must be a JSON object", where);
+  RunFacts f;
+  auto need_int = [&](const char* key) -> int64_t {
+    BERTH_CHECK(j.contains(key), "{}: run facts lack '{}'", where, key);
+    BERTH_CHECK(j[key].is_number_integer(), "{}: '{}' must be an integer, got {}", where, key,
+                j[key].dump());
+    return j[key].get<int64_t>();
+  };
+  auto need_num = [&](const char* key) -> double {
+    BERTH_CHECK(j.contains(key), "{}: run facts lack '{}'", where, key);
+    BERTH_CHECK(j[key].is_number(), "{}: '{}' must be a number, got {}", where, key, j[key].dump());
+    return j[key].get<double>();
+  };
+  f.max_steps = need_int("max_steps");
+  f.start_step = need_int("start_step");
+  f.session_steps = need_int("session_steps");
+  f.ckpt_interval = need_int("ckpt_interval");
+  f.eval_interval = need_int("eval_interval");
+  f.hidden_size = need_int("hidden_size");
+  f.mem_capacity_gib = need_num("mem_capacity_gib");
+  f.lease_s = need_num("lease_s");
+  BERTH_CHECK(
+      j.contains("schedule") && j["schedule"].is_array() && !j["schedule"].empty(),
+      "{}: run facts need a non-empty 'schedule' list of [from_step, seq_len, tokens_per_step]",
+      where);
+  for (const auto& e : j["schedule"]) {
+    BERTH_CHECK(e.is_array() && e.size() == 3 && e[0].is_number_integer() &&
+                    e[1].is_number_integer() && e[2].is_number_integer(),
+                "{}: schedule entry {} must be [from_step, seq_len, tokens_per_step] integers",
+                where, e.dump());
+    f.schedule.push_back({e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<int64_t>()});
+  }
+  BERTH_CHECK(f.session_steps > 0, "{}: session_steps must be > 0, got {}", where, f.session_steps);
+  BERTH_CHECK(f.start_step + f.session_steps <= f.max_steps || f.max_steps == 0,
+              "{}: start_step {} + session_steps {} exceeds max_steps {}", where, f.start_step,
+              f.session_steps, f.max_steps);
+  return f;
+}
+
+nlohmann::json parse_json_text(const std::string& text, const std::string& where) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    BERTH_FAIL("{}: invalid JSON ({})", where, e.what());
+  }
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  BERTH_CHECK(in.good(), "cannot open {}: check the path", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+RunFacts read_run_facts_json(const std::string& path_or_json) {
+  const size_t p = path_or_json.find_first_not_of(" \t\r\n");
+  const bool inline_json = p != std::string::npos && path_or_json[p] == '{';
+  const std::string where = inline_json ? std::string("run facts") : path_or_json;
+  const auto j = parse_json_text(inline_json ? path_or_json : slurp(path_or_json), where);
+  return facts_from_json(j, where);
+}
+
+// ---- bench -----------------------------------------------------------------------------------
+
+std::vector<EtaBenchRow> run_eta_bench(const std::string& dir) {
+  const std::string index_path = (std::filesystem::path(dir) / "index.json").string();
+  const auto index = parse_json_text(slurp(index_path), index_path);
+  BERTH_CHECK(index.is_array() && !index.empty(), "{}: expected a non-empty list of runs",
+              index_path);
+  const std::vector<double> ps = {0.05, 0.10, 0.25, 0.50, 0.75};
+  const std::vector<double> offsets = {-0.005, -0.0025, 0.0, 0.0025, 0.005};
+  struct Acc {
+    std::vector<double> b, l, m, br, lr, mr;
+    int agree_b = 0, agree_l = 0, agree_m = 0, n = 0;
+  };
+  std::vector<Acc> acc(ps.size());
+  for (size_t t = 0; t < index.size(); ++t) {
+    const auto& j = index[t];
+    const std::string where = fmt::format("{} entry {}", index_path, t);
+    BERTH_CHECK(j.contains("file") && j["file"].is_string(), "{}: lacks 'file'", where);
+    BERTH_CHECK(j.contains("true_total_s") && j["true_total_s"].is_number(),
+                "{}: lacks 'true_total_s'", where);
+    const RunFacts facts = facts_from_json(j, where);
+    const double truth = j["true_total_s"].get<double>();
+    const auto rows =
+        read_trace_csv((std::filesystem::path(dir) / j["file"].get<std::string>()).string());
+    BERTH_CHECK(static_cast<int64_t>(rows.size()) == facts.session_steps,
+                "{}: trace has {} rows, session_steps is {}", where, rows.size(),
+                facts.session_steps);
+    ProgressPredictor pred(facts);
+    size_t fed = 0;
+    std::vector<StepRecord> prefix;
+    for (size_t pi = 0; pi < ps.size(); ++pi) {
+      for (double off : offsets) {
+        const auto q = static_cast<size_t>(std::clamp<int64_t>(
+            std::llround((ps[pi] + off) * static_cast<double>(facts.session_steps)), 1,
+            facts.session_steps - 1));
+        while (fed < q) {
+          pred.observe(rows[fed]);
+          prefix.push_back(rows[fed]);
+          ++fed;
+        }
+        const double elapsed = pred.elapsed_s();
+        const double b = pred.predict().total_s, l = linear_total_s(prefix, facts.session_steps),
+                     m = moving_average_total_s(prefix, facts.session_steps);
+        auto& a = acc[pi];
+        a.b.push_back(std::fabs(b - truth) / truth);
+        a.l.push_back(std::fabs(l - truth) / truth);
+        a.m.push_back(std::fabs(m - truth) / truth);
+        const double rt = truth - elapsed;
+        a.br.push_back(std::fabs(b - truth) / rt);
+        a.lr.push_back(std::fabs(l - truth) / rt);
+        a.mr.push_back(std::fabs(m - truth) / rt);
+        const bool over = truth > facts.lease_s;
+        a.agree_b += (b > facts.lease_s) == over;
+        a.agree_l += (l > facts.lease_s) == over;
+        a.agree_m += (m > facts.lease_s) == over;
+        ++a.n;
+      }
+    }
+  }
+  auto mean = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return s / static_cast<double>(v.size());
+  };
+  auto worst = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  std::vector<EtaBenchRow> out;
+  for (size_t pi = 0; pi < ps.size(); ++pi) {
+    const auto& a = acc[pi];
+    EtaBenchRow r;
+    r.p = ps[pi];
+    r.n = a.n;
+    r.berth_mape = mean(a.b), r.berth_p90 = quantile_of(a.b, 0.9), r.berth_worst = worst(a.b);
+    r.linear_mape = mean(a.l), r.linear_p90 = quantile_of(a.l, 0.9), r.linear_worst = worst(a.l);
+    r.ma_mape = mean(a.m), r.ma_p90 = quantile_of(a.m, 0.9), r.ma_worst = worst(a.m);
+    r.berth_rem_mape = mean(a.br), r.linear_rem_mape = mean(a.lr), r.ma_rem_mape = mean(a.mr);
+    r.berth_lease_agree = static_cast<double>(a.agree_b) / a.n;
+    r.linear_lease_agree = static_cast<double>(a.agree_l) / a.n;
+    r.ma_lease_agree = static_cast<double>(a.agree_m) / a.n;
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace berth

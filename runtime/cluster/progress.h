@@ -1,0 +1,112 @@
+// Offline/online progress prediction (ETA) for a training session: pure, clock-free.
+//
+// The runtime (or `berth eta replay`) feeds one StepRecord per finished optimizer step, in order,
+// and asks for a Prediction of the session's total wall time. Nothing here reads a clock; all times
+// are seconds measured by the caller. The model (docs/progress.md):
+//   total = elapsed (observed, exact)
+//         + remaining steps × (robust recent per-cost rate) × (scheduled cost of each future step)
+//         + remaining checkpoint / eval steps × their learned extra cost (prior before the first)
+//         + remaining steps × unplanned-overhead rate (spikes, epoch boundaries), shrunk toward 0
+// where a step's cost is tokens × (1 + seq_len / (6·hidden_size)) (attention share of the FLOPs).
+// Warm-up rows (first step of the session, compile, resume) and the slow transient after them are
+// excluded from the rate.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace berth {
+
+// One config-announced change: from global step `from_step` on (steps s with s-1 >= from_step,
+// steps counted from 1), sequences are `seq_len` long and a step processes `tokens_per_step`.
+struct ScheduleEntry {
+  int64_t from_step = 0;
+  int64_t seq_len = 0;
+  int64_t tokens_per_step = 0;
+};
+
+// What the runtime knows about the session from its configuration.
+struct RunFacts {
+  int64_t max_steps = 0;   // run's total optimizer steps (global)
+  int64_t start_step = 0;  // global step at which this session began (> 0: resumed)
+  int64_t session_steps =
+      0;  // steps this session runs: global steps start_step+1 .. start_step+session_steps
+  int64_t ckpt_interval = 0;            // 0 = no periodic checkpoints
+  int64_t eval_interval = 0;            // 0 = no periodic evaluation
+  std::vector<ScheduleEntry> schedule;  // sorted by from_step; at least one entry
+  int64_t hidden_size = 0;
+  double mem_capacity_gib = 0.0;
+  double lease_s = 0.0;  // seconds the session's lease lasts (0 = unknown)
+};
+
+// One row of a trace: a finished optimizer step of this session.
+struct StepRecord {
+  int64_t step = 0;         // global step, counted from 1
+  double duration_s = 0.0;  // wall time, everything included
+  int64_t tokens = 0;
+  int64_t seq_len = 0;
+  double compute_s = 0.0, comm_s = 0.0, data_wait_s = 0.0, overhead_s = 0.0;
+  double mem_gib = 0.0;
+  std::string event;  // "", "first_step", "compile", "ckpt", "eval", "ckpt+eval", "spike", ...
+};
+
+struct Prediction {
+  double total_s = 0.0;      // predicted wall time of the whole session
+  double remaining_s = 0.0;  // total_s - elapsed
+  double low_s = 0.0;        // band on total_s
+  double high_s = 0.0;
+  bool lease_exceeded = false;  // total_s > lease_s (false when lease_s is 0)
+};
+
+class ProgressPredictor {
+ public:
+  explicit ProgressPredictor(RunFacts facts);  // throws berth::Error on inconsistent facts
+  // Steps must arrive in increasing order and lie inside the session; throws otherwise.
+  void observe(const StepRecord& record);
+  // Before any observation: a prediction from priors only is not possible, throws berth::Error.
+  Prediction predict() const;
+  int64_t steps_observed() const { return static_cast<int64_t>(records_.size()); }
+  double elapsed_s() const { return elapsed_s_; }
+  const RunFacts& facts() const { return facts_; }
+
+ private:
+  RunFacts facts_;
+  std::vector<StepRecord> records_;
+  double elapsed_s_ = 0.0;
+};
+
+// Cost weight of one step in "token units": tokens × (1 + seq_len / (6·hidden_size)).
+double step_cost(int64_t tokens, int64_t seq_len, int64_t hidden_size);
+// Schedule entry in force at global step `step` (counted from 1).
+const ScheduleEntry& schedule_at(const RunFacts& facts, int64_t step);
+
+// ---- baselines -------------------------------------------------------------------------------
+// elapsed / steps_done × session_steps.
+double linear_total_s(const std::vector<StepRecord>& rows, int64_t session_steps);
+// tqdm-style: EMA of step time (new = a·x + (1-a)·old, a = smoothing), elapsed + EMA × remaining.
+double moving_average_total_s(const std::vector<StepRecord>& rows, int64_t session_steps,
+                              double smoothing = 0.3);
+
+// ---- files -----------------------------------------------------------------------------------
+// Trace CSV with header
+// step,duration_s,tokens,seq_len,compute_s,comm_s,data_wait_s,overhead_s,mem_gib,event
+std::vector<StepRecord> read_trace_csv(const std::string& path);
+// One run-facts object, given as JSON text (starts with '{') or a path to a file holding one.
+// Ignores `file`, `seed`, `scenario` and `true_total_s`.
+RunFacts read_run_facts_json(const std::string& path_or_json);
+
+// ---- bench (the protocol of shared/eta/README.md) ----------------------------------------------
+struct EtaBenchRow {
+  double p = 0.0;  // progress fraction
+  int n = 0;       // queries (traces × query steps)
+  double berth_mape = 0, berth_p90 = 0, berth_worst = 0;
+  double linear_mape = 0, linear_p90 = 0, linear_worst = 0;
+  double ma_mape = 0, ma_p90 = 0, ma_worst = 0;
+  double berth_rem_mape = 0, linear_rem_mape = 0, ma_rem_mape = 0;
+  double berth_lease_agree = 0, linear_lease_agree = 0, ma_lease_agree = 0;  // fractions
+};
+// Runs every trace of DIR/index.json; at each p of {5,10,25,50,75} % queries 5 steps within ±0.5 %.
+std::vector<EtaBenchRow> run_eta_bench(const std::string& dir);
+
+}  // namespace berth
