@@ -75,4 +75,10 @@ ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape)
   dp_cp_ = world.split(color({c.tp, 0, c.pp, 0}), c.dp * shape.cp + c.cp);
 }
 
+double ProcessGrid::comm_seconds() const {
+  double s = world_.stats().seconds;
+  for (const auto* g : {&tp_, &cp_, &pp_, &dp_, &dp_cp_}) s += (*g)->stats().seconds;
+  return s;
+}
+
 }  // namespace berth

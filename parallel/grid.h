@@ -57,6 +57,8 @@ class ProcessGrid {
   Communicator& pp() { return *pp_; }
   Communicator& dp() { return *dp_; }
   Communicator& dp_cp() { return *dp_cp_; }
+  // Seconds spent in calls of world and every sub-group (CommStats::seconds summed).
+  double comm_seconds() const;
 
  private:
   Communicator& world_;

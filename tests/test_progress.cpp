@@ -342,7 +342,7 @@ TEST(ProgressFiles, JsonFactsAndErrors) {
               read_run_facts_json(bad);
             }).find("must be [from_step, seq_len, tokens_per_step]"),
             std::string::npos);
-  EXPECT_NE(error_of([] { read_run_facts_json("/nonexistent/meta.json"); }).find("cannot open"),
+  EXPECT_NE(error_of([] { read_run_facts_json("/nonexistent/meta.json"); }).find("cannot read /nonexistent/meta.json"),
             std::string::npos);
 }
 

@@ -117,10 +117,11 @@ TEST_F(TrainTest, RunWritesConfigAndMetricsAndEvaluates) {
   EXPECT_EQ(trainer.evaluate(), before) << "evaluation must not change the model or depend on history";
   const std::vector<StepStats> stats = trainer.run();
   ASSERT_EQ(stats.size(), 6u);
-  EXPECT_EQ(stats[0].val_loss, before) << "val loss of step 1 is computed before its update";
-  EXPECT_GE(stats[3].val_loss, 0);
+  EXPECT_LT(stats[0].val_loss, 0) << "step 1 is not an eval step (interval 3)";
+  EXPECT_GE(stats[2].val_loss, 0) << "evaluated after step 3";
+  EXPECT_LT(stats[2].val_loss, before) << "after 3 steps of training";
   EXPECT_GE(stats[5].val_loss, 0) << "the last step is always evaluated";
-  EXPECT_LT(stats[1].val_loss, 0);
+  EXPECT_LT(stats[3].val_loss, 0);
   const std::string run = trainer.run_dir();
   EXPECT_TRUE(std::filesystem::exists(run + "/config.toml"));
   std::ifstream metrics(run + "/metrics.jsonl");
@@ -128,6 +129,11 @@ TEST_F(TrainTest, RunWritesConfigAndMetricsAndEvaluates) {
   for (std::string line; std::getline(metrics, line);) lines++;
   EXPECT_EQ(lines, 6);
   EXPECT_FALSE(std::filesystem::exists(run + "/metrics.jsonl.partial"));
+  std::ifstream first(run + "/metrics.jsonl");
+  std::string line;
+  std::getline(first, line);
+  EXPECT_NE(line.find("\"initial_val_loss\":"), std::string::npos)
+      << "the val loss before training is on step 1's line: " << line;
   // The saved config is the resolved one: it loads back to the same values.
   const RunConfig again = load_config(run + "/config.toml");
   EXPECT_EQ(config_to_toml(again), config_to_toml(cfg));

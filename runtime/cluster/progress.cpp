@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "runtime/core/check.h"
+#include "runtime/core/fs.h"
 
 namespace berth {
 namespace {
@@ -119,15 +120,20 @@ Prediction ProgressPredictor::predict() const {
   const int64_t last_step = records_.back().step;
 
   // Normal steps: no event, not the session's first row. Rates are seconds per cost unit.
+  // The configured warm-up steps are left out while later ones exist.
   std::vector<size_t> normal;
   std::vector<double> rate;
-  for (size_t i = 0; i < records_.size(); ++i) {
-    const auto& r = records_[i];
-    if (i == 0 || !r.event.empty() || r.tokens <= 0) continue;
-    normal.push_back(i);
-    rate.push_back(
-        r.duration_s /
-        step_cost(r.tokens, r.seq_len > 0 ? r.seq_len : schedule_at(facts_, r.step).seq_len, h));
+  for (int64_t warm = facts_.start_step + facts_.warmup_steps; normal.empty(); warm = 0) {
+    for (size_t i = 0; i < records_.size(); ++i) {
+      const auto& r = records_[i];
+      if (i == 0 || !r.event.empty() || r.tokens <= 0 || r.step <= warm) continue;
+      normal.push_back(i);
+      rate.push_back(r.duration_s / step_cost(r.tokens,
+                                              r.seq_len > 0 ? r.seq_len
+                                                            : schedule_at(facts_, r.step).seq_len,
+                                              h));
+    }
+    if (warm == 0) break;
   }
 
   Prediction out;
@@ -141,6 +147,7 @@ Prediction ProgressPredictor::predict() const {
     out.low_s = elapsed_s_;
     out.high_s = elapsed_s_ + 2.0 * rem;
     out.lease_exceeded = facts_.lease_s > 0 && out.total_s > facts_.lease_s;
+    out.step_s = per;
     return out;
   }
 
@@ -301,8 +308,13 @@ Prediction ProgressPredictor::predict() const {
     rem_normal += r * fill * step_cost(e.tokens_per_step, e.seq_len, h);
   }
   const int64_t rem_steps = end_step - last_step;
-  const int64_t rem_ckpt = multiples_in(last_step, end_step, facts_.ckpt_interval);
-  const int64_t rem_eval = multiples_in(last_step, end_step, facts_.eval_interval);
+  // Events among the remaining steps: multiples of the interval, the last step as the facts say.
+  auto remaining_events = [&](int64_t interval, int at_end) {
+    if (at_end < 0) return multiples_in(last_step, end_step, interval);
+    return multiples_in(last_step, end_step - 1, interval) + (last_step < end_step ? at_end : 0);
+  };
+  const int64_t rem_ckpt = remaining_events(facts_.ckpt_interval, facts_.final_ckpt);
+  const int64_t rem_eval = remaining_events(facts_.eval_interval, facts_.final_eval);
   const double rem_events =
       static_cast<double>(rem_ckpt) * ckpt_cost + static_cast<double>(rem_eval) * eval_cost;
   const double rem = rem_normal + rem_events + unplanned_rate * static_cast<double>(rem_steps);
@@ -321,6 +333,13 @@ Prediction ProgressPredictor::predict() const {
   out.low_s = std::max(elapsed_s_, out.total_s - spread);
   out.high_s = out.total_s + spread;
   out.lease_exceeded = facts_.lease_s > 0 && out.total_s > facts_.lease_s;
+  out.step_s = med_step;
+  // Observed event time: combined steps split in the proportion of the two learned costs.
+  const double ck_share = ckpt_cost + eval_cost > 0 ? ckpt_cost / (ckpt_cost + eval_cost) : 0.5;
+  out.checkpoint_s = std::max(0.0, ckpt_sum + ck_share * both_sum) +
+                     static_cast<double>(rem_ckpt) * ckpt_cost;
+  out.eval_s = std::max(0.0, eval_sum + (1.0 - ck_share) * both_sum) +
+               static_cast<double>(rem_eval) * eval_cost;
   return out;
 }
 
@@ -425,6 +444,14 @@ RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
   f.hidden_size = need_int("hidden_size");
   f.mem_capacity_gib = need_num("mem_capacity_gib");
   f.lease_s = need_num("lease_s");
+  if (j.contains("warmup_steps")) f.warmup_steps = need_int("warmup_steps");
+  for (auto [key, field] : {std::pair{"final_ckpt", &f.final_ckpt}, {"final_eval", &f.final_eval}}) {
+    if (!j.contains(key)) continue;
+    BERTH_CHECK(j[key].is_boolean(), "{}: '{}' must be true or false, got {}", where, key,
+                j[key].dump());
+    *field = j[key].get<bool>() ? 1 : 0;
+  }
+  BERTH_CHECK(f.warmup_steps >= 0, "{}: warmup_steps must be >= 0, got {}", where, f.warmup_steps);
   BERTH_CHECK(
       j.contains("schedule") && j["schedule"].is_array() && !j["schedule"].empty(),
       "{}: run facts need a non-empty 'schedule' list of [from_step, seq_len, tokens_per_step]",
@@ -451,21 +478,43 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& where
   }
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  BERTH_CHECK(in.good(), "cannot open {}: check the path", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+}  // namespace
+
+std::string trace_csv_header() {
+  return "step,duration_s,tokens,seq_len,compute_s,comm_s,data_wait_s,overhead_s,mem_gib,event\n";
 }
 
-}  // namespace
+std::string trace_csv_row(const StepRecord& r) {
+  BERTH_CHECK(r.event.find_first_of(",\n\r") == std::string::npos,
+              "trace event '{}' must not contain a comma or a line break", r.event);
+  return fmt::format("{},{:.6f},{},{},{:.6f},{:.6f},{:.6f},{:.6f},{:.4f},{}\n", r.step,
+                     r.duration_s, r.tokens, r.seq_len, r.compute_s, r.comm_s, r.data_wait_s,
+                     r.overhead_s, r.mem_gib, r.event);
+}
+
+std::string run_facts_to_json(const RunFacts& f) {
+  nlohmann::json sched = nlohmann::json::array();
+  for (const auto& e : f.schedule) sched.push_back({e.from_step, e.seq_len, e.tokens_per_step});
+  nlohmann::json j = {{"max_steps", f.max_steps},
+                            {"start_step", f.start_step},
+                            {"session_steps", f.session_steps},
+                            {"ckpt_interval", f.ckpt_interval},
+                            {"eval_interval", f.eval_interval},
+                            {"schedule", sched},
+                            {"hidden_size", f.hidden_size},
+                            {"mem_capacity_gib", f.mem_capacity_gib},
+                            {"lease_s", f.lease_s},
+                            {"warmup_steps", f.warmup_steps}};
+  if (f.final_ckpt >= 0) j["final_ckpt"] = f.final_ckpt == 1;
+  if (f.final_eval >= 0) j["final_eval"] = f.final_eval == 1;
+  return j.dump(2) + "\n";
+}
 
 RunFacts read_run_facts_json(const std::string& path_or_json) {
   const size_t p = path_or_json.find_first_not_of(" \t\r\n");
   const bool inline_json = p != std::string::npos && path_or_json[p] == '{';
   const std::string where = inline_json ? std::string("run facts") : path_or_json;
-  const auto j = parse_json_text(inline_json ? path_or_json : slurp(path_or_json), where);
+  const auto j = parse_json_text(inline_json ? path_or_json : read_text_file(path_or_json), where);
   return facts_from_json(j, where);
 }
 
@@ -473,7 +522,7 @@ RunFacts read_run_facts_json(const std::string& path_or_json) {
 
 std::vector<EtaBenchRow> run_eta_bench(const std::string& dir) {
   const std::string index_path = (std::filesystem::path(dir) / "index.json").string();
-  const auto index = parse_json_text(slurp(index_path), index_path);
+  const auto index = parse_json_text(read_text_file(index_path), index_path);
   BERTH_CHECK(index.is_array() && !index.empty(), "{}: expected a non-empty list of runs",
               index_path);
   const std::vector<double> ps = {0.05, 0.10, 0.25, 0.50, 0.75};

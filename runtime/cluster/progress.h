@@ -38,6 +38,14 @@ struct RunFacts {
   int64_t hidden_size = 0;
   double mem_capacity_gib = 0.0;
   double lease_s = 0.0;  // seconds the session's lease lasts (0 = unknown)
+  // The session's first `warmup_steps` steps are sampled but not trusted for the rate (they are
+  // used only while nothing later exists). 0 = detect the warm-up transient alone.
+  int64_t warmup_steps = 0;
+  // Whether the session's last step checkpoints / evaluates whatever the interval: -1 = unknown
+  // (the interval decides, as for any other step), 0 = no, 1 = yes (berth's checkpoint.final, and
+  // its evaluation at the end of training).
+  int final_ckpt = -1;
+  int final_eval = -1;
 };
 
 // One row of a trace: a finished optimizer step of this session.
@@ -57,6 +65,9 @@ struct Prediction {
   double low_s = 0.0;        // band on total_s
   double high_s = 0.0;
   bool lease_exceeded = false;  // total_s > lease_s (false when lease_s is 0)
+  double step_s = 0.0;          // steady time of one normal step at the current schedule entry
+  double checkpoint_s = 0.0;    // checkpoint time of the whole session: observed + predicted
+  double eval_s = 0.0;          // evaluation time of the whole session: observed + predicted
 };
 
 class ProgressPredictor {
@@ -92,9 +103,13 @@ double moving_average_total_s(const std::vector<StepRecord>& rows, int64_t sessi
 // Trace CSV with header
 // step,duration_s,tokens,seq_len,compute_s,comm_s,data_wait_s,overhead_s,mem_gib,event
 std::vector<StepRecord> read_trace_csv(const std::string& path);
+std::string trace_csv_header();                  // the header line, with '\n'
+std::string trace_csv_row(const StepRecord& r);  // one row, with '\n' (read back by read_trace_csv)
 // One run-facts object, given as JSON text (starts with '{') or a path to a file holding one.
-// Ignores `file`, `seed`, `scenario` and `true_total_s`.
+// Ignores `file`, `seed`, `scenario` and `true_total_s`; `warmup_steps` is optional (default 0).
 RunFacts read_run_facts_json(const std::string& path_or_json);
+// The facts as one JSON object in the index.json format (read back by read_run_facts_json).
+std::string run_facts_to_json(const RunFacts& facts);
 
 // ---- bench (the protocol of shared/eta/README.md) ----------------------------------------------
 struct EtaBenchRow {

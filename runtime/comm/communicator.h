@@ -48,6 +48,9 @@ struct CommStats {
   int64_t all_reduce_bytes = 0, reduce_scatter_bytes = 0, all_gather_bytes = 0,
           broadcast_bytes = 0, send_bytes = 0, recv_bytes = 0;
   int64_t calls = 0;
+  // Wall time the calling thread spent inside this communicator's calls (collectives, group_end,
+  // barrier): on MPI all of it is exposed, i.e. not overlapped with computation.
+  double seconds = 0;
 };
 
 class Communicator {
@@ -116,6 +119,6 @@ std::unique_ptr<Communicator> make_mpi_world();
 struct LocalRank {
   int rank = 0, size = 1;
 };
-LocalRank mpi_local_rank();
+LocalRank mpi_local_rank();  // collective over MPI_COMM_WORLD: every rank must call it
 
 }  // namespace berth

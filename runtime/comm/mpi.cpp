@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -151,6 +152,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
 
   void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
+    const CallTimer timer(&stats_.seconds);
     not_in_group("all_reduce");
     const MPI_Op mop = mpi_op(op, dtype);
     const MPI_Datatype mtype = mpi_type(dtype);
@@ -172,6 +174,7 @@ class MpiCommunicator final : public Communicator {
 
   void reduce_scatter(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
                       ReduceOp op) override {
+    const CallTimer timer(&stats_.seconds);
     not_in_group("reduce_scatter");
     const std::vector<int> icounts = int_counts(counts, "reduce_scatter");
     const MPI_Op mop = mpi_op(op, dtype);
@@ -186,6 +189,7 @@ class MpiCommunicator final : public Communicator {
 
   void all_gather(const void* send, void* recv, const std::vector<size_t>& counts,
                   DType dtype) override {
+    const CallTimer timer(&stats_.seconds);
     not_in_group("all_gather");
     const std::vector<int> icounts = int_counts(counts, "all_gather");
     std::vector<int> displs(counts.size());
@@ -204,6 +208,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void broadcast(void* buf, size_t count, DType dtype, int root) override {
+    const CallTimer timer(&stats_.seconds);
     not_in_group("broadcast");
     BERTH_CHECK(root >= 0 && root < size_,
                 "broadcast root {} is not a rank of this group (size {})", root, size_);
@@ -229,6 +234,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void group_end() override {
+    const CallTimer timer(&stats_.seconds);
     BERTH_CHECK(in_group_, "group_end without a matching group_begin");
     in_group_ = false;
     std::vector<P2pOp> ops;
@@ -237,11 +243,13 @@ class MpiCommunicator final : public Communicator {
   }
 
   void send(const void* buf, size_t count, DType dtype, int peer) override {
+    const CallTimer timer(&stats_.seconds);
     p2p(P2pOp{true, const_cast<void*>(buf), count, dtype, peer});
     count_bytes(stats_.send_bytes, count, dtype);
   }
 
   void recv(void* buf, size_t count, DType dtype, int peer) override {
+    const CallTimer timer(&stats_.seconds);
     p2p(P2pOp{false, buf, count, dtype, peer});
     count_bytes(stats_.recv_bytes, count, dtype);
   }
@@ -262,6 +270,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void barrier() override {
+    const CallTimer timer(&stats_.seconds);
     not_in_group("barrier");
     MPI_CHECK(MPI_Barrier(comm_));
   }
@@ -272,6 +281,16 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // Adds the wall time of its scope to *total.
+  struct CallTimer {
+    explicit CallTimer(double* total) : total(total), t0(std::chrono::steady_clock::now()) {}
+    ~CallTimer() {
+      *total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    double* total;
+    std::chrono::steady_clock::time_point t0;
+  };
+
   void not_in_group(const char* what) const {
     BERTH_CHECK(!in_group_,
                 "{} inside group_begin/group_end: only send/recv may be grouped on the "

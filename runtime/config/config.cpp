@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/core/check.h"
+#include "runtime/core/clock.h"
 #include "runtime/core/fs.h"
 
 namespace berth {
@@ -79,15 +80,24 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(checkpoint, interval),
     BERTH_CONFIG_FIELD(checkpoint, keep_last),
     BERTH_CONFIG_FIELD(checkpoint, final),
+    BERTH_CONFIG_FIELD(progress, interval),
+    BERTH_CONFIG_FIELD(progress, warmup_steps),
+    BERTH_CONFIG_FIELD(progress, peak_tflops),
+    BERTH_CONFIG_FIELD(progress, mem_capacity_gib),
+    BERTH_CONFIG_FIELD(progress, window_end),
     BERTH_CONFIG_FIELD(debug, fail_rank),
     BERTH_CONFIG_FIELD(debug, fail_step),
     BERTH_CONFIG_FIELD(debug, checkpoint_pause_s),
+    BERTH_CONFIG_FIELD(debug, data_delay_s),
+    BERTH_CONFIG_FIELD(debug, slow_rank),
+    BERTH_CONFIG_FIELD(debug, slow_rank_s),
+    BERTH_CONFIG_FIELD(debug, leak_mib_per_step),
 };
 
 #undef BERTH_CONFIG_FIELD
 
-const std::string_view kSections[] = {"run",  "model",    "data",       "train",
-                                      "eval", "parallel", "checkpoint", "debug"};
+const std::string_view kSections[] = {"run",      "model",      "data",     "train", "eval",
+                                      "parallel", "checkpoint", "progress", "debug"};
 
 bool is_section(std::string_view section) {
   for (std::string_view s : kSections) {
@@ -454,10 +464,32 @@ void validate_config(const RunConfig& cfg) {
                "all), got {} and {}",
                w, cfg.checkpoint.interval, cfg.checkpoint.keep_last);
   }
-  if (!(std::isfinite(cfg.debug.checkpoint_pause_s) && cfg.debug.checkpoint_pause_s >= 0)) {
-    BERTH_FAIL("{}: debug.checkpoint_pause_s must be >= 0, got {}", w,
-               cfg.debug.checkpoint_pause_s);
+  const ProgressSection& pr = cfg.progress;
+  if (pr.interval <= 0 || pr.warmup_steps < 0) {
+    BERTH_FAIL("{}: progress.interval must be > 0 and progress.warmup_steps >= 0, got {} and {}",
+               w, pr.interval, pr.warmup_steps);
   }
+  if (!(std::isfinite(pr.peak_tflops) && pr.peak_tflops >= 0) ||
+      !(std::isfinite(pr.mem_capacity_gib) && pr.mem_capacity_gib >= 0)) {
+    BERTH_FAIL("{}: progress.peak_tflops and progress.mem_capacity_gib must be >= 0 (0 = "
+               "unknown / detect), got {} and {}",
+               w, pr.peak_tflops, pr.mem_capacity_gib);
+  }
+  if (!pr.window_end.empty()) {
+    try {
+      parse_utc_time(pr.window_end);
+    } catch (const Error& e) {
+      BERTH_FAIL("{}: progress.window_end: {}", w, e.what());
+    }
+  }
+  const DebugSection& d = cfg.debug;
+  for (const auto& [name, v] : {std::pair{"checkpoint_pause_s", d.checkpoint_pause_s},
+                                {"data_delay_s", d.data_delay_s},
+                                {"slow_rank_s", d.slow_rank_s},
+                                {"leak_mib_per_step", d.leak_mib_per_step}}) {
+    if (!(std::isfinite(v) && v >= 0)) BERTH_FAIL("{}: debug.{} must be >= 0, got {}", w, name, v);
+  }
+  if (d.slow_rank < -1) BERTH_FAIL("{}: debug.slow_rank must be >= -1 (-1 = off)", w);
   if (cfg.debug.fail_rank < -1 || cfg.debug.fail_step < -1) {
     BERTH_FAIL("{}: debug.fail_rank and debug.fail_step must be >= -1 (-1 = off)", w);
   }

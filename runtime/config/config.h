@@ -77,10 +77,22 @@ struct CheckpointSection {
   bool final = true;      // save a checkpoint at the end of training
 };
 
+struct ProgressSection {
+  int64_t interval = 50;       // log a [progress] block (ETA, throughput, warnings) every N steps
+  int64_t warmup_steps = 50;   // first steps of a session: sampled, not trusted for the rate
+  double peak_tflops = 0;      // dense peak per rank for MFU (0 = unknown: GFLOP/s is shown)
+  double mem_capacity_gib = 0; // memory per rank (0 = host memory / ranks on the host)
+  std::string window_end;      // end of the booked window, UTC ("2026-12-03T20:00:00Z"; "" = none)
+};
+
 struct DebugSection {
   int64_t fail_rank = -1;  // fault injection: this rank throws at step fail_step (-1 = off)
   int64_t fail_step = -1;
   double checkpoint_pause_s = 0;  // sleep inside every checkpoint save, before its commit
+  double data_delay_s = 0;        // sleep in every micro-batch load, on every rank (data-bound)
+  int64_t slow_rank = -1;         // this rank sleeps slow_rank_s per step (a straggler)
+  double slow_rank_s = 0;
+  double leak_mib_per_step = 0;   // every rank allocates and keeps this much per step (a leak)
 };
 
 struct RunConfig {
@@ -91,6 +103,7 @@ struct RunConfig {
   EvalSection eval;
   ParallelSection parallel;
   CheckpointSection checkpoint;
+  ProgressSection progress;
   DebugSection debug;
   std::string source;  // path the config was read from ("" when built in code)
 };

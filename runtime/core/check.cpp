@@ -3,13 +3,14 @@
 #include <unistd.h>
 
 namespace berth {
-namespace {
 
 std::string host_name() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
   return buf;
 }
+
+namespace {
 
 struct Identity {
   int rank = -1;

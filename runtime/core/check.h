@@ -25,6 +25,7 @@ class Error : public std::runtime_error {
 
 // "rank 3@node07" once main has set it (set_identity), "rank ?@host" before.
 const std::string& identity();
+std::string host_name();  // this machine's host name ("unknown-host" if it cannot be read)
 void set_identity(int rank, int world_size);
 int identity_rank();  // -1 until set_identity
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "kernels/ops.h"
@@ -19,8 +20,18 @@
 #include "runtime/train/checkpoint.h"
 #include "packing/plan_cache.h"
 #include "runtime/train/packed_loader.h"
+#include "runtime/train/progress_tracker.h"
 
 namespace berth {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+
+}  // namespace
 
 void check_dataset_fits(const TokenDataset& ds, const std::string& path, const RunConfig& cfg) {
   BERTH_CHECK(ds.vocab_size <= cfg.model.vocab_size,
@@ -90,7 +101,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
     model_->params() = ck.params;
     log_info("init_from {}: weights loaded in {:.2f} s (fresh optimizer, step 0)",
              cfg_.model.init_from,
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
+             seconds_since(t_load));
   }
 }
 
@@ -146,7 +157,7 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
     }
   }
   const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      seconds_since(t0);
   if (reused) log_info("packing: reusing the plan {} (same data and options)", cache);
   const PackStats st = pack_stats(plan, lengths);
   if (data_summary_.empty()) {
@@ -189,7 +200,7 @@ void Trainer::resume(const std::string& spec) {
   start_step_ = ck.meta.step;
   log_info("resumed from {} at step {} (saved by layout {}) in {:.2f} s", path, start_step_,
            ck.meta.layout.empty() ? "?" : ck.meta.layout,
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+           seconds_since(t0));
 }
 
 double Trainer::save(int64_t steps_done) {
@@ -220,11 +231,11 @@ double Trainer::save(int64_t steps_done) {
     save_checkpoint(dir, ck, cfg_.debug.checkpoint_pause_s);
     const int pruned = prune_checkpoints(checkpoint_dir_, cfg_.checkpoint.keep_last);
     log_info("checkpoint: saved {} in {:.2f} s{}", dir,
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+             seconds_since(t0),
              pruned > 0 ? fmt::format(" (removed {} older)", pruned) : std::string());
   }
   world_.barrier();  // no rank runs ahead of a save that may still fail on rank 0
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return seconds_since(t0);
 }
 
 void Trainer::sync_and_update(double lr, StepStats* st) {
@@ -261,7 +272,9 @@ StepStats Trainer::train_step(int64_t step) {
                 schedule_);
   // Load every micro-batch first: the global target count normalizes each backward.
   int64_t local_targets = 0, local_tokens = 0;
+  const auto t_data = std::chrono::steady_clock::now();
   for (PackedBatch& b : batches_) {
+    if (cfg_.debug.data_delay_s > 0) sleep_seconds(cfg_.debug.data_delay_s);
     loader_->next(&b);
 #ifndef NDEBUG
     check_invariants(b, gcfg_.V, gcfg_.maxT);  // debug builds check every batch
@@ -269,6 +282,8 @@ StepStats Trainer::train_step(int64_t step) {
     local_targets += b.n_targets();
     local_tokens += b.N();
   }
+  st.data_wait_s = seconds_since(t_data);
+  st.tokens = local_tokens;
   const int64_t n_targets = g.all_reduce_value(local_targets, ReduceOp::SUM);
   BERTH_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", step);
   model_->zero_grad();
@@ -277,12 +292,16 @@ StepStats Trainer::train_step(int64_t step) {
     loss_sum += model_->forward(b);
     model_->backward(b, float(1.0 / double(n_targets)));
   }
+  if (world_.rank() == cfg_.debug.slow_rank) sleep_seconds(cfg_.debug.slow_rank_s);
   st.loss = g.all_reduce_value(loss_sum, ReduceOp::SUM) / double(n_targets);
   BERTH_CHECK(std::isfinite(st.loss),
               "loss is {} at step {}: training diverged; lower train.lr or enable train.grad_clip",
               st.loss, step);
   sync_and_update(st.lr, &st);
-  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.seconds = seconds_since(t0);
+  if (cfg_.debug.leak_mib_per_step > 0) {  // a deliberate leak, touched so it is resident
+    leaked_.emplace_back(size_t(cfg_.debug.leak_mib_per_step * 1024 * 1024), char(1));
+  }
   const double tokens = double(local_tokens) * double(grid_->shape().dp);
   st.tokens_per_s = tokens / st.seconds;
   st.model_flops_per_s = flops_per_token_ * tokens / st.seconds;
@@ -372,13 +391,22 @@ std::vector<StepStats> Trainer::run() {
   }
   std::vector<StepStats> all;
   const int64_t steps = cfg_.train.steps;
+  const int64_t tokens_per_step = int64_t(shape.dp) * cfg_.parallel.microbatches *
+                                  cfg_.train.micro_batch_size * cfg_.data.seq_len;
+  ProgressTracker progress(cfg_, *grid_, run_dir_, start_step_, tokens_per_step, flops_per_token_);
   for (int64_t step = start_step_; step < steps; step++) {
-    double val_loss = -1;
+    double initial_val_loss = -1, val_loss = -1;
     const bool last = step == steps - 1;
-    if (cfg_.eval.interval > 0 && (step % cfg_.eval.interval == 0 || last)) val_loss = evaluate();
+    const int64_t done = step + 1;
+    // Evaluation after every eval.interval-th step and the last one, and once before training.
+    const bool initial_eval = cfg_.eval.interval > 0 && step == 0;
+    const bool eval = cfg_.eval.interval > 0 && (done % cfg_.eval.interval == 0 || last);
+    if (initial_eval) progress.overhead([&] { initial_val_loss = evaluate(); });
     StepStats st = train_step(step);
+    if (eval) progress.overhead([&] { val_loss = evaluate(); });
     st.val_loss = val_loss;
     all.push_back(st);
+    if (initial_eval) log_info("val loss before training {:.4f}", initial_val_loss);
     if (step % cfg_.train.log_interval == 0 || last) {
       log_info("step {:>5}/{} | loss {:.4f} | lr {:.3e} | norm {:.4f} | {:.1f} ms | {:.0f} tok/s | "
                "{:.2f} GFLOP/s{}",
@@ -386,23 +414,25 @@ std::vector<StepStats> Trainer::run() {
                st.model_flops_per_s / 1e9,
                val_loss >= 0 ? fmt::format(" | val loss {:.4f}", val_loss) : std::string());
     }
-    nlohmann::json j = {{"step", st.step + 1},        {"loss", st.loss},
-                        {"lr", st.lr},                {"grad_norm", st.grad_norm},
-                        {"seconds", st.seconds},      {"tokens_per_s", st.tokens_per_s},
+    const bool ckpt =
+        (cfg_.checkpoint.interval > 0 && done % cfg_.checkpoint.interval == 0 && done < steps) ||
+        (cfg_.checkpoint.final && done == steps);
+    if (ckpt) progress.overhead([&] { save(done); });
+    nlohmann::json j = {{"step", done},                {"loss", st.loss},
+                        {"lr", st.lr},                 {"grad_norm", st.grad_norm},
+                        {"seconds", st.seconds},       {"tokens_per_s", st.tokens_per_s},
                         {"model_flops_per_s", st.model_flops_per_s}};
     if (val_loss >= 0) j["val_loss"] = val_loss;
+    if (initial_val_loss >= 0) j["initial_val_loss"] = initial_val_loss;
+    progress.end_step(done, st, eval || initial_eval, ckpt, &j);
     const std::string line = j.dump() + "\n";
     metrics += line;
     if (writer) {
       partial << line;
       partial.flush();
     }
-    const int64_t done = step + 1;
-    if ((cfg_.checkpoint.interval > 0 && done % cfg_.checkpoint.interval == 0 && done < steps) ||
-        (cfg_.checkpoint.final && done == steps)) {
-      save(done);
-    }
   }
+  progress.finish();
   if (writer) {
     partial.close();
     write_file_atomic(metrics_path, metrics);

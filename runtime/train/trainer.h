@@ -34,7 +34,9 @@ struct StepStats {
   double seconds = 0;        // wall time of the step on rank 0 (data + fwd + bwd + sync + update)
   double tokens_per_s = 0;   // global: all ranks' tokens
   double model_flops_per_s = 0;  // global
-  double val_loss = -1;      // when evaluated at this step (before its update), else -1
+  double val_loss = -1;      // when evaluated after this step's update, else -1
+  double data_wait_s = 0;    // this rank's time loading the step's batches
+  int64_t tokens = 0;        // this rank's tokens in the step
 };
 
 class Trainer {
@@ -98,6 +100,7 @@ class Trainer {
   double flops_per_token_ = 0;
   std::string run_dir_, checkpoint_dir_;
   int64_t start_step_ = 0;
+  std::vector<std::vector<char>> leaked_;  // debug.leak_mib_per_step
 };
 
 // The dataset must fit the model: vocab_size <= model.vocab_size and enough tokens for one window.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # MPI launch checks (ctest label "mpi"): `berth train` under `mpirun -np 1` and `-np 2` (data
 # parallel) trains and writes its run directory from rank 0 only; an injected failure on one rank
-# ends the whole job non-zero within 30 s; a layout that does not match the ranks is refused.
+# ends the whole job non-zero within 30 s; a layout that does not match the ranks is refused; a
+# straggler rank is named in the progress warnings.
 #   train_mpirun.sh BERTH MPIEXEC
 set -u
 berth=$1
@@ -71,6 +72,24 @@ rc=$?
 check "a layout that does not match the ranks is refused (rc $rc)" $?
 [ ! -e "$tmp/runs/np3" ]
 check "the refused run leaves no run directory" $?
+
+# Progress: rank 1 made a straggler (+20 ms per step) is named, with its host, by rank 0; the
+# per-rank records are gathered every step for well under 1 % of step time; the run directory
+# holds a trace that `berth eta replay` reads.
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=slow \
+    --set train.steps=60 --set progress.interval=30 --set progress.warmup_steps=5 \
+    --set debug.slow_rank=1 --set debug.slow_rank_s=0.02 > "$tmp/slow.log" 2>&1
+check "mpirun -np 2 with a slow rank exits 0" $?
+grep -q "\[progress\] straggler: rank 1@$(hostname) is busy" "$tmp/slow.log"
+check "the straggler is named as rank 1@host" $?
+grep -q "^\[progress\] \(\[[#-]*\] \)\?step 60/60 (100.0%)" "$tmp/slow.log"
+check "rank 0 logs the [progress] block" $?
+share=$(sed -n 's/.*gathering the per-rank records cost .* (\([0-9.]*\)% of step time).*/\1/p' "$tmp/slow.log")
+awk -v s="${share:-100}" 'BEGIN { exit !(s < 1.0) }'
+check "gathering the records costs ${share:-?}% of step time (< 1 %)" $?
+"$berth" eta replay "$tmp/runs/slow/trace.csv" --meta "$tmp/runs/slow/run_facts.json" \
+    | grep -q "^predicted_total_s="
+check "the run's trace.csv replays with run_facts.json" $?
 
 [ $fail -ne 0 ] && cat "$tmp"/*.log
 echo "$pass passed, $fail failed"

@@ -1,0 +1,329 @@
+#include "runtime/cluster/progress_monitor.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/core/check.h"
+#include "runtime/core/clock.h"
+
+namespace berth {
+namespace {
+
+constexpr size_t kHistory = 400;      // steps kept for the warnings
+constexpr size_t kWarnWindow = 50;    // newest normal steps a warning looks at
+constexpr size_t kMinWarnSteps = 10;  // fewer normal steps after warm-up: no warnings yet
+constexpr double kDataBoundShare = 0.10;
+constexpr double kCommBoundShare = 0.30;
+constexpr double kStragglerRatio = 1.10;
+constexpr double kStragglerSlowestShare = 0.60;
+constexpr double kCheckpointShare = 0.10;
+constexpr double kCheckpointTarget = 0.03;  // interval suggested to bring checkpoints to 3 %
+constexpr int kWarningKinds = 6;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// "1h30m"-style duration for `--by`, rounded up to 15 minutes.
+std::string extension_hint(double seconds) {
+  const int64_t quarters = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(seconds / 900.0)));
+  const int64_t h = quarters / 4, m = (quarters % 4) * 15;
+  if (h == 0) return fmt::format("{}m", m);
+  return m == 0 ? fmt::format("{}h", h) : fmt::format("{}h{}m", h, m);
+}
+
+}  // namespace
+
+const char* warning_name(WarningKind kind) {
+  switch (kind) {
+    case WarningKind::DataBound: return "data-bound";
+    case WarningKind::CommBound: return "comm-bound";
+    case WarningKind::Straggler: return "straggler";
+    case WarningKind::Memory: return "memory";
+    case WarningKind::Window: return "window";
+    case WarningKind::Checkpoints: return "checkpoints";
+  }
+  return "?";
+}
+
+ProgressMonitor::ProgressMonitor(RunFacts facts, MonitorSettings settings)
+    : facts_(facts),
+      settings_(std::move(settings)),
+      predictor_(std::move(facts)),
+      active_blocks_(kWarningKinds, 0) {
+  BERTH_CHECK(!settings_.rank_names.empty(), "progress monitor: rank_names is empty");
+}
+
+const StepRecord& ProgressMonitor::observe(int64_t step, const std::vector<RankStepMetrics>& ranks,
+                                           int64_t global_tokens, int64_t seq_len,
+                                           const std::string& event) {
+  BERTH_CHECK(ranks.size() == settings_.rank_names.size(),
+              "progress monitor: {} rank records for {} ranks", ranks.size(),
+              settings_.rank_names.size());
+  StepRecord r;
+  r.step = step;
+  r.tokens = global_tokens;
+  r.seq_len = seq_len;
+  r.event = event;
+  const double n = static_cast<double>(ranks.size());
+  for (const RankStepMetrics& m : ranks) {
+    r.duration_s = std::max(r.duration_s, m.wall_s);  // the step ends when its slowest rank does
+    r.compute_s += m.compute_s / n;
+    r.comm_s += m.comm_s / n;
+    r.data_wait_s += m.data_wait_s / n;
+    r.overhead_s += m.overhead_s / n;
+    r.mem_gib = std::max(r.mem_gib, m.mem_gib);
+    peak_mem_gib_ = std::max(peak_mem_gib_, m.mem_peak_gib);
+  }
+  predictor_.observe(r);
+  history_.push_back(Sample{step, event.empty(), ranks});
+  history_.back().ranks.shrink_to_fit();
+  if (history_.size() > kHistory) history_.pop_front();
+  last_ = std::move(r);
+  return last_;
+}
+
+std::vector<const ProgressMonitor::Sample*> ProgressMonitor::recent_normal(size_t n) const {
+  std::vector<const Sample*> out;
+  const int64_t warm_end = facts_.start_step + facts_.warmup_steps;
+  for (auto it = history_.rbegin(); it != history_.rend() && out.size() < n; ++it) {
+    if (it->normal && it->step > warm_end) out.push_back(&*it);
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+ProgressReport ProgressMonitor::report() const {
+  ProgressReport r;
+  r.prediction = predictor_.predict();
+  r.step = last_.step;
+  r.first_step = facts_.start_step;
+  r.end_step = facts_.start_step + facts_.session_steps;
+  r.elapsed_s = predictor_.elapsed_s();
+  // Throughput over the newest normal steps (all steps while there are none).
+  double tokens = 0, seconds = 0;
+  std::vector<const Sample*> win = recent_normal(kWarnWindow);
+  if (win.empty()) {
+    for (const Sample& s : history_) win.push_back(&s);
+  }
+  for (const Sample* s : win) {
+    double wall = 0;
+    for (const RankStepMetrics& m : s->ranks) {
+      wall = std::max(wall, m.wall_s);
+      tokens += m.tokens;
+    }
+    seconds += wall;
+  }
+  const double nranks = static_cast<double>(settings_.rank_names.size());
+  if (seconds > 0) {
+    r.tokens_per_s = tokens / seconds;
+    r.tokens_per_s_rank = r.tokens_per_s / nranks;
+    r.model_flops_per_s = settings_.flops_per_token * r.tokens_per_s;
+    if (settings_.peak_flops_per_rank > 0) {
+      r.mfu = r.model_flops_per_s / (settings_.peak_flops_per_rank * nranks);
+    }
+  }
+  r.peak_mem_gib = peak_mem_gib_;
+  r.mem_capacity_gib = facts_.mem_capacity_gib;
+  r.warnings = warnings(r);
+  return r;
+}
+
+std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) const {
+  std::vector<ProgressWarning> out;
+  const Prediction& p = r.prediction;
+  const std::vector<const Sample*> win = recent_normal(kWarnWindow);
+  const size_t nr = settings_.rank_names.size();
+  bool straggler = false;
+  if (win.size() >= kMinWarnSteps) {
+    // Shares of wall time, summed over the window.
+    std::vector<double> wall(nr, 0), comm(nr, 0), data(nr, 0), busy(nr, 0);
+    std::vector<int> slowest(nr, 0);
+    std::vector<std::vector<double>> ratio(nr);
+    for (const Sample* s : win) {
+      std::vector<double> b(nr);
+      for (size_t k = 0; k < nr; ++k) {
+        const RankStepMetrics& m = s->ranks[k];
+        wall[k] += m.wall_s, comm[k] += m.comm_s, data[k] += m.data_wait_s;
+        b[k] = std::max(0.0, m.wall_s - m.comm_s);
+        busy[k] += b[k];
+      }
+      if (nr < 2) continue;
+      slowest[std::max_element(b.begin(), b.end()) - b.begin()]++;
+      for (size_t k = 0; k < nr; ++k) {
+        std::vector<double> others;
+        for (size_t o = 0; o < nr; ++o)
+          if (o != k) others.push_back(b[o]);
+        const double ref = median(others);
+        ratio[k].push_back(ref > 0 ? b[k] / ref : 1.0);
+      }
+    }
+    const double nwin = static_cast<double>(win.size());
+    // Straggler: the rank with the highest median ratio.
+    if (nr >= 2) {
+      size_t worst = 0;
+      std::vector<double> med(nr);
+      for (size_t k = 0; k < nr; ++k) med[k] = median(ratio[k]);
+      worst = static_cast<size_t>(std::max_element(med.begin(), med.end()) - med.begin());
+      if (med[worst] >= kStragglerRatio &&
+          slowest[worst] >= kStragglerSlowestShare * nwin) {
+        std::vector<double> others;
+        for (size_t o = 0; o < nr; ++o)
+          if (o != worst) others.push_back(busy[o] / nwin);
+        straggler = true;
+        out.push_back(
+            {WarningKind::Straggler,
+             fmt::format("straggler: rank {} is busy {:.0f}% longer per step than the median of "
+                         "the other ranks ({:.1f} ms vs {:.1f} ms of compute and data loading, "
+                         "slowest in {} of the last {} steps); the others wait for it in "
+                         "collectives. Check that host for throttling, another job or CPU "
+                         "binding, or exclude it",
+                         settings_.rank_names[worst], (med[worst] - 1) * 100,
+                         busy[worst] / nwin * 1e3, median(others) * 1e3, slowest[worst],
+                         win.size())});
+      }
+    }
+    double wall_all = 0, comm_all = 0;
+    size_t data_rank = 0;
+    double data_share = 0;
+    for (size_t k = 0; k < nr; ++k) {
+      wall_all += wall[k], comm_all += comm[k];
+      const double share = wall[k] > 0 ? data[k] / wall[k] : 0;
+      if (share > data_share) data_share = share, data_rank = k;
+    }
+    if (data_share >= kDataBoundShare) {
+      double mean_share = 0;
+      for (size_t k = 0; k < nr; ++k) mean_share += wall[k] > 0 ? data[k] / wall[k] / nr : 0;
+      out.push_back(
+          {WarningKind::DataBound,
+           fmt::format("data-loading bound: ranks wait for their batches {:.0f}% of step time "
+                       "(worst {}: {:.0f}%, {:.1f} ms per step) over the last {} steps. Put the "
+                       "dataset on local disk, reuse a cached packing plan (data.pack_plan), or "
+                       "give each rank more CPU for loading",
+                       mean_share * 100, settings_.rank_names[data_rank], data_share * 100,
+                       data[data_rank] / nwin * 1e3, win.size())});
+    }
+    const double comm_share = wall_all > 0 ? comm_all / wall_all : 0;
+    if (!straggler && nr >= 2 && comm_share >= kCommBoundShare) {
+      out.push_back(
+          {WarningKind::CommBound,
+           fmt::format("communication bound: {:.0f}% of step time is exposed communication "
+                       "(mean over {} ranks, last {} steps). Give each synchronization more work "
+                       "(raise train.micro_batch_size or parallel.microbatches), keep tensor "
+                       "parallelism inside a node, or use fewer, larger data-parallel replicas",
+                       comm_share * 100, nr, win.size())});
+    }
+    // Memory: least-squares slope of each rank's memory over the window.
+    if (facts_.mem_capacity_gib > 0) {
+      for (size_t k = 0; k < nr; ++k) {
+        double sx = 0, sy = 0, sxx = 0, sxy = 0;
+        for (const Sample* s : win) {
+          const double x = static_cast<double>(s->step), y = s->ranks[k].mem_gib;
+          sx += x, sy += y, sxx += x * x, sxy += x * y;
+        }
+        const double den = nwin * sxx - sx * sx;
+        if (den <= 0) continue;
+        const double slope = (nwin * sxy - sx * sy) / den;  // GiB per step
+        const double now = win.back()->ranks[k].mem_gib;
+        const double span = static_cast<double>(win.back()->step - win.front()->step);
+        const double rem = static_cast<double>(r.end_step - r.step);
+        // A real trend: growth over the window above 1 % of use (and 1 MiB), passing capacity.
+        if (slope <= 0 || slope * span < std::max(0.01 * now, 1.0 / 1024)) continue;
+        if (now + slope * rem <= facts_.mem_capacity_gib) continue;
+        const int64_t at =
+            r.step + static_cast<int64_t>(
+                         std::ceil(std::max(0.0, facts_.mem_capacity_gib - now) / slope));
+        out.push_back(
+            {WarningKind::Memory,
+             fmt::format("memory: rank {} grows {:.1f} MiB per step (now {:.2f} GiB); at this "
+                         "rate it passes the {:.2f} GiB capacity at step {} of {}. Look for state "
+                         "kept across steps, or lower train.micro_batch_size",
+                         settings_.rank_names[k], slope * 1024, now, facts_.mem_capacity_gib, at,
+                         r.end_step)});
+        break;  // one rank is enough to act on
+      }
+    }
+  }
+  if (settings_.window_end_unix > 0 && p.lease_exceeded) {
+    const double finish = settings_.session_start_unix + p.total_s;
+    const double shortfall = finish - settings_.window_end_unix;
+    const double left = settings_.window_end_unix - (settings_.session_start_unix + r.elapsed_s);
+    const int64_t fit =
+        p.step_s > 0 ? r.step + static_cast<int64_t>(std::max(0.0, left) / p.step_s) : r.step;
+    const std::string id = settings_.reservation.empty() ? "<reservation>" : settings_.reservation;
+    out.push_back(
+        {WarningKind::Window,
+         fmt::format("window: the booked window ends at {}, {} before the predicted finish ({}, "
+                     "band {}–{}). Extend it: `berth extend {} --by {}`, or lower train.steps to "
+                     "about {}",
+                     format_utc_minute(settings_.window_end_unix), format_duration(shortfall),
+                     format_utc_minute(finish),
+                     format_utc_minute(settings_.session_start_unix + p.low_s),
+                     format_utc_minute(settings_.session_start_unix + p.high_s), id,
+                     extension_hint(shortfall + (p.high_s - p.total_s)), fit)});
+  }
+  if (facts_.ckpt_interval > 0 && p.total_s > 0 && p.checkpoint_s >= kCheckpointShare * p.total_s) {
+    const double share = p.checkpoint_s / p.total_s;
+    const int64_t suggest = static_cast<int64_t>(
+        std::ceil(static_cast<double>(facts_.ckpt_interval) * share / kCheckpointTarget));
+    out.push_back({WarningKind::Checkpoints,
+                   fmt::format("checkpoints: saving takes ~{} of this session ({:.0f}%). Raise "
+                               "checkpoint.interval from {} to about {} to bring it near 3%",
+                               format_duration(p.checkpoint_s), share * 100, facts_.ckpt_interval,
+                               suggest)});
+  }
+  return out;
+}
+
+std::vector<ProgressWarning> ProgressMonitor::due(const ProgressReport& r, int repeat_blocks) {
+  std::vector<bool> active(kWarningKinds, false);
+  std::vector<ProgressWarning> out;
+  for (const ProgressWarning& w : r.warnings) {
+    const int k = static_cast<int>(w.kind);
+    active[k] = true;
+    if (active_blocks_[k] % std::max(1, repeat_blocks) == 0) out.push_back(w);
+  }
+  for (int k = 0; k < kWarningKinds; ++k) active_blocks_[k] = active[k] ? active_blocks_[k] + 1 : 0;
+  return out;
+}
+
+std::string format_count(double x) {
+  if (x >= 1e9) return fmt::format("{:.1f}G", x / 1e9);
+  if (x >= 1e6) return fmt::format("{:.1f}M", x / 1e6);
+  if (x >= 1e5) return fmt::format("{:.0f}k", x / 1e3);
+  if (x >= 1e3) return fmt::format("{:.1f}k", x / 1e3);
+  return fmt::format("{:.0f}", x);
+}
+
+std::string format_progress(const ProgressReport& r, double session_start_unix, bool bar) {
+  const Prediction& p = r.prediction;
+  const double frac =
+      r.end_step > 0 ? static_cast<double>(r.step) / static_cast<double>(r.end_step) : 0;
+  std::string out = "[progress] ";
+  if (bar) {
+    const int n = 20, full = std::clamp(static_cast<int>(frac * n), 0, n);
+    out += fmt::format("[{}{}] ", std::string(static_cast<size_t>(full), '#'),
+                       std::string(static_cast<size_t>(n - full), '-'));
+  }
+  out += fmt::format("step {}/{} ({:.1f}%) | elapsed {} | remaining {} ±{} (ETA {}) | {} tok/s "
+                     "({}/rank)",
+                     r.step, r.end_step, frac * 100, format_duration(r.elapsed_s),
+                     format_duration(p.remaining_s), format_duration(0.5 * (p.high_s - p.low_s)),
+                     format_utc_minute(session_start_unix + p.total_s),
+                     format_count(r.tokens_per_s), format_count(r.tokens_per_s_rank));
+  if (r.mfu >= 0) {
+    out += fmt::format(" | MFU {:.0f}%", r.mfu * 100);
+  } else {
+    out += fmt::format(" | {:.2f} GFLOP/s", r.model_flops_per_s / 1e9);
+  }
+  out += r.mem_capacity_gib > 0
+             ? fmt::format(" | peak mem {:.2f}/{:.1f} GiB", r.peak_mem_gib, r.mem_capacity_gib)
+             : fmt::format(" | peak mem {:.2f} GiB", r.peak_mem_gib);
+  if (p.checkpoint_s > 0) out += " | checkpoints ~" + format_duration(p.checkpoint_s);
+  return out;
+}
+
+}  // namespace berth

@@ -1,0 +1,115 @@
+#include "runtime/core/clock.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+
+#include "runtime/core/check.h"
+
+namespace berth {
+namespace {
+
+// Days from 1970-01-01 to y-m-d in the proleptic Gregorian calendar (Howard Hinnant's algorithm).
+int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
+  y -= m <= 2;
+  const int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const int64_t yoe = y - era * 400;
+  const int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + doe - 719468;
+}
+
+bool leap(int64_t y) { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; }
+
+std::tm utc_tm(double unix_s) {
+  const std::time_t t = static_cast<std::time_t>(std::floor(unix_s));
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  return tm;
+}
+
+}  // namespace
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double parse_utc_time(const std::string& text) {
+  constexpr const char* kForm = "YYYY-MM-DDTHH:MM[:SS] followed by Z or ±HH:MM, e.g. "
+                                "2026-12-03T20:00:00Z";
+  int y = 0, mo = 0, d = 0, h = 0, mi = 0, s = 0, used = 0;
+  char sep = 0;
+  const char* p = text.c_str();
+  if (std::sscanf(p, "%4d-%2d-%2d%c%2d:%2d%n", &y, &mo, &d, &sep, &h, &mi, &used) != 6 ||
+      (sep != 'T' && sep != ' ') || used < 16) {
+    BERTH_FAIL("cannot read the time '{}': expected {}", text, kForm);
+  }
+  p += used;
+  if (*p == ':') {
+    int n = 0;
+    if (std::sscanf(p, ":%2d%n", &s, &n) != 1 || n != 3) {
+      BERTH_FAIL("cannot read the seconds of '{}': expected {}", text, kForm);
+    }
+    p += n;
+  }
+  int offset_min = 0;
+  if (*p == 'Z' || *p == 'z') {
+    ++p;
+  } else if (*p == '+' || *p == '-') {
+    int oh = 0, om = 0, n = 0;
+    if (std::sscanf(p + 1, "%2d:%2d%n", &oh, &om, &n) != 2 || n != 5 || oh > 23 || om > 59) {
+      BERTH_FAIL("cannot read the zone offset of '{}': expected {}", text, kForm);
+    }
+    offset_min = (*p == '-' ? -1 : 1) * (oh * 60 + om);
+    p += 1 + n;
+  } else {
+    BERTH_FAIL("the time '{}' has no zone: add Z for UTC or an offset like +01:00 ({})", text,
+               kForm);
+  }
+  if (*p != '\0') BERTH_FAIL("unexpected text after the time in '{}': expected {}", text, kForm);
+  static const int kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  BERTH_CHECK(y >= 1970 && y <= 9999 && mo >= 1 && mo <= 12, "'{}' is not a valid date", text);
+  const int dim = kDays[mo - 1] + (mo == 2 && leap(y) ? 1 : 0);
+  BERTH_CHECK(d >= 1 && d <= dim && h <= 23 && mi <= 59 && s <= 59 && h >= 0 && mi >= 0 && s >= 0,
+              "'{}' is not a valid date and time", text);
+  const int64_t secs = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + s;
+  return static_cast<double>(secs - int64_t{offset_min} * 60);
+}
+
+std::string format_utc_minute(double unix_s) {
+  const std::tm tm = utc_tm(unix_s);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
+  return buf;
+}
+
+std::string format_utc_iso(double unix_s) {
+  const std::tm tm = utc_tm(unix_s);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds)) return "?";
+  const std::string sign = seconds < 0 ? "-" : "";
+  const int64_t t = static_cast<int64_t>(std::llround(std::fabs(seconds)));
+  char buf[48];
+  if (t < 60) {
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(t));
+  } else if (t < 3600) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(t / 60),
+                  static_cast<long long>(t % 60));
+  } else if (t < 86400) {
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(t / 3600),
+                  static_cast<long long>(t % 3600 / 60));
+  } else {
+    std::snprintf(buf, sizeof buf, "%lldd%02lldh", static_cast<long long>(t / 86400),
+                  static_cast<long long>(t % 86400 / 3600));
+  }
+  return sign + buf;
+}
+
+}  // namespace berth

@@ -1,0 +1,167 @@
+#include "runtime/train/progress_tracker.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "runtime/comm/communicator.h"
+#include "runtime/core/check.h"
+#include "runtime/core/clock.h"
+#include "runtime/core/fs.h"
+#include "runtime/core/log.h"
+#include "runtime/train/step_metrics.h"
+#include "runtime/train/trainer.h"
+
+namespace berth {
+
+ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
+                                 const std::string& run_dir, int64_t start_step,
+                                 int64_t tokens_per_step, double flops_per_token)
+    : cfg_(cfg),
+      grid_(grid),
+      run_dir_(run_dir),
+      start_step_(start_step),
+      tokens_per_step_(tokens_per_step) {
+  Communicator& world = grid.world();
+  const std::vector<std::string> names = gather_rank_names(world);
+  const int ranks_on_host = mpi_local_rank().size;  // collective
+  session_start_unix_ = unix_now();
+  if (world.rank() == 0) {
+    RunFacts f;
+    f.max_steps = cfg.train.steps;
+    f.start_step = start_step;
+    f.session_steps = cfg.train.steps - start_step;
+    f.ckpt_interval = cfg.checkpoint.interval;
+    f.eval_interval = cfg.eval.interval;
+    f.schedule = {ScheduleEntry{0, cfg.data.seq_len, tokens_per_step}};
+    f.hidden_size = cfg.model.d_model;
+    f.mem_capacity_gib = cfg.progress.mem_capacity_gib > 0
+                             ? cfg.progress.mem_capacity_gib
+                             : host_capacity_gib_per_rank(ranks_on_host);
+    f.warmup_steps = cfg.progress.warmup_steps;
+    f.final_ckpt = cfg.checkpoint.final ? 1 : 0;
+    f.final_eval = cfg.eval.interval > 0 ? 1 : 0;
+    MonitorSettings s;
+    s.rank_names = names;
+    s.flops_per_token = flops_per_token;
+    s.peak_flops_per_rank = cfg.progress.peak_tflops * 1e12;
+    s.session_start_unix = session_start_unix_;
+    if (!cfg.progress.window_end.empty()) {
+      s.window_end_unix = parse_utc_time(cfg.progress.window_end);
+      f.lease_s = s.window_end_unix - session_start_unix_;
+      if (f.lease_s <= 0) {
+        log_warn("progress.window_end {} has already passed: the window warning will fire at "
+                 "every block",
+                 cfg.progress.window_end);
+        f.lease_s = 1e-3;
+      }
+    }
+    write_file_atomic(run_dir_ + "/run_facts.json", run_facts_to_json(f));
+    monitor_ = std::make_unique<ProgressMonitor>(f, s);
+    const std::string trace = run_dir_ + "/trace.csv";
+    std::error_code ec;
+    for (const std::string& old : {trace, trace + ".partial"}) {
+      if (start_step > 0 && std::filesystem::exists(old, ec)) {
+        std::filesystem::rename(old, fmt::format("{}/trace.before-{}.csv", run_dir_, start_step),
+                                ec);
+      }
+    }
+    trace_.open(trace + ".partial", std::ios::trunc);
+    BERTH_CHECK(trace_.good(), "cannot write {}.partial", trace);
+    trace_ << trace_csv_header();
+    tty_ = isatty(STDOUT_FILENO) != 0;
+  }
+  mark_ = std::chrono::steady_clock::now();
+  comm_mark_ = grid_.comm_seconds();
+}
+
+void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated,
+                               bool checkpointed, nlohmann::json* line) {
+  const auto now = std::chrono::steady_clock::now();
+  RankStepMetrics m;
+  m.wall_s = std::chrono::duration<double>(now - mark_).count();
+  m.comm_s = grid_.comm_seconds() - comm_mark_;
+  m.data_wait_s = st.data_wait_s;
+  m.overhead_s = overhead_s_;
+  m.compute_s = std::max(0.0, m.wall_s - m.comm_s - m.data_wait_s - m.overhead_s);
+  m.tokens = double(st.tokens);
+  m.mem_gib = host_rss_gib();
+  m.mem_peak_gib = host_peak_rss_gib();
+  m.gather_s = last_gather_s_;
+  // The next step starts now: the gather below is communication of the next step.
+  mark_ = now;
+  comm_mark_ = grid_.comm_seconds();
+  overhead_s_ = 0;
+  const auto g0 = std::chrono::steady_clock::now();
+  const std::vector<RankStepMetrics> all = gather_step_metrics(grid_.world(), m);
+  last_gather_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count();
+  if (!monitor_) return;
+  // The cost of the previous gather: the time of the rank that arrived last (the others also
+  // waited for it), i.e. the smallest time over ranks.
+  double gather_s = all.front().gather_s;
+  for (const RankStepMetrics& r : all) gather_s = std::min(gather_s, r.gather_s);
+  if (done > start_step_ + 1) {
+    gather_s_ += gather_s;
+    walls_s_ += m.wall_s;
+    ++steps_;
+  }
+
+  std::string event = done == start_step_ + 1 ? (start_step_ > 0 ? "resume" : "first_step") : "";
+  auto add = [&](const char* e) { event += event.empty() ? e : std::string("+") + e; };
+  if (checkpointed) add("ckpt");
+  if (evaluated) add("eval");
+  const int64_t global_tokens = int64_t(st.tokens) * grid_.shape().dp;
+  const StepRecord& r = monitor_->observe(done, all, global_tokens, cfg_.data.seq_len, event);
+  trace_ << trace_csv_row(r);
+  trace_.flush();
+
+  nlohmann::json& j = *line;
+  j["wall_s"] = r.duration_s;
+  j["compute_s"] = r.compute_s;
+  j["comm_s"] = r.comm_s;
+  j["data_wait_s"] = r.data_wait_s;
+  j["bubble_s"] = 0.0;  // no pipeline stages yet
+  j["overhead_s"] = r.overhead_s;
+  j["tokens"] = r.tokens;
+  j["mem_gib"] = r.mem_gib;
+  j["gather_s"] = gather_s;  // the previous step's gather
+  if (!r.event.empty()) j["event"] = r.event;
+  double slowest = 0;
+  for (size_t k = 0; k < all.size(); ++k) {
+    if (all[k].wall_s - all[k].comm_s > slowest) {
+      slowest = all[k].wall_s - all[k].comm_s;
+      j["slowest_rank"] = int64_t(k);
+    }
+  }
+
+  const int64_t end = cfg_.train.steps;
+  if ((done - start_step_) % cfg_.progress.interval != 0 && done != end) return;
+  const ProgressReport rep = monitor_->report();
+  const Prediction& p = rep.prediction;
+  j["predicted_total_s"] = p.total_s;
+  j["predicted_remaining_s"] = p.remaining_s;
+  j["predicted_low_s"] = p.low_s;
+  j["predicted_high_s"] = p.high_s;
+  if (!rep.warnings.empty()) {
+    nlohmann::json w = nlohmann::json::array();
+    for (const ProgressWarning& x : rep.warnings) w.push_back(warning_name(x.kind));
+    j["warnings"] = w;
+  }
+  log_info("{}", format_progress(rep, session_start_unix_, tty_));
+  for (const ProgressWarning& w : monitor_->due(rep)) log_warn("[progress] {}", w.message);
+}
+
+void ProgressTracker::finish() {
+  if (!monitor_) return;
+  trace_.close();
+  const std::string trace = run_dir_ + "/trace.csv";
+  commit_file(trace + ".partial", trace);
+  if (steps_ > 0 && walls_s_ > 0) {
+    log_info("progress: trace of this session in {} (replay: berth eta replay {} --meta {}/"
+             "run_facts.json) | gathering the per-rank records cost {:.0f} us per step ({:.3f}% "
+             "of step time)",
+             trace, trace, run_dir_, gather_s_ / double(steps_) * 1e6, gather_s_ / walls_s_ * 100);
+  }
+}
+
+}  // namespace berth

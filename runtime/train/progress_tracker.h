@@ -1,0 +1,70 @@
+// Progress of a training session, as the trainer sees it: every rank times its step (compute,
+// exposed communication, data wait, overhead) and its memory; the fixed-size records are
+// gathered to rank 0 each step, which feeds the ProgressMonitor, appends the step to trace.csv
+// (the format `berth eta replay` reads, with run_facts.json beside it), adds the fields to the
+// step's metrics.jsonl object, and every progress.interval steps logs a [progress] block with
+// the ETA and the warnings that are due. docs/progress.md.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "parallel/grid.h"
+#include "runtime/cluster/progress_monitor.h"
+#include "runtime/config/config.h"
+
+namespace berth {
+
+struct StepStats;
+
+class ProgressTracker {
+ public:
+  // Collective over grid.world(). Rank 0 writes <run_dir>/run_facts.json and starts
+  // <run_dir>/trace.csv.partial (a resumed session first moves the previous session's trace to
+  // trace.before-<start_step>.csv). `tokens_per_step`: tokens of one global batch.
+  ProgressTracker(const RunConfig& cfg, ProcessGrid& grid, const std::string& run_dir,
+                  int64_t start_step, int64_t tokens_per_step, double flops_per_token);
+
+  // Runs f() and books its wall time, less the communication inside it, as overhead of the
+  // current step (evaluation, checkpoint save).
+  template <typename F>
+  void overhead(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = grid_.comm_seconds();
+    f();
+    overhead_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+                   (grid_.comm_seconds() - c0);
+  }
+
+  // Ends global step `done` (counted from 1). Collective (the gather). On rank 0: observes it,
+  // appends the trace row and adds the step's measurements to `line`; at every progress.interval
+  // steps of the session and at its last step also the prediction, and logs the block.
+  void end_step(int64_t done, const StepStats& st, bool evaluated, bool checkpointed,
+                nlohmann::json* line);
+
+  // Rank 0: trace.csv.partial becomes trace.csv; logs the cost of gathering the records.
+  void finish();
+
+ private:
+  const RunConfig& cfg_;
+  ProcessGrid& grid_;
+  std::string run_dir_;
+  int64_t start_step_, tokens_per_step_;
+  std::unique_ptr<ProgressMonitor> monitor_;  // rank 0
+  std::ofstream trace_;                       // rank 0
+  double session_start_unix_ = 0;
+  bool tty_ = false;
+  std::chrono::steady_clock::time_point mark_;  // start of the current step
+  double comm_mark_ = 0;                        // grid.comm_seconds() at mark_
+  double overhead_s_ = 0;
+  double last_gather_s_ = 0;           // this rank's time in the previous gather
+  double gather_s_ = 0, walls_s_ = 0;  // totals over the session (rank 0)
+  int64_t steps_ = 0;
+};
+
+}  // namespace berth

@@ -1,0 +1,81 @@
+#include "runtime/train/step_metrics.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/core/check.h"
+
+namespace berth {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr size_t kNameBytes = 64;
+
+// First number in `path` (0 when missing or "max").
+double read_number(const std::string& path) {
+  std::ifstream in(path);
+  double v = 0;
+  if (in >> v) return v;
+  return 0;
+}
+
+}  // namespace
+
+double host_rss_gib() {
+  std::ifstream in("/proc/self/statm");
+  long size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / kGiB;
+}
+
+double host_peak_rss_gib() {
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return static_cast<double>(u.ru_maxrss) * 1024.0 / kGiB;  // ru_maxrss is in KiB on Linux
+}
+
+double host_capacity_gib_per_rank(int ranks_on_host) {
+  double total = 0;
+  std::ifstream mi("/proc/meminfo");
+  for (std::string line; std::getline(mi, line);) {
+    if (line.rfind("MemTotal:", 0) == 0) {
+      std::istringstream ss(line.substr(9));
+      double kib = 0;
+      ss >> kib;
+      total = kib * 1024.0;
+    }
+  }
+  const double cgroup = read_number("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" reads 0
+  if (cgroup > 0 && (total == 0 || cgroup < total)) total = cgroup;
+  return total / kGiB / static_cast<double>(std::max(1, ranks_on_host));
+}
+
+std::vector<std::string> gather_rank_names(Communicator& world) {
+  std::vector<char> mine(kNameBytes, '\0');
+  const std::string host = host_name();
+  std::memcpy(mine.data(), host.data(), std::min(host.size(), kNameBytes - 1));
+  std::vector<char> all(kNameBytes * size_t(world.size()));
+  world.all_gather(mine.data(), all.data(), std::vector<size_t>(size_t(world.size()), kNameBytes),
+                   DType::U8);
+  std::vector<std::string> names;
+  for (int r = 0; r < world.size(); ++r) {
+    names.push_back(fmt::format("{}@{}", r, std::string(all.data() + size_t(r) * kNameBytes)));
+  }
+  return names;
+}
+
+std::vector<RankStepMetrics> gather_step_metrics(Communicator& world,
+                                                 const RankStepMetrics& mine) {
+  // NCCL has no gather; an all-gather of a 72-byte record is the same cost class at these sizes.
+  std::vector<RankStepMetrics> all(size_t(world.size()));
+  world.all_gather(&mine, all.data(),
+                   std::vector<size_t>(size_t(world.size()), kRankStepMetricsDoubles), DType::F64);
+  if (world.rank() != 0) all.clear();
+  return all;
+}
+
+}  // namespace berth

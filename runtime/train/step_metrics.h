@@ -1,0 +1,26 @@
+// Per-rank step measurements (docs/progress.md): host memory probes, and gathering every rank's
+// fixed-size RankStepMetrics record to rank 0.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/cluster/progress_monitor.h"
+#include "runtime/comm/communicator.h"
+
+namespace berth {
+
+// Host memory of this process: resident set now, and its high-water mark (getrusage), in GiB.
+double host_rss_gib();
+double host_peak_rss_gib();
+// Memory a rank may use on this host: the cgroup limit (memory.max) if set, else MemTotal,
+// divided by the ranks on this host.
+double host_capacity_gib_per_rank(int ranks_on_host);
+
+// "rank@host" of every rank of `world`, in rank order (collective).
+std::vector<std::string> gather_rank_names(Communicator& world);
+
+// Every rank's record, on rank 0 (index = rank); other ranks get an empty vector. Collective.
+std::vector<RankStepMetrics> gather_step_metrics(Communicator& world, const RankStepMetrics& mine);
+
+}  // namespace berth
