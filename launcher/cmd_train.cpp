@@ -5,6 +5,8 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/config/config.h"
 #include "runtime/core/check.h"
+#include "runtime/core/log.h"
+#include "runtime/train/lease_keeper.h"
 #include "runtime/train/trainer.h"
 
 #if BERTH_CUDA
@@ -28,6 +30,7 @@ void register_train_command(CLI::App& app) {
     std::string config;
     std::vector<std::string> overrides;
     std::string resume;
+    int64_t reservation = 0;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a TOML config");
@@ -39,12 +42,24 @@ void register_train_command(CLI::App& app) {
                   "Continue from a checkpoint: a step-N directory, or 'auto' for the newest "
                   "complete one in checkpoint.dir")
       ->type_name("auto|PATH");
+  cmd->add_option("--reservation", args->reservation,
+                  "Train under this reservation's lease (sets reservation.id)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([args]() {
-    const RunConfig cfg = load_config(args->config, args->overrides);
+    std::vector<std::string> overrides = args->overrides;
+    if (args->reservation > 0) overrides.push_back(fmt::format("reservation.id={}", args->reservation));
+    const RunConfig cfg = load_config(args->config, overrides);
     std::unique_ptr<Communicator> world = make_mpi_world();
     Trainer trainer(cfg, *world);
     if (!args->resume.empty()) trainer.resume(args->resume);
-    trainer.run();
+    try {
+      trainer.run();
+    } catch (const LeaseRefused& e) {  // every rank throws it together
+      log_error("{}", e.what());
+      throw ExitStatus{kExitLeaseLost};
+    }
+    if (trainer.outcome() == Trainer::Outcome::kWindowEnded) throw ExitStatus{kExitWindowEnded};
+    if (trainer.outcome() == Trainer::Outcome::kLeaseLost) throw ExitStatus{kExitLeaseLost};
   });
 }
 

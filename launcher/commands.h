@@ -17,5 +17,16 @@ void register_data_commands(CLI::App& app);  // berth data import|info
 void register_model_commands(CLI::App& app);  // berth model import|export
 void register_pack_command(CLI::App& app);  // berth pack --data D.h5 --seq-len T --out PLAN.h5
 void register_eta_commands(CLI::App& app);  // berth eta replay|bench (progress prediction)
+// berth devices [register] | reserve | reservations | reservation show | cancel | extend | timeline
+void register_ledger_commands(CLI::App& app);
+
+// Exit statuses that are outcomes, not errors (docs/cli.md). A command throws ExitStatus after
+// printing what happened; every rank of a job throws it together, so main does not MPI_Abort.
+constexpr int kExitNotNow = 2;        // reserve: cannot book when asked (earliest start printed)
+constexpr int kExitWindowEnded = 3;   // train: the booked window ends; checkpointed, resumable
+constexpr int kExitLeaseLost = 4;     // train: no lease (refused, taken over, or cancelled)
+struct ExitStatus {
+  int code;
+};
 
 }  // namespace berth

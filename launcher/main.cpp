@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   berth::register_model_commands(app);
   berth::register_pack_command(app);
   berth::register_eta_commands(app);
+  berth::register_ledger_commands(app);
 
   int code = 0;
   try {
@@ -40,6 +41,10 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
       code = (rank == 0) ? app.exit(e) : (e.get_exit_code() != 0 ? e.get_exit_code() : 0);
     }
+  } catch (const berth::ExitStatus& e) {
+    code = e.code;  // an outcome every rank reached together: no MPI_Abort
+    MPI_Finalize();
+    return code;
   } catch (const berth::Error& e) {
     berth::log_error("{}", e.what());
     code = kExitError;

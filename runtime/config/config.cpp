@@ -85,6 +85,13 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(progress, peak_tflops),
     BERTH_CONFIG_FIELD(progress, mem_capacity_gib),
     BERTH_CONFIG_FIELD(progress, window_end),
+    BERTH_CONFIG_FIELD(reservation, id),
+    BERTH_CONFIG_FIELD(reservation, ledger),
+    BERTH_CONFIG_FIELD(reservation, lease_ttl_s),
+    BERTH_CONFIG_FIELD(reservation, stop_margin_s),
+    BERTH_CONFIG_FIELD(reservation, checkpoint_estimate_s),
+    BERTH_CONFIG_FIELD(reservation, without),
+    BERTH_CONFIG_FIELD(reservation, on_demand_s),
     BERTH_CONFIG_FIELD(debug, fail_rank),
     BERTH_CONFIG_FIELD(debug, fail_step),
     BERTH_CONFIG_FIELD(debug, checkpoint_pause_s),
@@ -96,8 +103,9 @@ const Field kFields[] = {
 
 #undef BERTH_CONFIG_FIELD
 
-const std::string_view kSections[] = {"run",      "model",      "data",     "train", "eval",
-                                      "parallel", "checkpoint", "progress", "debug"};
+const std::string_view kSections[] = {"run",        "model",    "data",        "train",
+                                      "eval",       "parallel", "checkpoint",  "progress",
+                                      "reservation", "debug"};
 
 bool is_section(std::string_view section) {
   for (std::string_view s : kSections) {
@@ -481,6 +489,21 @@ void validate_config(const RunConfig& cfg) {
     } catch (const Error& e) {
       BERTH_FAIL("{}: progress.window_end: {}", w, e.what());
     }
+  }
+  const ReservationSection& rv = cfg.reservation;
+  if (rv.id < 0) BERTH_FAIL("{}: reservation.id must be >= 1, or 0 for none; got {}", w, rv.id);
+  if (rv.without != "none" && rv.without != "refuse" && rv.without != "on-demand") {
+    BERTH_FAIL("{}: unknown reservation.without {}; use \"none\" (train without a lease), "
+               "\"refuse\" or \"on-demand\"",
+               w, quote_toml(rv.without));
+  }
+  for (const auto& [name, v] : {std::pair{"lease_ttl_s", rv.lease_ttl_s},
+                                {"checkpoint_estimate_s", rv.checkpoint_estimate_s},
+                                {"on_demand_s", rv.on_demand_s}}) {
+    if (!(std::isfinite(v) && v > 0)) BERTH_FAIL("{}: reservation.{} must be > 0, got {}", w, name, v);
+  }
+  if (!(std::isfinite(rv.stop_margin_s) && rv.stop_margin_s >= 0)) {
+    BERTH_FAIL("{}: reservation.stop_margin_s must be >= 0, got {}", w, rv.stop_margin_s);
   }
   const DebugSection& d = cfg.debug;
   for (const auto& [name, v] : {std::pair{"checkpoint_pause_s", d.checkpoint_pause_s},

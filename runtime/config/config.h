@@ -85,6 +85,16 @@ struct ProgressSection {
   std::string window_end;      // end of the booked window, UTC ("2026-12-03T20:00:00Z"; "" = none)
 };
 
+struct ReservationSection {
+  int64_t id = 0;                     // reservation to train under (0 = none; see `without`)
+  std::string ledger;                 // "" = $BERTH_LEDGER, else ~/.local/share/berth/ledger.db
+  double lease_ttl_s = 60;            // the lease lapses this long after the last renewal
+  double stop_margin_s = 30;          // stop this long + 1.5 × checkpoint time before the end
+  double checkpoint_estimate_s = 60;  // checkpoint time assumed until one is measured
+  std::string without = "none";  // no id: "none" (no lease), "refuse", "on-demand" (P3 now)
+  double on_demand_s = 3600;     // length of an on-demand booking
+};
+
 struct DebugSection {
   int64_t fail_rank = -1;  // fault injection: this rank throws at step fail_step (-1 = off)
   int64_t fail_step = -1;
@@ -104,6 +114,7 @@ struct RunConfig {
   ParallelSection parallel;
   CheckpointSection checkpoint;
   ProgressSection progress;
+  ReservationSection reservation;
   DebugSection debug;
   std::string source;  // path the config was read from ("" when built in code)
 };

@@ -1,6 +1,8 @@
 // Checkpoint directories in HDF5 + JSON; see checkpoint.h for the layout and the guarantees.
 #include "runtime/train/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -201,6 +203,56 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string
   return out;
 }
 
+// Fencing of checkpoint commits: the checkpoint directory's FENCE file holds the highest lease
+// token that committed there. Under an exclusive lock, a commit with a lower token is refused (a
+// holder that lost its lease, e.g. paused past its TTL, cannot overwrite newer state); an equal or
+// higher one records its token and commits while the lock is held.
+class FenceLock {
+ public:
+  FenceLock(const std::optional<int64_t>& token, const fs::path& parent) {
+    if (!token) return;
+    const fs::path dir = parent.empty() ? fs::path(".") : parent;
+    const std::string lock = (dir / ".fence.lock").string();
+    fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    BERTH_CHECK(fd_ >= 0, "cannot open {}: {}", lock, std::strerror(errno));
+    if (::flock(fd_, LOCK_EX) != 0) {
+      ::close(fd_);
+      BERTH_FAIL("cannot lock {}: {}", lock, std::strerror(errno));
+    }
+    try {
+      const std::string fence = (dir / "FENCE").string();
+      std::error_code ec;
+      if (fs::exists(fence, ec)) {
+        const std::string text = read_text_file(fence);
+        int64_t recorded = 0;
+        try {
+          recorded = std::stoll(text);
+        } catch (const std::exception&) {
+          BERTH_FAIL("{} does not hold a fencing token ('{}'); remove it if no job is running", fence,
+                     text);
+        }
+        BERTH_CHECK(*token >= recorded,
+                    "checkpoint commit refused: this process holds fencing token {}, but token {} "
+                    "already committed in {}: another launch took over the reservation's lease, "
+                    "so this one must not write",
+                    *token, recorded, dir.string());
+      }
+      write_file_atomic(fence, fmt::format("{}\n", *token));
+    } catch (...) {
+      ::close(fd_);
+      throw;
+    }
+  }
+  ~FenceLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+  }
+  FenceLock(const FenceLock&) = delete;
+  FenceLock& operator=(const FenceLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace
 
 std::string checkpoint_dir_name(int64_t step) { return fmt::format("{}{:08d}", kStepPrefix, step); }
@@ -244,6 +296,7 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
                            {"saved_at", utc_now()}};
     meta["fencing_token"] = d.meta.fencing_token ? nlohmann::json(*d.meta.fencing_token) : nullptr;
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
+    const FenceLock fence(d.meta.fencing_token, final_dir.parent_path());
     fs::rename(tmp, final_dir, ec);
     BERTH_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp.string(), dir, ec.message());
   } catch (...) {

@@ -16,7 +16,8 @@ namespace berth {
 
 ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
                                  const std::string& run_dir, int64_t start_step,
-                                 int64_t tokens_per_step, double flops_per_token)
+                                 int64_t tokens_per_step, double flops_per_token,
+                                 double window_end_unix, int64_t reservation)
     : cfg_(cfg),
       grid_(grid),
       run_dir_(run_dir),
@@ -46,13 +47,15 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
     s.flops_per_token = flops_per_token;
     s.peak_flops_per_rank = cfg.progress.peak_tflops * 1e12;
     s.session_start_unix = session_start_unix_;
-    if (!cfg.progress.window_end.empty()) {
-      s.window_end_unix = parse_utc_time(cfg.progress.window_end);
+    if (reservation > 0) s.reservation = std::to_string(reservation);
+    if (window_end_unix > 0 || !cfg.progress.window_end.empty()) {
+      s.window_end_unix =
+          window_end_unix > 0 ? window_end_unix : parse_utc_time(cfg.progress.window_end);
       f.lease_s = s.window_end_unix - session_start_unix_;
       if (f.lease_s <= 0) {
-        log_warn("progress.window_end {} has already passed: the window warning will fire at "
-                 "every block",
-                 cfg.progress.window_end);
+        log_warn("the window end {} has already passed: the window warning will fire at every "
+                 "block",
+                 format_utc_iso(s.window_end_unix));
         f.lease_s = 1e-3;
       }
     }

@@ -27,8 +27,10 @@ class ProgressTracker {
   // Collective over grid.world(). Rank 0 writes <run_dir>/run_facts.json and starts
   // <run_dir>/trace.csv.partial (a resumed session first moves the previous session's trace to
   // trace.before-<start_step>.csv). `tokens_per_step`: tokens of one global batch.
+  // `window_end_unix` / `reservation`: the lease's window (0 = progress.window_end, if set).
   ProgressTracker(const RunConfig& cfg, ProcessGrid& grid, const std::string& run_dir,
-                  int64_t start_step, int64_t tokens_per_step, double flops_per_token);
+                  int64_t start_step, int64_t tokens_per_step, double flops_per_token,
+                  double window_end_unix = 0, int64_t reservation = 0);
 
   // Runs f() and books its wall time, less the communication inside it, as overhead of the
   // current step (evaluation, checkpoint save).

@@ -20,6 +20,7 @@
 #include "runtime/train/checkpoint.h"
 #include "packing/plan_cache.h"
 #include "runtime/train/packed_loader.h"
+#include "runtime/train/lease_keeper.h"
 #include "runtime/train/progress_tracker.h"
 
 namespace berth {
@@ -227,6 +228,7 @@ double Trainer::save(int64_t steps_done) {
     ck.meta.config_toml = config_to_toml(cfg_);
     ck.meta.layout = describe_grid(grid_->shape());
     ck.meta.source = "berth train";
+    ck.meta.fencing_token = fencing_token_;
     const std::string dir = checkpoint_dir_ + "/" + checkpoint_dir_name(steps_done);
     save_checkpoint(dir, ck, cfg_.debug.checkpoint_pause_s);
     const int pruned = prune_checkpoints(checkpoint_dir_, cfg_.checkpoint.keep_last);
@@ -324,6 +326,9 @@ double Trainer::evaluate() {
 }
 
 std::vector<StepStats> Trainer::run() {
+  // The lease comes first: a refused one leaves nothing behind (collective; LeaseRefused).
+  LeaseKeeper lease(cfg_, world_);
+  set_fencing_token(lease.token());
   // Rank 0 owns the run directory; a failure there aborts every rank (main → MPI_Abort).
   const bool writer = world_.rank() == 0;
   const std::string resolved = config_to_toml(cfg_);
@@ -393,8 +398,28 @@ std::vector<StepStats> Trainer::run() {
   const int64_t steps = cfg_.train.steps;
   const int64_t tokens_per_step = int64_t(shape.dp) * cfg_.parallel.microbatches *
                                   cfg_.train.micro_batch_size * cfg_.data.seq_len;
-  ProgressTracker progress(cfg_, *grid_, run_dir_, start_step_, tokens_per_step, flops_per_token_);
+  ProgressTracker progress(cfg_, *grid_, run_dir_, start_step_, tokens_per_step, flops_per_token_,
+                           lease.window_end(), lease.reservation());
+  int64_t saved_at = -1;  // step of the newest checkpoint this session
+  double last_wall = 0;
   for (int64_t step = start_step_; step < steps; step++) {
+    // Rank 0 decides for everyone whether this step may start (lease, end of window).
+    const LeaseKeeper::Decision decision = lease.before_step(2 * last_wall);
+    if (decision != LeaseKeeper::kContinue) {
+      if (world_.rank() == 0) outcome_reason_ = lease.reason();
+      if (decision == LeaseKeeper::kStopWindow) {
+        if (step > start_step_ && saved_at != step) lease.checkpoint_took(save(step));
+        outcome_ = Outcome::kWindowEnded;
+        log_info("stopping before step {}: {}; resume in the next window with --resume auto",
+                 step + 1, outcome_reason_);
+      } else {
+        outcome_ = Outcome::kLeaseLost;
+        log_warn("stopping before step {} without a checkpoint: the lease is lost ({})", step + 1,
+                 outcome_reason_);
+      }
+      break;
+    }
+    const auto t_step = std::chrono::steady_clock::now();
     double initial_val_loss = -1, val_loss = -1;
     const bool last = step == steps - 1;
     const int64_t done = step + 1;
@@ -417,7 +442,10 @@ std::vector<StepStats> Trainer::run() {
     const bool ckpt =
         (cfg_.checkpoint.interval > 0 && done % cfg_.checkpoint.interval == 0 && done < steps) ||
         (cfg_.checkpoint.final && done == steps);
-    if (ckpt) progress.overhead([&] { save(done); });
+    if (ckpt) {
+      progress.overhead([&] { lease.checkpoint_took(save(done)); });
+      saved_at = done;
+    }
     nlohmann::json j = {{"step", done},                {"loss", st.loss},
                         {"lr", st.lr},                 {"grad_norm", st.grad_norm},
                         {"seconds", st.seconds},       {"tokens_per_s", st.tokens_per_s},
@@ -425,6 +453,7 @@ std::vector<StepStats> Trainer::run() {
     if (val_loss >= 0) j["val_loss"] = val_loss;
     if (initial_val_loss >= 0) j["initial_val_loss"] = initial_val_loss;
     progress.end_step(done, st, eval || initial_eval, ckpt, &j);
+    last_wall = seconds_since(t_step);
     const std::string line = j.dump() + "\n";
     metrics += line;
     if (writer) {
@@ -433,6 +462,7 @@ std::vector<StepStats> Trainer::run() {
     }
   }
   progress.finish();
+  if (outcome_ != Outcome::kLeaseLost) lease.release();
   if (writer) {
     partial.close();
     write_file_atomic(metrics_path, metrics);
@@ -441,7 +471,8 @@ std::vector<StepStats> Trainer::run() {
   double seconds = 0;
   for (const StepStats& st : all) seconds += st.seconds;
   log_info("done: steps {}..{} in {:.2f} s, final loss {:.4f} | metrics in {}", start_step_ + 1,
-           steps, seconds, all.empty() ? 0.0 : all.back().loss, metrics_path);
+           start_step_ + int64_t(all.size()), seconds, all.empty() ? 0.0 : all.back().loss,
+           metrics_path);
   return all;
 }
 

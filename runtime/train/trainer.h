@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,9 +59,17 @@ class Trainer {
   // stats of the steps it ran.
   std::vector<StepStats> run();
 
+  // How run() ended: all steps done; stopped with a checkpoint because the lease's window ends
+  // (resumable in the next window); or stopped because the lease was lost.
+  enum class Outcome { kFinished, kWindowEnded, kLeaseLost };
+  Outcome outcome() const { return outcome_; }
+  const std::string& outcome_reason() const { return outcome_reason_; }
+
   // Saves a checkpoint of the state after `steps_done` steps into checkpoint.dir (rank 0
   // writes; ZeRO-1 moments are gathered first). Collective. Returns the seconds the save took.
   double save(int64_t steps_done);
+  // Fencing token that checkpoint commits carry (set by run() while it holds a lease).
+  void set_fencing_token(std::optional<int64_t> token) { fencing_token_ = token; }
 
   int64_t start_step() const { return start_step_; }
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
@@ -101,6 +110,9 @@ class Trainer {
   std::string run_dir_, checkpoint_dir_;
   int64_t start_step_ = 0;
   std::vector<std::vector<char>> leaked_;  // debug.leak_mib_per_step
+  std::optional<int64_t> fencing_token_;
+  Outcome outcome_ = Outcome::kFinished;
+  std::string outcome_reason_;
 };
 
 // The dataset must fit the model: vocab_size <= model.vocab_size and enough tokens for one window.

@@ -1,0 +1,497 @@
+// The reservation ledger's commands: devices, devices register, reserve, reservations,
+// reservation show, cancel, extend, timeline (docs/reservation.md).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "launcher/commands.h"
+#include "runtime/cluster/ledger.h"
+#include "runtime/config/cluster_files.h"
+#include "runtime/core/check.h"
+#include "runtime/core/clock.h"
+#include "runtime/core/fs.h"
+
+#if BERTH_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
+namespace berth {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string local_minute(double t) {
+  const std::time_t tt = static_cast<std::time_t>(t);
+  std::tm tm{};
+  localtime_r(&tt, &tm);
+  char buf[48];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M %Z", &tm);
+  return buf;
+}
+
+std::string window_text(double start, double end) {
+  return fmt::format("{} → {} ({}; local {} → {})", format_utc_iso(start), format_utc_iso(end),
+                     format_duration(end - start), local_minute(start), local_minute(end));
+}
+
+std::string device_name(const Device& d) {
+  return fmt::format("{}:{}{}", d.host, d.kind == "gpu" ? "gpu" : "cpu", d.index);
+}
+
+std::string devices_text(const std::vector<Device>& devs) {
+  std::string out;
+  for (const Device& d : devs) out += (out.empty() ? "" : ", ") + device_name(d);
+  return out;
+}
+
+nlohmann::json to_json(const Reservation& r) {
+  nlohmann::json devs = nlohmann::json::array();
+  for (const Device& d : r.devices) {
+    devs.push_back({{"id", d.id}, {"host", d.host}, {"kind", d.kind}, {"index", d.index},
+                    {"model", d.model}, {"memory_bytes", d.memory_bytes}});
+  }
+  return {{"id", r.id},
+          {"name", r.name},
+          {"owner", r.owner},
+          {"state", r.state},
+          {"priority", fmt::format("P{}", r.priority)},
+          {"start", format_utc_iso(r.start)},
+          {"end", format_utc_iso(r.end)},
+          {"model", r.model},
+          {"min_free_mem_bytes", r.min_free_mem_bytes},
+          {"chain_prev", r.chain_prev},
+          {"preempted_by", r.preempted_by},
+          {"devices", devs}};
+}
+
+void print_reservation(const Reservation& r) {
+  std::printf("reservation %lld%s | %s | P%d | %s | %s\n  window  %s\n  devices %s\n",
+              static_cast<long long>(r.id), r.name.empty() ? "" : (" '" + r.name + "'").c_str(),
+              r.owner.c_str(), r.priority, r.state.c_str(),
+              r.model.empty() ? "any model" : r.model.c_str(),
+              window_text(r.start, r.end).c_str(), devices_text(r.devices).c_str());
+  if (r.chain_prev) std::printf("  follows reservation %lld\n", static_cast<long long>(r.chain_prev));
+  if (r.preempted_by) {
+    std::printf("  preempted by reservation %lld\n", static_cast<long long>(r.preempted_by));
+  }
+}
+
+struct LedgerArgs {
+  std::string ledger;
+  bool json = false;
+};
+
+std::unique_ptr<LedgerStore> open_ledger(const LedgerArgs& a) {
+  const std::string path = resolve_ledger_path(a.ledger, "");
+  LedgerOptions o;
+  const std::string policy = path + ".policy.toml";
+  std::error_code ec;
+  if (std::filesystem::exists(policy, ec)) {
+    const PolicyFile p = read_policy_file(policy);
+    o.policy.admins = p.admins;
+    o.policy.preemptors = p.preemptors;
+    o.policy.max_p0_per_owner = p.max_p0_per_owner;
+    o.policy.min_notice_s = p.min_notice_s;
+    o.policy.start_slack_s = p.start_slack_s;
+  }
+  return open_sqlite_ledger(path, o);
+}
+
+void add_ledger_option(CLI::App* cmd, LedgerArgs* a, bool json = true) {
+  cmd->add_option("--ledger", a->ledger,
+                  "Ledger file (default: $BERTH_LEDGER, else ~/.local/share/berth/ledger.db)");
+  if (json) cmd->add_flag("--json", a->json, "Print JSON");
+}
+
+double host_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemTotal:") return kib * 1024;
+    in.ignore(256, '\n');
+  }
+  return 0;
+}
+
+// ---- timeline ----------------------------------------------------------------------------------
+
+char mark_of(const Reservation& r) {
+  static const char* kMarks = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  return kMarks[r.id % 62];
+}
+
+std::string timeline_text(const std::vector<Device>& devs, const std::vector<Reservation>& rs,
+                          double t0, double hours) {
+  constexpr int kCols = 72;
+  const double span = hours * 3600, cell = span / kCols;
+  size_t w = 6;
+  for (const Device& d : devs) w = std::max(w, device_name(d).size());
+  std::string out = fmt::format("timeline {} → {} (UTC), one column = {}\n",
+                                format_utc_minute(t0), format_utc_minute(t0 + span),
+                                format_duration(cell));
+  out += fmt::format("{:<{}} |{}|\n", "device", w,
+                     [&] {
+                       std::string axis(kCols, ' ');
+                       for (int c = 0; c < kCols; c += 12) {
+                         const std::string lbl = format_duration(c * cell);
+                         for (size_t k = 0; k < lbl.size() && c + k < size_t(kCols); ++k)
+                           axis[size_t(c) + k] = lbl[k];
+                       }
+                       return axis;
+                     }());
+  for (const Device& d : devs) {
+    std::string row(kCols, '.');
+    for (const Reservation& r : rs) {
+      bool on = false;
+      for (const Device& x : r.devices) on = on || x.id == d.id;
+      if (!on) continue;
+      for (int c = 0; c < kCols; ++c) {
+        const double a = t0 + c * cell, b = a + cell;
+        if (r.start < b && a < r.end) row[size_t(c)] = mark_of(r);
+      }
+    }
+    out += fmt::format("{:<{}} |{}|\n", device_name(d), w, row);
+  }
+  for (const Reservation& r : rs) {
+    out += fmt::format("  {} = reservation {} {} P{} {} ({} device{}) {}\n", mark_of(r), r.id,
+                       r.owner, r.priority, r.name.empty() ? "-" : r.name, r.devices.size(),
+                       r.devices.size() == 1 ? "" : "s", window_text(r.start, r.end));
+  }
+  return out;
+}
+
+std::string html_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '&': o += "&amp;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string timeline_html(const std::vector<Device>& devs, const std::vector<Reservation>& rs,
+                          double t0, double hours) {
+  const int label_w = 220, width = 1100, row_h = 26, top = 40;
+  const double span = hours * 3600, px = (width - label_w) / span;
+  const int height = top + row_h * int(devs.size()) + 20;
+  static const char* kColors[] = {"#c0392b", "#e67e22", "#2980b9", "#7f8c8d"};  // P0..P3
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+      "font-family=\"monospace\" font-size=\"12\">\n",
+      width, height);
+  for (double h = 0; h <= hours + 1e-9; h += std::max(1.0, std::round(hours / 12))) {
+    const double x = label_w + h * 3600 * px;
+    svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"#ddd\"/>"
+                       "<text x=\"{:.1f}\" y=\"{}\">{}</text>\n",
+                       x, top - 5, x, height - 20, x + 2, top - 10,
+                       html_escape(format_utc_minute(t0 + h * 3600).substr(5, 11)));
+  }
+  for (size_t i = 0; i < devs.size(); ++i) {
+    const int y = top + row_h * int(i);
+    svg += fmt::format("<text x=\"4\" y=\"{}\">{} {}</text>\n", y + 17,
+                       html_escape(device_name(devs[i])), html_escape(devs[i].model));
+    for (const Reservation& r : rs) {
+      bool on = false;
+      for (const Device& x : r.devices) on = on || x.id == devs[i].id;
+      const double a = std::max(r.start, t0), b = std::min(r.end, t0 + span);
+      if (!on || b <= a) continue;
+      svg += fmt::format(
+          "<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\" rx=\"3\">"
+          "<title>{}</title></rect><text x=\"{:.1f}\" y=\"{}\" fill=\"white\">#{}</text>\n",
+          label_w + (a - t0) * px, y + 3, std::max(1.0, (b - a) * px), row_h - 6,
+          kColors[std::clamp(r.priority, 0, 3)],
+          html_escape(fmt::format("reservation {} {} P{} {} {}", r.id, r.owner, r.priority,
+                                  r.name, window_text(r.start, r.end))),
+          label_w + (a - t0) * px + 3, y + 17, r.id);
+    }
+  }
+  svg += "</svg>\n";
+  std::string rows;
+  for (const Reservation& r : rs) {
+    rows += fmt::format("<tr><td>{}</td><td>{}</td><td>P{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                        "</tr>\n",
+                        r.id, html_escape(r.owner), r.priority, html_escape(r.name),
+                        html_escape(window_text(r.start, r.end)),
+                        html_escape(devices_text(r.devices)));
+  }
+  return fmt::format(
+      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>berth timeline</title>"
+      "<style>body{{font-family:sans-serif}} td,th{{padding:2px 8px;text-align:left}}</style>"
+      "</head><body>\n<h1>berth timeline</h1>\n<p>{} → {} (UTC). Colors: P0 red, P1 orange, P2 "
+      "blue, P3 grey.</p>\n{}<table><tr><th>id</th><th>owner</th><th>priority</th><th>name</th>"
+      "<th>window</th><th>devices</th></tr>\n{}</table>\n</body></html>\n",
+      html_escape(format_utc_minute(t0)), html_escape(format_utc_minute(t0 + span)), svg, rows);
+}
+
+}  // namespace
+
+void register_ledger_commands(CLI::App& app) {
+  // ---- devices -----------------------------------------------------------------------------------
+  {
+    struct Args {
+      LedgerArgs l;
+      std::string from;
+      int64_t cpu_slots = 0;
+      double cpu_slot_gib = 0;
+      std::string host;
+    };
+    auto a = std::make_shared<Args>();
+    CLI::App* cmd = app.add_subcommand("devices", "This host's devices; `register` records them");
+    cmd->callback([cmd] {
+      if (!cmd->get_subcommands().empty()) return;
+      const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+      std::printf("host %s: %ld CPU cores, %.1f GiB memory\n", host_name().c_str(), cpus,
+                  host_memory_bytes() / kGiB);
+#if BERTH_CUDA
+      std::printf("%s", cuda::describe_devices().c_str());
+#else
+      std::printf("no CUDA devices: this berth was built without CUDA (CPU slots can be "
+                  "registered with `berth devices register --cpu-slots N`)\n");
+#endif
+    });
+    CLI::App* reg = cmd->add_subcommand(
+        "register", "Record devices in the ledger: this host's GPUs, --from FILE or --cpu-slots N");
+    add_ledger_option(reg, &a->l, false);
+    reg->add_option("--from", a->from, "Cluster inventory (TOML: [[hosts]] name, model, "
+                                       "memory_gib, gpus)");
+    reg->add_option("--cpu-slots", a->cpu_slots, "Register N CPU slots of this host (model "
+                                                 "'cpu')")->check(CLI::Range(int64_t(1), int64_t(4096)));
+    reg->add_option("--slot-memory-gib", a->cpu_slot_gib,
+                    "Memory per CPU slot (default: host memory / N)");
+    reg->add_option("--host", a->host, "Host name for --cpu-slots (default: this host)");
+    reg->callback([a] {
+      std::vector<Device> devs;
+      BERTH_CHECK(a->from.empty() || a->cpu_slots == 0,
+                  "give either --from FILE or --cpu-slots N, not both");
+      if (!a->from.empty()) {
+        for (const InventoryHost& h : read_cluster_inventory(a->from)) {
+          for (int64_t i = 0; i < h.count; ++i) {
+            devs.push_back(Device{0, h.name, h.kind, i, h.model,
+                                  static_cast<int64_t>(h.memory_gib * kGiB), ""});
+          }
+        }
+      } else if (a->cpu_slots > 0) {
+        const double mem = a->cpu_slot_gib > 0 ? a->cpu_slot_gib * kGiB
+                                                : host_memory_bytes() / double(a->cpu_slots);
+        for (int64_t i = 0; i < a->cpu_slots; ++i) {
+          devs.push_back(Device{0, a->host.empty() ? host_name() : a->host, "cpu", i, "cpu",
+                                static_cast<int64_t>(mem), ""});
+        }
+      } else {
+#if BERTH_CUDA
+        BERTH_FAIL("registering this host's GPUs needs the CUDA inventory, which is not built "
+                   "yet; use --from cluster.toml");
+#else
+        BERTH_FAIL("this berth was built without CUDA, so it sees no GPUs here; register a "
+                   "cluster with --from cluster.toml, or CPU slots with --cpu-slots N");
+#endif
+      }
+      auto ledger = open_ledger(a->l);
+      const int64_t n = ledger->register_devices(devs);
+      std::printf("registered %zu device(s) (%lld new or changed); the ledger now has %zu\n",
+                  devs.size(), static_cast<long long>(n), ledger->devices().size());
+    });
+  }
+
+  // ---- reserve -----------------------------------------------------------------------------------
+  {
+    struct Args {
+      LedgerArgs l;
+      int64_t gpus = 0;
+      std::string model, min_free_mem = "0", duration, start = "earliest", priority = "P3", name,
+                  key;
+      bool preempt = false, allow_split = false;
+    };
+    auto a = std::make_shared<Args>();
+    CLI::App* cmd = app.add_subcommand("reserve", "Book devices for a window");
+    add_ledger_option(cmd, &a->l);
+    cmd->add_option("--gpus", a->gpus, "Number of devices")->required();
+    cmd->add_option("--model", a->model, "Device model (e.g. H100, cpu); default: any");
+    cmd->add_option("--min-free-mem", a->min_free_mem, "Minimum memory per device, e.g. 75GiB");
+    cmd->add_option("--duration", a->duration, "Length of the window, e.g. 72h, 1h30m")->required();
+    cmd->add_option("--start", a->start, "Start (2026-12-03T08:00Z) or 'earliest' (default)");
+    cmd->add_option("--priority", a->priority, "P0 (highest) .. P3 (lowest, default)");
+    cmd->add_option("--name", a->name, "A name for the booking");
+    cmd->add_option("--idempotency-key", a->key, "Retrying with the same key returns the same "
+                                                 "booking");
+    cmd->add_flag("--preempt", a->preempt, "Take lower-priority bookings' devices (if allowed)");
+    cmd->add_flag("--allow-split", a->allow_split, "Book more than 7 days as chained segments");
+    cmd->callback([a] {
+      ReserveRequest q;
+      q.count = a->gpus;
+      q.model = a->model;
+      q.min_free_mem_bytes = parse_bytes(a->min_free_mem);
+      q.duration_s = parse_duration(a->duration);
+      if (a->start != "earliest") q.start = parse_utc_time(a->start);
+      q.priority = parse_priority(a->priority);
+      q.name = a->name;
+      q.idempotency_key = a->key;
+      q.owner = current_user();
+      q.preempt = a->preempt;
+      q.allow_split = a->allow_split;
+      auto ledger = open_ledger(a->l);
+      const BookingResult r = ledger->reserve(q);
+      if (a->l.json) {
+        nlohmann::json j = {{"booked", r.booked}, {"replayed", r.replayed}, {"reason", r.reason}};
+        j["reservations"] = nlohmann::json::array();
+        for (const Reservation& x : r.reservations) j["reservations"].push_back(to_json(x));
+        j["preempted"] = nlohmann::json::array();
+        for (const Reservation& x : r.preempted) j["preempted"].push_back(x.id);
+        if (r.earliest_start > 0) j["earliest_start"] = format_utc_iso(r.earliest_start);
+        j["blockers"] = nlohmann::json::array();
+        for (const Busy& b : r.blockers) {
+          j["blockers"].push_back({{"reservation", b.reservation}, {"owner", b.owner},
+                                   {"priority", fmt::format("P{}", b.priority)},
+                                   {"start", format_utc_iso(b.start)},
+                                   {"end", format_utc_iso(b.end)}});
+        }
+        std::printf("%s\n", j.dump(2).c_str());
+        if (!r.booked) throw ExitStatus{kExitNotNow};
+        return;
+      }
+      if (r.booked) {
+        if (r.replayed) std::printf("already booked with this idempotency key:\n");
+        for (const Reservation& x : r.reservations) print_reservation(x);
+        for (const Reservation& x : r.preempted) {
+          std::printf("preempted reservation %lld (%s, P%d)%s\n", static_cast<long long>(x.id),
+                      x.owner.c_str(), x.priority,
+                      x.state == "active" ? ": running, its window now ends at the new start"
+                                          : "");
+        }
+        return;
+      }
+      std::printf("not booked: %s\n", r.reason.c_str());
+      if (r.earliest_start > 0) {
+        std::printf("earliest feasible start: %s (local %s)\n",
+                    format_utc_iso(r.earliest_start).c_str(), local_minute(r.earliest_start).c_str());
+        std::set<int64_t> seen;
+        for (const Busy& b : r.blockers) {
+          if (!seen.insert(b.reservation).second) continue;
+          std::printf("  blocked by reservation %lld (%s, P%lld) %s\n",
+                      static_cast<long long>(b.reservation), b.owner.c_str(),
+                      static_cast<long long>(b.priority), window_text(b.start, b.end).c_str());
+        }
+        std::printf("book it with: --start %s\n", format_utc_iso(r.earliest_start).c_str());
+      }
+      for (const auto& [s, e] : r.proposed_split) {
+        std::printf("  segment %s\n", window_text(s, e).c_str());
+      }
+      throw ExitStatus{kExitNotNow};
+    });
+  }
+
+  // ---- reservations, reservation show, cancel, extend ----------------------------------------
+  {
+    auto a = std::make_shared<LedgerArgs>();
+    auto all = std::make_shared<bool>(false);
+    CLI::App* cmd = app.add_subcommand("reservations", "List bookings (active ones by default)");
+    add_ledger_option(cmd, a.get());
+    cmd->add_flag("--all", *all, "Include cancelled and preempted ones and past windows");
+    cmd->callback([a, all] {
+      const std::vector<Reservation> rs = open_ledger(*a)->reservations(*all, "");
+      if (a->json) {
+        nlohmann::json j = nlohmann::json::array();
+        for (const Reservation& r : rs) j.push_back(to_json(r));
+        std::printf("%s\n", j.dump(2).c_str());
+        return;
+      }
+      if (rs.empty()) std::printf("no %sreservations\n", *all ? "" : "active ");
+      for (const Reservation& r : rs) print_reservation(r);
+    });
+  }
+  {
+    auto a = std::make_shared<LedgerArgs>();
+    auto id = std::make_shared<int64_t>(0);
+    CLI::App* grp = app.add_subcommand("reservation", "One booking");
+    CLI::App* show = grp->add_subcommand("show", "Show a booking and its lease");
+    grp->require_subcommand(1);
+    add_ledger_option(show, a.get());
+    show->add_option("id", *id, "Reservation id")->required();
+    show->callback([a, id] {
+      auto ledger = open_ledger(*a);
+      const Reservation r = ledger->reservation(*id);
+      const std::optional<Lease> l = ledger->lease(*id);
+      if (a->json) {
+        nlohmann::json j = to_json(r);
+        if (l) {
+          j["lease"] = {{"token", l->token}, {"host", l->host}, {"pid", l->pid},
+                        {"expires", format_utc_iso(l->expires)}, {"released", l->released}};
+        }
+        std::printf("%s\n", j.dump(2).c_str());
+        return;
+      }
+      print_reservation(r);
+      if (l) {
+        std::printf("  lease   token %lld, pid %lld on %s, %s %s\n",
+                    static_cast<long long>(l->token), static_cast<long long>(l->pid),
+                    l->host.c_str(), l->released ? "released; would have lapsed at" : "until",
+                    format_utc_iso(l->expires).c_str());
+      }
+    });
+  }
+  {
+    auto a = std::make_shared<LedgerArgs>();
+    auto id = std::make_shared<int64_t>(0);
+    CLI::App* cmd = app.add_subcommand("cancel", "Cancel a booking (owner or admin)");
+    add_ledger_option(cmd, a.get(), false);
+    cmd->add_option("id", *id, "Reservation id")->required();
+    cmd->callback([a, id] {
+      const Reservation r = open_ledger(*a)->cancel(*id, current_user());
+      std::printf("cancelled reservation %lld\n", static_cast<long long>(r.id));
+    });
+  }
+  {
+    auto a = std::make_shared<LedgerArgs>();
+    auto id = std::make_shared<int64_t>(0);
+    auto by = std::make_shared<std::string>();
+    CLI::App* cmd = app.add_subcommand("extend", "Make a booking longer (owner or admin)");
+    add_ledger_option(cmd, a.get(), false);
+    cmd->add_option("id", *id, "Reservation id")->required();
+    cmd->add_option("--by", *by, "How much longer, e.g. 6h")->required();
+    cmd->callback([a, id, by] {
+      const Reservation r = open_ledger(*a)->extend(*id, parse_duration(*by), current_user());
+      print_reservation(r);
+    });
+  }
+
+  // ---- timeline --------------------------------------------------------------------------------
+  {
+    auto a = std::make_shared<LedgerArgs>();
+    auto hours = std::make_shared<double>(72);
+    auto html = std::make_shared<std::string>();
+    CLI::App* cmd = app.add_subcommand("timeline", "Per-device timeline of the bookings");
+    add_ledger_option(cmd, a.get(), false);
+    cmd->add_option("--hours", *hours, "Hours from now to show (default 72)")
+        ->check(CLI::Range(1.0, 24.0 * 366));
+    cmd->add_option("--html", *html, "Also write a self-contained HTML/SVG page");
+    cmd->callback([a, hours, html] {
+      auto ledger = open_ledger(*a);
+      const double t0 = std::floor(unix_now() / 3600) * 3600;
+      std::vector<Reservation> rs;
+      for (const Reservation& r : ledger->reservations(false, "")) {
+        if (r.start < t0 + *hours * 3600) rs.push_back(r);
+      }
+      const std::vector<Device> devs = ledger->devices();
+      std::printf("%s", timeline_text(devs, rs, t0, *hours).c_str());
+      if (!html->empty()) {
+        write_file_atomic(*html, timeline_html(devs, rs, t0, *hours));
+        std::printf("wrote %s\n", html->c_str());
+      }
+    });
+  }
+}
+
+}  // namespace berth

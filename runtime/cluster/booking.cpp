@@ -1,0 +1,105 @@
+#include "runtime/cluster/booking.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace berth {
+
+std::vector<const Device*> matching_devices(const std::vector<Device>& devices,
+                                            const SlotRequest& req) {
+  std::vector<const Device*> out;
+  for (const Device& d : devices) {
+    if (!req.model.empty() && d.model != req.model) continue;
+    if (d.memory_bytes < req.min_memory_bytes) continue;
+    out.push_back(&d);
+  }
+  return out;
+}
+
+std::vector<int64_t> choose_fewest_hosts(const std::vector<const Device*>& free, int64_t count) {
+  std::map<std::string, std::vector<const Device*>> by_host;
+  for (const Device* d : free) by_host[d->host].push_back(d);
+  std::vector<std::pair<std::string, std::vector<const Device*>>> hosts(by_host.begin(),
+                                                                         by_host.end());
+  std::stable_sort(hosts.begin(), hosts.end(),
+                   [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+  std::vector<int64_t> out;
+  for (auto& [host, devs] : hosts) {
+    std::sort(devs.begin(), devs.end(),
+              [](const Device* a, const Device* b) { return a->index < b->index; });
+    for (const Device* d : devs) {
+      if (int64_t(out.size()) == count) return out;
+      out.push_back(d->id);
+    }
+  }
+  return out;
+}
+
+SlotAnswer find_slot(const std::vector<Device>& devices, const std::vector<Busy>& busy,
+                     const SlotRequest& req) {
+  SlotAnswer ans;
+  const std::vector<const Device*> match = matching_devices(devices, req);
+  ans.matching = int64_t(match.size());
+  std::set<int64_t> ids;
+  for (const Device* d : match) ids.insert(d->id);
+  // Bookings that block: on a matching device, and not preemptible by this request.
+  std::vector<const Busy*> blocking;
+  for (const Busy& b : busy) {
+    if (!ids.count(b.device)) continue;
+    if (req.preempt && b.priority > req.priority) continue;
+    blocking.push_back(&b);
+  }
+  auto overlaps = [](const Busy& b, double s, double e) { return b.start < e && s < b.end; };
+  for (const Busy& b : busy) {
+    if (ids.count(b.device) && overlaps(b, req.start, req.start + req.duration_s)) {
+      ans.blockers.push_back(b);
+    }
+  }
+  if (int64_t(match.size()) < req.count) return ans;
+  std::vector<double> candidates = {req.start};
+  for (const Busy* b : blocking) {
+    if (b->end > req.start) candidates.push_back(b->end);
+  }
+  std::sort(candidates.begin(), candidates.end());
+  candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+  for (double t : candidates) {
+    const double e = t + req.duration_s;
+    std::set<int64_t> taken;
+    for (const Busy* b : blocking) {
+      if (overlaps(*b, t, e)) taken.insert(b->device);
+    }
+    std::vector<const Device*> free;
+    for (const Device* d : match) {
+      if (!taken.count(d->id)) free.push_back(d);
+    }
+    if (int64_t(free.size()) < req.count) continue;
+    // Prefer devices nobody holds over preemptible ones.
+    std::vector<const Device*> clean, preemptible;
+    for (const Device* d : free) {
+      bool held = false;
+      for (const Busy& b : busy) held = held || (b.device == d->id && overlaps(b, t, e));
+      (held ? preemptible : clean).push_back(d);
+    }
+    std::vector<int64_t> chosen;
+    if (int64_t(clean.size()) >= req.count) {
+      chosen = choose_fewest_hosts(clean, req.count);
+    } else {
+      chosen = choose_fewest_hosts(clean, int64_t(clean.size()));
+      const std::vector<int64_t> more =
+          choose_fewest_hosts(preemptible, req.count - int64_t(clean.size()));
+      chosen.insert(chosen.end(), more.begin(), more.end());
+    }
+    ans.found = true;
+    ans.start = t;
+    ans.devices = chosen;
+    const std::set<int64_t> chosen_set(chosen.begin(), chosen.end());
+    for (const Busy& b : busy) {
+      if (chosen_set.count(b.device) && overlaps(b, t, e)) ans.preempted.push_back(b);
+    }
+    return ans;
+  }
+  return ans;  // unreachable: the latest end always frees every matching device
+}
+
+}  // namespace berth

@@ -1,0 +1,748 @@
+// The embedded ledger store: SQLite in WAL mode on a local disk. Every write runs in
+// BEGIN IMMEDIATE (one writer at a time, waiting up to the busy timeout), with synchronous=FULL,
+// so a booking is either wholly in the file or not at all, and concurrent processes see each
+// other's bookings before deciding.
+#include <pwd.h>
+#include <sqlite3.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "runtime/cluster/ledger.h"
+#include "runtime/core/check.h"
+#include "runtime/core/clock.h"
+#include "runtime/core/fs.h"
+
+namespace berth {
+namespace {
+
+// ---- thin RAII over the SQLite C API -----------------------------------------------------------
+
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql, -1, &s_, nullptr) != SQLITE_OK) {
+      BERTH_FAIL("ledger: cannot prepare '{}': {}", sql, sqlite3_errmsg(db));
+    }
+  }
+  ~Stmt() { sqlite3_finalize(s_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  Stmt& bind(int i, int64_t v) { return check(sqlite3_bind_int64(s_, i, v)); }
+  Stmt& bind(int i, int v) { return bind(i, int64_t(v)); }
+  Stmt& bind(int i, double v) { return check(sqlite3_bind_double(s_, i, v)); }
+  Stmt& bind(int i, const std::string& v) {
+    return check(sqlite3_bind_text(s_, i, v.c_str(), int(v.size()), SQLITE_TRANSIENT));
+  }
+  // true while there is a row
+  bool step() {
+    const int rc = sqlite3_step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    BERTH_FAIL("ledger: {} ({})", sqlite3_errmsg(db_), sqlite3_sql(s_));
+  }
+  void run() {
+    while (step()) {
+    }
+  }
+  int64_t i64(int c) const { return sqlite3_column_int64(s_, c); }
+  double f64(int c) const { return sqlite3_column_double(s_, c); }
+  std::string text(int c) const {
+    const unsigned char* t = sqlite3_column_text(s_, c);
+    return t ? reinterpret_cast<const char*>(t) : "";
+  }
+
+ private:
+  Stmt& check(int rc) {
+    if (rc != SQLITE_OK) BERTH_FAIL("ledger: bind failed: {}", sqlite3_errmsg(db_));
+    return *this;
+  }
+  sqlite3* db_;
+  sqlite3_stmt* s_ = nullptr;
+};
+
+void exec(sqlite3* db, const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    const std::string msg = err ? err : sqlite3_errmsg(db);
+    sqlite3_free(err);
+    BERTH_FAIL("ledger: {} ({})", msg, sql);
+  }
+}
+
+// BEGIN IMMEDIATE ... COMMIT; rolled back when left by an exception.
+class WriteTxn {
+ public:
+  explicit WriteTxn(sqlite3* db) : db_(db) { exec(db, "BEGIN IMMEDIATE"); }
+  ~WriteTxn() {
+    if (!done_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  void commit() {
+    exec(db_, "COMMIT");
+    done_ = true;
+  }
+
+ private:
+  sqlite3* db_;
+  bool done_ = false;
+};
+
+// ---- schema ------------------------------------------------------------------------------------
+
+// Migration N brings the schema from version N-1 to N (PRAGMA user_version).
+const char* const kMigrations[] = {
+    // 1: the first schema
+    "CREATE TABLE devices(id INTEGER PRIMARY KEY, host TEXT NOT NULL, kind TEXT NOT NULL,"
+    "  idx INTEGER NOT NULL, model TEXT NOT NULL, memory_bytes INTEGER NOT NULL,"
+    "  uuid TEXT NOT NULL DEFAULT '', UNIQUE(host, kind, idx));"
+    "CREATE TABLE reservations(id INTEGER PRIMARY KEY, name TEXT NOT NULL, owner TEXT NOT NULL,"
+    "  priority INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL CHECK(end > start),"
+    "  state TEXT NOT NULL, created REAL NOT NULL, idem_key TEXT, chain_prev INTEGER NOT NULL"
+    "  DEFAULT 0, model TEXT NOT NULL, min_free_mem INTEGER NOT NULL,"
+    "  UNIQUE(owner, idem_key));"
+    "CREATE TABLE booked(reservation INTEGER NOT NULL REFERENCES reservations(id),"
+    "  device INTEGER NOT NULL REFERENCES devices(id), PRIMARY KEY(reservation, device));"
+    "CREATE TABLE leases(reservation INTEGER PRIMARY KEY REFERENCES reservations(id),"
+    "  token INTEGER NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL, acquired REAL NOT NULL,"
+    "  expires REAL NOT NULL, released INTEGER NOT NULL DEFAULT 0);"
+    "CREATE TABLE tokens(id INTEGER PRIMARY KEY CHECK(id = 1), last INTEGER NOT NULL);"
+    "INSERT INTO tokens VALUES(1, 0);",
+    // 2: who preempted a booking; indexes for the overlap queries
+    "ALTER TABLE reservations ADD COLUMN preempted_by INTEGER NOT NULL DEFAULT 0;"
+    "CREATE INDEX booked_device ON booked(device);"
+    "CREATE INDEX reservations_window ON reservations(state, end);",
+};
+static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kLedgerSchemaVersion);
+
+bool is_admin(const LedgerPolicy& p, const std::string& user) {
+  return user == "root" || std::find(p.admins.begin(), p.admins.end(), user) != p.admins.end();
+}
+
+std::string priority_name(int p) { return fmt::format("P{}", p); }
+
+class SqliteLedger : public LedgerStore {
+ public:
+  SqliteLedger(const std::string& path, LedgerOptions o) : path_(path), o_(std::move(o)) {
+    if (!o_.clock) o_.clock = system_clock();
+    const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
+    ensure_writable_dir(dir.string(), "ledger directory");
+    struct statfs fs {};
+    if (statfs(dir.c_str(), &fs) == 0) {
+      const std::string net = network_filesystem_name(int64_t(fs.f_type));
+      BERTH_CHECK(net.empty(),
+                  "refusing to open the ledger {} on a network filesystem ({}): SQLite's file "
+                  "locking is not reliable there, so two bookings could take the same device. Put "
+                  "the ledger on a local disk of one host (--ledger or BERTH_LEDGER) and run "
+                  "berth reserve there",
+                  path, net);
+    }
+    if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
+                        nullptr) != SQLITE_OK) {
+      const std::string err = db_ ? sqlite3_errmsg(db_) : "out of memory";
+      sqlite3_close(db_);
+      BERTH_FAIL("cannot open the ledger {}: {}; check the path and its permissions", path, err);
+    }
+    try {
+      sqlite3_busy_timeout(db_, int(o_.busy_timeout_s * 1000));
+      {
+        Stmt wal(db_, "PRAGMA journal_mode=WAL");
+        BERTH_CHECK(wal.step() && wal.text(0) == "wal",
+                    "ledger {}: cannot switch to WAL mode (is the file a berth ledger on a local "
+                    "disk?)",
+                    path);
+      }
+      exec(db_, "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;");
+      migrate();
+    } catch (const Error& e) {
+      sqlite3_close(db_);
+      db_ = nullptr;
+      const std::string what = e.what();
+      if (what.find("file is not a database") != std::string::npos) {
+        BERTH_FAIL("{} is not a berth ledger (not an SQLite database); point --ledger elsewhere",
+                   path);
+      }
+      throw;
+    }
+  }
+  ~SqliteLedger() override { sqlite3_close(db_); }
+
+  int schema_version() override {
+    Stmt s(db_, "PRAGMA user_version");
+    s.step();
+    return int(s.i64(0));
+  }
+
+  int64_t register_devices(const std::vector<Device>& devices) override {
+    for (const Device& d : devices) validate_device(d);
+    WriteTxn t(db_);
+    int64_t changed = 0;
+    for (const Device& d : devices) {
+      Stmt s(db_,
+             "INSERT INTO devices(host, kind, idx, model, memory_bytes, uuid) VALUES(?,?,?,?,?,?)"
+             " ON CONFLICT(host, kind, idx) DO UPDATE SET model=excluded.model,"
+             " memory_bytes=excluded.memory_bytes, uuid=excluded.uuid");
+      s.bind(1, d.host).bind(2, d.kind).bind(3, d.index).bind(4, d.model).bind(5, d.memory_bytes)
+          .bind(6, d.uuid)
+          .run();
+      changed += sqlite3_changes(db_);
+    }
+    t.commit();
+    return changed;
+  }
+
+  std::vector<Device> devices() override {
+    std::vector<Device> out;
+    Stmt s(db_, "SELECT id, host, kind, idx, model, memory_bytes, uuid FROM devices "
+                "ORDER BY host, kind, idx");
+    while (s.step()) {
+      out.push_back(Device{s.i64(0), s.text(1), s.text(2), s.i64(3), s.text(4), s.i64(5),
+                           s.text(6)});
+    }
+    return out;
+  }
+
+  BookingResult reserve(const ReserveRequest& req) override {
+    const double now = o_.clock();
+    validate_request(req, now);
+    WriteTxn t(db_);
+    BookingResult out;
+    const std::vector<Device> devs = devices();
+    check_model_and_count(req, devs);
+
+    if (!req.idempotency_key.empty()) {
+      Stmt s(db_, "SELECT id FROM reservations WHERE owner=? AND idem_key=? AND chain_prev=0");
+      s.bind(1, req.owner).bind(2, req.idempotency_key);
+      if (s.step()) {
+        Reservation r = load(s.i64(0));
+        std::vector<Reservation> chain = chain_of(r);
+        double total = 0;
+        for (const Reservation& c : chain) total += c.end - c.start;
+        const bool same = int64_t(r.devices.size()) == req.count && r.model == req.model &&
+                          r.priority == req.priority && std::fabs(total - req.duration_s) < 1e-6 &&
+                          r.min_free_mem_bytes == req.min_free_mem_bytes &&
+                          (!req.start || std::fabs(*req.start - r.start) < 1e-6);
+        BERTH_CHECK(same,
+                    "idempotency key '{}' was already used by {} for a different request "
+                    "(reservation {}); use a new key",
+                    req.idempotency_key, req.owner, r.id);
+        out.booked = true;
+        out.replayed = true;
+        out.reservations = chain;
+        return out;
+      }
+    }
+    if (req.preempt && !is_admin(o_.policy, req.owner)) {
+      const auto& p = o_.policy.preemptors;
+      BERTH_CHECK(std::find(p.begin(), p.end(), req.owner) != p.end(),
+                  "{} may not preempt other bookings: the ledger policy lists who may "
+                  "(preemptors, admins); book without --preempt to get the earliest start",
+                  req.owner);
+    }
+    if (req.priority == 0) {
+      Stmt s(db_, "SELECT COUNT(*) FROM reservations WHERE owner=? AND priority=0 AND "
+                  "state='active' AND end>?");
+      s.bind(1, req.owner).bind(2, now);
+      s.step();
+      if (s.i64(0) >= o_.policy.max_p0_per_owner) {
+        out.reason = fmt::format("{} already holds {} active P0 booking(s), the policy's limit; "
+                                 "cancel one or book at P1",
+                                 req.owner, s.i64(0));
+        return out;
+      }
+    }
+    const double start = std::max(now, req.start.value_or(now));
+    if (req.duration_s > kMaxSegmentS + 1e-9 && !req.allow_split) {
+      for (double s = start; s < start + req.duration_s - 1e-9; s += kMaxSegmentS) {
+        out.proposed_split.push_back({s, std::min(s + kMaxSegmentS, start + req.duration_s)});
+      }
+      out.reason = fmt::format("{} is longer than the 7-day limit of one booking; book it as {} "
+                               "chained segments with --allow-split",
+                               format_duration(req.duration_s), out.proposed_split.size());
+      return out;
+    }
+    const std::vector<Busy> busy = active_busy(now);
+    SlotRequest sr;
+    sr.count = req.count;
+    sr.model = req.model;
+    sr.min_memory_bytes = req.min_free_mem_bytes;
+    sr.start = start;
+    sr.duration_s = req.duration_s;
+    sr.priority = req.priority;
+    sr.preempt = req.preempt;
+    SlotAnswer ans = find_slot(devs, busy, sr);
+    // A running holder of a booking being preempted keeps at least the minimum notice.
+    if (ans.found && !ans.preempted.empty()) {
+      double earliest = ans.start;
+      for (const Busy& b : ans.preempted) {
+        if (live_lease(b.reservation, now)) earliest = std::max(earliest, now + o_.policy.min_notice_s);
+      }
+      if (earliest > ans.start) {
+        sr.start = earliest;
+        ans = find_slot(devs, busy, sr);
+        ans.blockers = find_slot(devs, busy, SlotRequest{sr.count, sr.model, sr.min_memory_bytes,
+                                                         start, sr.duration_s, sr.priority,
+                                                         sr.preempt})
+                           .blockers;
+      }
+    }
+    BERTH_CHECK(ans.found, "no feasible window found for {} device(s)", req.count);
+    if (req.start && ans.start > std::max(now, *req.start) + 1e-9) {
+      out.earliest_start = ans.start;
+      out.blockers = ans.blockers;
+      out.reason = "the devices are booked when asked";
+      return out;
+    }
+    if (o_.pause_in_transaction_s > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(o_.pause_in_transaction_s));
+    }
+    // Preempt, then write the booking (one segment, or chained segments of <= 7 days).
+    std::set<int64_t> done;
+    for (const Busy& b : ans.preempted) {
+      if (!done.insert(b.reservation).second) continue;
+      out.preempted.push_back(load(b.reservation));
+    }
+    int64_t prev = 0;
+    for (double s = ans.start; s < ans.start + req.duration_s - 1e-9; s += kMaxSegmentS) {
+      const double e = std::min(s + kMaxSegmentS, ans.start + req.duration_s);
+      Stmt ins(db_, "INSERT INTO reservations(name, owner, priority, start, end, state, created, "
+                    "idem_key, chain_prev, model, min_free_mem) VALUES(?,?,?,?,?,'active',?,?,?,?,?)");
+      ins.bind(1, req.name).bind(2, req.owner).bind(3, req.priority).bind(4, s).bind(5, e)
+          .bind(6, now);
+      // the key stays on the first segment only (unbound = NULL)
+      if (!req.idempotency_key.empty() && prev == 0) ins.bind(7, req.idempotency_key);
+      ins.bind(8, prev).bind(9, req.model).bind(10, req.min_free_mem_bytes).run();
+      const int64_t id = sqlite3_last_insert_rowid(db_);
+      for (int64_t d : ans.devices) {
+        Stmt b(db_, "INSERT INTO booked(reservation, device) VALUES(?,?)");
+        b.bind(1, id).bind(2, d).run();
+      }
+      prev = id;
+      out.reservations.push_back(Reservation{});
+      out.reservations.back().id = id;
+    }
+    for (const Reservation& p : out.preempted) {
+      const int64_t first = out.reservations.front().id;
+      if (live_lease(p.id, now) && p.start < ans.start) {
+        // Running: its window now ends where the new booking starts (>= now + notice); the
+        // holder learns it at its next renewal and stops with a checkpoint before then.
+        Stmt u(db_, "UPDATE reservations SET end=?, preempted_by=? WHERE id=?");
+        u.bind(1, ans.start).bind(2, first).bind(3, p.id).run();
+      } else {
+        Stmt u(db_, "UPDATE reservations SET state='preempted', preempted_by=? WHERE id=?");
+        u.bind(1, first).bind(2, p.id).run();
+      }
+    }
+    for (Reservation& r : out.reservations) r = load(r.id);
+    for (Reservation& p : out.preempted) p = load(p.id);
+    t.commit();
+    out.booked = true;
+    return out;
+  }
+
+  std::vector<Reservation> reservations(bool all, const std::string& owner) override {
+    const double now = o_.clock();
+    std::vector<int64_t> ids;
+    Stmt s(db_, "SELECT id FROM reservations WHERE (?1 OR (state='active' AND end>?2)) AND "
+                "(?3='' OR owner=?3) ORDER BY start, id");
+    s.bind(1, int64_t(all)).bind(2, now).bind(3, owner);
+    while (s.step()) ids.push_back(s.i64(0));
+    std::vector<Reservation> out;
+    for (int64_t id : ids) out.push_back(load(id));
+    return out;
+  }
+
+  Reservation reservation(int64_t id) override { return load(id); }
+
+  Reservation cancel(int64_t id, const std::string& user) override {
+    WriteTxn t(db_);
+    const Reservation r = load(id);
+    check_may_change(r, user, "cancel");
+    BERTH_CHECK(r.state == "active", "reservation {} is already {}", id, r.state);
+    Stmt u(db_, "UPDATE reservations SET state='cancelled' WHERE id=?");
+    u.bind(1, id).run();
+    t.commit();
+    return load(id);
+  }
+
+  Reservation extend(int64_t id, double by_s, const std::string& user) override {
+    BERTH_CHECK(std::isfinite(by_s) && by_s > 0, "extend: --by must be > 0, got {}", by_s);
+    const double now = o_.clock();
+    WriteTxn t(db_);
+    const Reservation r = load(id);
+    check_may_change(r, user, "extend");
+    BERTH_CHECK(r.state == "active", "reservation {} is {}; only an active booking can be extended",
+                id, r.state);
+    BERTH_CHECK(r.end > now, "reservation {} ended at {}; book a new window instead", id,
+                format_utc_minute(r.end));
+    BERTH_CHECK(r.end + by_s - r.start <= kMaxSegmentS + 1e-9,
+                "extending reservation {} by {} would make it longer than the 7-day limit; book "
+                "the extra time as a new reservation starting at {}",
+                id, format_duration(by_s), format_utc_iso(r.end));
+    std::set<int64_t> mine;
+    for (const Device& d : r.devices) mine.insert(d.id);
+    for (const Busy& b : active_busy(now)) {
+      if (b.reservation == id || !mine.count(b.device)) continue;
+      if (b.start < r.end + by_s && r.end < b.end) {
+        BERTH_FAIL("cannot extend reservation {} by {}: its device is booked from {} by "
+                   "reservation {} ({}, {}); the longest extension possible is {}",
+                   id, format_duration(by_s), format_utc_minute(b.start), b.reservation, b.owner,
+                   priority_name(b.priority), format_duration(std::max(0.0, b.start - r.end)));
+      }
+    }
+    Stmt u(db_, "UPDATE reservations SET end=? WHERE id=?");
+    u.bind(1, r.end + by_s).bind(2, id).run();
+    t.commit();
+    return load(id);
+  }
+
+  LeaseResult acquire_lease(int64_t id, const std::string& host, int64_t pid,
+                            double ttl_s) override {
+    BERTH_CHECK(ttl_s > 0, "lease TTL must be > 0");
+    const double now = o_.clock();
+    WriteTxn t(db_);
+    LeaseResult out;
+    const Reservation r = load(id);
+    if (r.state != "active") {
+      out.reason = fmt::format("reservation {} is {}", id, r.state);
+      return out;
+    }
+    if (now < r.start - o_.policy.start_slack_s) {
+      out.reason = fmt::format("reservation {}'s window opens at {} (in {})", id,
+                               format_utc_minute(r.start), format_duration(r.start - now));
+      return out;
+    }
+    if (now >= r.end) {
+      out.reason = fmt::format("reservation {}'s window ended at {}", id, format_utc_minute(r.end));
+      return out;
+    }
+    if (const std::optional<Lease> l = live_lease(id, now)) {
+      out.reason = fmt::format("reservation {} is already held by pid {} on {} (token {}, until "
+                               "{} unless renewed); a second launch cannot share it",
+                               id, l->pid, l->host, l->token, format_utc_iso(l->expires));
+      return out;
+    }
+    Stmt tok(db_, "UPDATE tokens SET last=last+1 WHERE id=1 RETURNING last");
+    tok.step();
+    const int64_t token = tok.i64(0);
+    tok.run();
+    Stmt up(db_, "INSERT INTO leases(reservation, token, host, pid, acquired, expires, released) "
+                 "VALUES(?,?,?,?,?,?,0) ON CONFLICT(reservation) DO UPDATE SET "
+                 "token=excluded.token, host=excluded.host, pid=excluded.pid, "
+                 "acquired=excluded.acquired, expires=excluded.expires, released=0");
+    up.bind(1, id).bind(2, token).bind(3, host).bind(4, pid).bind(5, now).bind(6, now + ttl_s)
+        .run();
+    t.commit();
+    out.ok = true;
+    out.lease = Lease{id, token, host, pid, now + ttl_s, r.end, false};
+    return out;
+  }
+
+  LeaseResult renew_lease(int64_t id, int64_t token, double ttl_s) override {
+    const double now = o_.clock();
+    WriteTxn t(db_);
+    LeaseResult out;
+    const std::optional<Lease> l = lease_row(id);
+    const Reservation r = load(id);
+    if (!l || l->token != token) {
+      out.reason = fmt::format("the lease of reservation {} is now held with token {} (this "
+                               "holder has {}): another launch took it over",
+                               id, l ? l->token : 0, token);
+    } else if (released_) {
+      out.reason = fmt::format("the lease of reservation {} was released", id);
+    } else if (now >= l->expires) {
+      out.reason = fmt::format("the lease of reservation {} expired at {} (not renewed within its "
+                               "TTL)",
+                               id, format_utc_iso(l->expires));
+    } else if (r.state != "active") {
+      out.reason = fmt::format("reservation {} was {}", id, r.state);
+    } else if (now >= r.end) {
+      out.reason = fmt::format("reservation {}'s window ended at {}", id, format_utc_minute(r.end));
+    }
+    if (!out.reason.empty()) return out;
+    Stmt u(db_, "UPDATE leases SET expires=? WHERE reservation=? AND token=?");
+    u.bind(1, now + ttl_s).bind(2, id).bind(3, token).run();
+    t.commit();
+    out.ok = true;
+    out.lease = *l;
+    out.lease.expires = now + ttl_s;
+    out.lease.window_end = r.end;
+    return out;
+  }
+
+  void release_lease(int64_t id, int64_t token) override {
+    WriteTxn t(db_);
+    Stmt u(db_, "UPDATE leases SET released=1 WHERE reservation=? AND token=?");
+    u.bind(1, id).bind(2, token).run();
+    t.commit();
+  }
+
+  std::optional<Lease> lease(int64_t id) override { return lease_row(id); }
+
+ private:
+  void migrate() {
+    WriteTxn t(db_);
+    int v = schema_version();
+    const int target = o_.migrate_to > 0 ? o_.migrate_to : kLedgerSchemaVersion;
+    BERTH_CHECK(v <= kLedgerSchemaVersion,
+                "the ledger {} has schema version {}, newer than this berth understands ({}): it "
+                "was written by a newer berth; use that version (downgrades are refused)",
+                path_, v, kLedgerSchemaVersion);
+    if (v == 0) {
+      Stmt s(db_, "SELECT COUNT(*) FROM sqlite_master");
+      s.step();
+      BERTH_CHECK(s.i64(0) == 0,
+                  "{} is an SQLite database but not a berth ledger (it has tables and no berth "
+                  "schema version); point --ledger at a new file",
+                  path_);
+    }
+    for (; v < target; ++v) {
+      exec(db_, kMigrations[v]);
+      exec(db_, fmt::format("PRAGMA user_version={}", v + 1).c_str());
+    }
+    t.commit();
+  }
+
+  static void validate_device(const Device& d) {
+    BERTH_CHECK(!d.host.empty() && d.host.size() <= 255, "device host name must be 1..255 chars");
+    BERTH_CHECK(d.kind == "gpu" || d.kind == "cpu", "device kind must be 'gpu' or 'cpu', got '{}'",
+                d.kind);
+    BERTH_CHECK(d.index >= 0 && d.index < 4096, "device index must be in 0..4095, got {}", d.index);
+    BERTH_CHECK(!d.model.empty() && d.model.size() <= 64, "device model must be 1..64 chars");
+    BERTH_CHECK(d.memory_bytes >= 0, "device memory must be >= 0");
+  }
+
+  void validate_request(const ReserveRequest& q, double now) const {
+    BERTH_CHECK(q.count >= 1 && q.count <= 4096,
+                "--gpus must be between 1 and 4096, got {}", q.count);
+    BERTH_CHECK(std::isfinite(q.duration_s) && q.duration_s > 0,
+                "--duration must be > 0 (the window must end after it starts), got {} s",
+                q.duration_s);
+    BERTH_CHECK(q.duration_s <= 366 * 86400.0, "--duration {} is longer than a year",
+                format_duration(q.duration_s));
+    BERTH_CHECK(q.priority >= 0 && q.priority <= 3, "priority must be P0..P3, got {}", q.priority);
+    BERTH_CHECK(q.min_free_mem_bytes >= 0, "--min-free-mem must be >= 0");
+    BERTH_CHECK(q.name.size() <= 64, "--name is {} characters; at most 64", q.name.size());
+    BERTH_CHECK(q.idempotency_key.size() <= 128, "--idempotency-key is {} characters; at most 128",
+                q.idempotency_key.size());
+    BERTH_CHECK(q.model.size() <= 64, "--model is {} characters; at most 64", q.model.size());
+    for (char c : q.name + q.idempotency_key + q.model) {
+      BERTH_CHECK(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f,
+                  "--name, --model and --idempotency-key must be printable text");
+    }
+    BERTH_CHECK(!q.owner.empty(), "booking without an owner");
+    if (q.start) {
+      BERTH_CHECK(std::isfinite(*q.start), "--start is not a valid time");
+      BERTH_CHECK(*q.start >= now - o_.policy.past_slack_s,
+                  "--start {} is in the past (now is {}); give a future time or --start earliest",
+                  format_utc_iso(*q.start), format_utc_iso(now));
+    }
+  }
+
+  static void check_model_and_count(const ReserveRequest& q, const std::vector<Device>& devs) {
+    BERTH_CHECK(!devs.empty(),
+                "the ledger has no devices; register them first: berth devices register "
+                "(this host's GPUs), --from cluster.toml, or --cpu-slots N");
+    std::set<std::string> models;
+    for (const Device& d : devs) models.insert(d.model);
+    if (!q.model.empty() && !models.count(q.model)) {
+      std::string known;
+      for (const std::string& m : models) known += (known.empty() ? "" : ", ") + m;
+      BERTH_FAIL("unknown model '{}': the ledger's devices are {}", q.model, known);
+    }
+    SlotRequest sr;
+    sr.model = q.model;
+    sr.min_memory_bytes = q.min_free_mem_bytes;
+    const int64_t n = int64_t(matching_devices(devs, sr).size());
+    BERTH_CHECK(n >= q.count,
+                "{} device(s) requested but only {} match{} (model {}, memory >= {:.1f} GiB): ask "
+                "for fewer or register more",
+                q.count, n, n == 1 ? "es" : "", q.model.empty() ? "any" : q.model,
+                double(q.min_free_mem_bytes) / (1024.0 * 1024 * 1024));
+  }
+
+  void check_may_change(const Reservation& r, const std::string& user, const char* what) const {
+    BERTH_CHECK(user == r.owner || is_admin(o_.policy, user),
+                "{} may not {} reservation {}: it belongs to {} (only the owner or a ledger admin "
+                "may)",
+                user, what, r.id, r.owner);
+  }
+
+  std::vector<Busy> active_busy(double now) {
+    std::vector<Busy> out;
+    Stmt s(db_, "SELECT b.device, r.id, r.start, r.end, r.priority, r.owner FROM booked b JOIN "
+                "reservations r ON r.id = b.reservation WHERE r.state='active' AND r.end > ?");
+    s.bind(1, now);
+    while (s.step()) {
+      out.push_back(Busy{s.i64(0), s.i64(1), s.f64(2), s.f64(3), int(s.i64(4)), s.text(5)});
+    }
+    return out;
+  }
+
+  Reservation load(int64_t id) {
+    Stmt s(db_, "SELECT id, name, owner, state, priority, start, end, created, model, "
+                "min_free_mem, chain_prev, preempted_by, COALESCE(idem_key,'') FROM reservations "
+                "WHERE id=?");
+    s.bind(1, id);
+    BERTH_CHECK(s.step(), "no reservation {} in the ledger {}; `berth reservations --all` lists them",
+                id, path_);
+    Reservation r;
+    r.id = s.i64(0);
+    r.name = s.text(1);
+    r.owner = s.text(2);
+    r.state = s.text(3);
+    r.priority = int(s.i64(4));
+    r.start = s.f64(5);
+    r.end = s.f64(6);
+    r.created = s.f64(7);
+    r.model = s.text(8);
+    r.min_free_mem_bytes = s.i64(9);
+    r.chain_prev = s.i64(10);
+    r.preempted_by = s.i64(11);
+    r.idempotency_key = s.text(12);
+    Stmt d(db_, "SELECT d.id, d.host, d.kind, d.idx, d.model, d.memory_bytes, d.uuid FROM booked b "
+                "JOIN devices d ON d.id = b.device WHERE b.reservation=? ORDER BY d.host, d.idx");
+    d.bind(1, id);
+    while (d.step()) {
+      r.devices.push_back(Device{d.i64(0), d.text(1), d.text(2), d.i64(3), d.text(4), d.i64(5),
+                                 d.text(6)});
+    }
+    return r;
+  }
+
+  std::vector<Reservation> chain_of(const Reservation& first) {
+    std::vector<Reservation> out = {first};
+    for (;;) {
+      Stmt s(db_, "SELECT id FROM reservations WHERE chain_prev=?");
+      s.bind(1, out.back().id);
+      if (!s.step()) return out;
+      out.push_back(load(s.i64(0)));
+    }
+  }
+
+  std::optional<Lease> lease_row(int64_t id) {
+    Stmt s(db_, "SELECT token, host, pid, expires, released FROM leases WHERE reservation=?");
+    s.bind(1, id);
+    released_ = false;
+    if (!s.step()) return std::nullopt;
+    released_ = s.i64(4) != 0;
+    return Lease{id, s.i64(0), s.text(1), s.i64(2), s.f64(3), 0, released_};
+  }
+
+  std::optional<Lease> live_lease(int64_t id, double now) {
+    std::optional<Lease> l = lease_row(id);
+    if (!l || released_ || l->expires <= now) return std::nullopt;
+    return l;
+  }
+
+  std::string path_;
+  LedgerOptions o_;
+  sqlite3* db_ = nullptr;
+  bool released_ = false;  // of the last lease_row
+};
+
+}  // namespace
+
+Clock system_clock() {
+  return [] { return unix_now(); };
+}
+
+std::unique_ptr<LedgerStore> open_sqlite_ledger(const std::string& path, LedgerOptions options) {
+  BERTH_CHECK(!path.empty(), "ledger path is empty");
+  return std::make_unique<SqliteLedger>(path, std::move(options));
+}
+
+std::string resolve_ledger_path(const std::string& flag, const std::string& config_value) {
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv("BERTH_LEDGER"); env && *env) return env;
+  if (!config_value.empty()) return config_value;
+  const char* home = std::getenv("HOME");
+  BERTH_CHECK(home && *home, "no ledger path: pass --ledger, set BERTH_LEDGER or HOME");
+  return std::string(home) + "/.local/share/berth/ledger.db";
+}
+
+std::string network_filesystem_name(int64_t f_type) {
+  switch (static_cast<uint32_t>(f_type)) {
+    case 0x6969: return "NFS";
+    case 0x517B: return "SMB";
+    case 0xFF534D42: return "CIFS";
+    case 0xFE534D42: return "SMB2";
+    case 0x5346414F: return "AFS";
+    case 0x00C36400: return "CephFS";
+    case 0x0BD00BD0: return "Lustre";
+    case 0x47504653: return "GPFS";
+    case 0x65735546: return "FUSE (e.g. sshfs)";
+    case 0x19830326: return "FhGFS/BeeGFS";
+    default: return "";
+  }
+}
+
+std::string current_user() {
+  if (const passwd* pw = getpwuid(geteuid()); pw && pw->pw_name) return pw->pw_name;
+  return fmt::format("uid{}", geteuid());
+}
+
+int parse_priority(const std::string& text) {
+  if (text.size() == 2 && (text[0] == 'P' || text[0] == 'p') && text[1] >= '0' && text[1] <= '3') {
+    return text[1] - '0';
+  }
+  BERTH_FAIL("--priority '{}' is not a priority: use P0 (highest), P1, P2 or P3 (lowest)", text);
+}
+
+double parse_duration(const std::string& text) {
+  double total = 0;
+  size_t i = 0;
+  bool any = false;
+  while (i < text.size()) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text.substr(i), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    BERTH_CHECK(used > 0 && std::isfinite(v) && v >= 0 && i + used < text.size(),
+                "cannot read the duration '{}': use a number with a unit, e.g. 72h, 90m, 1h30m, "
+                "2d, 45s",
+                text);
+    i += used;
+    const char u = text[i++];
+    const double unit = u == 'd' ? 86400 : u == 'h' ? 3600 : u == 'm' ? 60 : u == 's' ? 1 : -1;
+    BERTH_CHECK(unit > 0, "unknown unit '{}' in the duration '{}': use d, h, m or s", u, text);
+    total += v * unit;
+    any = true;
+  }
+  BERTH_CHECK(any, "empty duration: use e.g. 72h, 90m, 1h30m");
+  return total;
+}
+
+int64_t parse_bytes(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  BERTH_CHECK(used > 0 && std::isfinite(v) && v >= 0,
+              "cannot read the size '{}': use e.g. 75GiB, 80GB, 512MiB", text);
+  const std::string unit = text.substr(used);
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},          {"B", 1},          {"KiB", 1024.0},   {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
+      {"GB", 1e9},      {"TB", 1e12}};
+  const auto it = kUnits.find(unit);
+  BERTH_CHECK(it != kUnits.end(), "unknown unit '{}' in the size '{}': use B, KiB, MiB, GiB, TiB, "
+              "KB, MB, GB or TB", unit, text);
+  return static_cast<int64_t>(std::llround(v * it->second));
+}
+
+}  // namespace berth
