@@ -2,6 +2,7 @@
 #include "runtime/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -410,10 +411,17 @@ int clean_partial_checkpoints(const std::string& checkpoint_dir) {
   if (!fs::is_directory(checkpoint_dir, ec)) return 0;
   for (const fs::directory_entry& e : fs::directory_iterator(checkpoint_dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind(kStepPrefix, 0) == 0 && name.find(kTmpMarker) != std::string::npos) {
-      fs::remove_all(e.path(), ec);
-      removed++;
+    const size_t tmp = name.find(kTmpMarker);
+    if (name.rfind(kStepPrefix, 0) != 0 || tmp == std::string::npos) continue;
+    // A save still in progress by a live process of this host is left alone (a paused holder's
+    // late commit is then refused by the fence, not by a vanished directory).
+    const long pid = std::strtol(name.c_str() + tmp + std::strlen(kTmpMarker), nullptr, 10);
+    if (pid > 0 && pid != long(::getpid()) && (::kill(pid_t(pid), 0) == 0 || errno == EPERM)) {
+      log_warn("checkpoint: {} belongs to running process {}; leaving it", e.path().string(), pid);
+      continue;
     }
+    fs::remove_all(e.path(), ec);
+    removed++;
   }
   return removed;
 }

@@ -76,7 +76,8 @@ std::string checkpoint_dir_name(int64_t step);
 // The newest complete checkpoint (highest step with meta.json) in `checkpoint_dir`, or nullopt.
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir);
 
-// Removes *.tmp-* directories left in `checkpoint_dir` by an interrupted save; returns how many.
+// Removes *.tmp-* directories left in `checkpoint_dir` by an interrupted save (not those of a
+// process of this host that is still running); returns how many.
 int clean_partial_checkpoints(const std::string& checkpoint_dir);
 
 // Keeps the newest `keep_last` complete checkpoints in `checkpoint_dir` (0 = keep all); returns

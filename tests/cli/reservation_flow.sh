@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The reservation flow with real processes (ctest label "mpi"): register CPU slots, book, train
+# under the lease; the window ends mid-run (checkpoint, exit 3) and the run resumes in the next
+# window with the same losses as an uninterrupted run; a second launch fails fast naming the
+# holder; a SIGKILLed holder's lease lapses and a relaunch gets a higher token; a holder SIGSTOPped
+# inside a checkpoint save past its TTL has its late commit refused; bad requests exit 1, a
+# booking that cannot start when asked exits 2.
+#   reservation_flow.sh BERTH MPIEXEC
+set -u
+berth=$1
+mpiexec=$2
+tmp=$(mktemp -d)
+pids=()
+trap 'kill -9 "${pids[@]}" 2>/dev/null; rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+check() {  # check NAME CONDITION-EXIT-CODE
+  if [ "$2" -eq 0 ]; then echo "ok   $1"; pass=$((pass + 1)); else echo "FAIL $1"; fail=$((fail + 1)); fi
+}
+export BERTH_LEDGER="$tmp/ledger.db"
+mpi=("$mpiexec" --oversubscribe --allow-run-as-root --bind-to none)
+booked_id() { python3 -c "import json,sys; print(json.load(sys.stdin)['reservations'][0]['id'])"; }
+
+printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 60) > "$tmp/a.txt"
+"$berth" data import --format text "$tmp/a.txt" --out "$tmp/d.h5" >/dev/null
+cfg="$(dirname "$0")/../../configs/tiny.toml"
+# ~12 ms per step (10 ms injected on rank 0), so windows of seconds hold hundreds of steps.
+small=(--set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.max_seq_len=16
+       --set data.seq_len=16 --set train.micro_batch_size=2 --set eval.interval=0 --set data.val=
+       --set "data.train=$tmp/d.h5" --set train.log_interval=100 --set progress.interval=100
+       --set debug.slow_rank=0 --set debug.slow_rank_s=0.01 --set reservation.lease_ttl_s=3
+       --set reservation.stop_margin_s=1 --set reservation.checkpoint_estimate_s=0.5)
+
+"$berth" devices register --cpu-slots 2 > "$tmp/reg.log" 2>&1
+check "devices register --cpu-slots 2" $?
+
+# ---- bad requests, and a booking that cannot start when asked ----------------------------------
+"$berth" reserve --gpus 0 --duration 1h > "$tmp/bad1.log" 2>&1; rc=$?
+[ $rc -eq 1 ] && grep -q -- "--gpus must be between 1 and 4096, got 0" "$tmp/bad1.log"
+check "reserve --gpus 0 exits 1 with a specific error" $?
+"$berth" reserve --gpus 1 --duration 1h --priority P9 > "$tmp/bad2.log" 2>&1; rc=$?
+[ $rc -eq 1 ] && grep -q "use P0 (highest)" "$tmp/bad2.log"
+check "reserve --priority P9 exits 1" $?
+"$berth" reserve --gpus 1 --duration 1h --start 2020-01-01T00:00Z > "$tmp/bad3.log" 2>&1; rc=$?
+[ $rc -eq 1 ] && grep -q "is in the past" "$tmp/bad3.log"
+check "reserve --start in the past exits 1" $?
+"$berth" reserve --gpus 1 --duration 1h --start tomorrow > "$tmp/bad4.log" 2>&1; rc=$?
+[ $rc -eq 1 ] && grep -q "cannot read the time 'tomorrow'" "$tmp/bad4.log"
+check "reserve --start tomorrow exits 1" $?
+later=$(date -u -d '+2 hours' +%Y-%m-%dT%H:%M:%SZ)
+"$berth" reserve --gpus 2 --duration 1h --start "$later" --name later > "$tmp/later.log" 2>&1
+check "book 2 slots in two hours" $?
+"$berth" reserve --gpus 1 --duration 2h --start "$(date -u -d '+90 minutes' +%Y-%m-%dT%H:%M:%SZ)" \
+    > "$tmp/conflict.log" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "earliest feasible start" "$tmp/conflict.log" && grep -q "blocked by reservation 1" "$tmp/conflict.log"
+check "an overlapping request exits 2 with the earliest start and the blocker (rc $rc)" $?
+"$berth" timeline --hours 4 --html "$tmp/t.html" > "$tmp/timeline.log" 2>&1 && grep -q "<svg" "$tmp/t.html" \
+    && grep -q "vm\|$(hostname)" "$tmp/timeline.log"
+check "timeline prints devices and writes an HTML/SVG page" $?
+
+# ---- window end mid-run, then resume in the next window: same losses as uninterrupted ----------
+timeout 120 "${mpi[@]}" -np 2 "$berth" train "$cfg" "${small[@]}" --set train.steps=700 \
+    --set "run.out_dir=$tmp/ref" > "$tmp/ref.log" 2>&1
+check "reference run without a lease" $?
+id=$("$berth" reserve --gpus 2 --duration 6s --json | booked_id)
+timeout 120 "${mpi[@]}" -np 2 "$berth" train "$cfg" "${small[@]}" --set train.steps=700 \
+    --set "run.out_dir=$tmp/w" --reservation "$id" > "$tmp/w1.log" 2>&1; rc=$?
+[ $rc -eq 3 ] && grep -q "stopping before step" "$tmp/w1.log"
+check "the window ends mid-run: checkpoint and exit 3 (rc $rc)" $?
+ls -d "$tmp"/w/tiny/checkpoints/step-* > /dev/null 2>&1 && [ "$(cat "$tmp/w/tiny/checkpoints/FENCE")" -ge 1 ]
+check "the stop left a checkpoint committed with the fencing token" $?
+id2=$("$berth" reserve --gpus 2 --duration 10m --json | booked_id)
+timeout 120 "${mpi[@]}" -np 2 "$berth" train "$cfg" "${small[@]}" --set train.steps=700 \
+    --set "run.out_dir=$tmp/w" --reservation "$id2" --resume auto > "$tmp/w2.log" 2>&1
+check "resume in the next window exits 0" $?
+python3 - "$tmp/ref/tiny/metrics.jsonl" "$tmp/w/tiny/metrics.jsonl" <<'EOF'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+sys.exit(0 if len(a) == len(b) == 700 and a == b else 1)
+EOF
+check "700 losses identical to the uninterrupted run" $?
+"$berth" cancel "$id2" > /dev/null && "$berth" reservation show "$id2" | grep -q "| cancelled |"
+check "the finished run's booking is cancelled by its owner" $?
+
+# ---- double start; SIGKILLed holder -------------------------------------------------------------
+id3=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
+one=(train "$cfg" "${small[@]}" --set train.steps=100000 --reservation "$id3")
+"$berth" "${one[@]}" --set "run.out_dir=$tmp/k1" > "$tmp/k1.log" 2>&1 &
+holder=$!; pids+=("$holder")
+for _ in $(seq 100); do grep -q "fencing token" "$tmp/k1.log" && break; sleep 0.1; done
+start=$(date +%s)
+"$berth" "${one[@]}" --set "run.out_dir=$tmp/k2" > "$tmp/k2.log" 2>&1; rc=$?
+[ $rc -eq 4 ] && [ $(( $(date +%s) - start )) -le 10 ] && grep -q "already held by pid $holder on" "$tmp/k2.log"
+check "a second launch fails fast naming the holder's pid and host (rc $rc)" $?
+kill -9 "$holder"; wait "$holder" 2>/dev/null
+sleep 3.5  # > lease_ttl_s
+token1=$(sed -n 's/.*fencing token \([0-9]*\).*/\1/p' "$tmp/k1.log" | head -1)
+timeout 60 "$berth" train "$cfg" "${small[@]}" --set train.steps=20 --reservation "$id3" \
+    --set "run.out_dir=$tmp/k3" > "$tmp/k3.log" 2>&1
+check "after SIGKILL the lease lapses and a relaunch trains" $?
+token2=$(sed -n 's/.*fencing token \([0-9]*\).*/\1/p' "$tmp/k3.log" | head -1)
+[ -n "$token1" ] && [ -n "$token2" ] && [ "$token2" -gt "$token1" ]
+check "the relaunch got a higher fencing token ($token1 -> $token2)" $?
+"$berth" reservation show "$id3" | grep -q "| active |"
+check "the booking survived the killed holder" $?
+
+# ---- SIGSTOPped holder past its TTL: its late checkpoint commit is refused -----------------------
+"$berth" cancel "$id3" > /dev/null
+id4=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
+ck="$tmp/stop/checkpoints"
+"$berth" train "$cfg" "${small[@]}" --set train.steps=100000 --reservation "$id4" \
+    --set "checkpoint.dir=$ck" --set checkpoint.interval=30 --set debug.checkpoint_pause_s=2 \
+    --set "run.out_dir=$tmp/s1" > "$tmp/s1.log" 2>&1 &
+stale=$!; pids+=("$stale")
+for _ in $(seq 200); do ls -d "$ck"/step-*.tmp-* > /dev/null 2>&1 && break; sleep 0.05; done
+kill -STOP "$stale"  # frozen inside its first save, before the commit
+sleep 3.5            # past its TTL
+timeout 60 "$berth" train "$cfg" "${small[@]}" --set train.steps=40 --reservation "$id4" \
+    --set "checkpoint.dir=$ck" --set checkpoint.interval=0 --set "run.out_dir=$tmp/s2" \
+    > "$tmp/s2.log" 2>&1
+check "a new holder takes the lapsed lease and commits its checkpoint" $?
+kill -CONT "$stale"
+wait "$stale"; rc=$?
+[ $rc -ne 0 ] && grep -q "checkpoint commit refused" "$tmp/s1.log"
+check "the stale holder's late commit is refused (rc $rc)" $?
+[ ! -e "$ck/step-00000030" ] && [ -e "$ck/step-00000040" ]
+check "only the new holder's checkpoint is in the directory" $?
+
+[ $fail -ne 0 ] && tail -n 20 "$tmp"/*.log; [ $fail -ne 0 ] && grep -h "error|refused" "$tmp"/s1.log
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,491 @@
+// The reservation ledger on real SQLite files with an injected clock: booking rules, exact
+// earliest start (against brute force), priorities and preemption, the 7-day split, malformed
+// requests, permissions, idempotency, leases and fencing tokens, schema migration, and real
+// processes: 32 concurrent bookers of the last window, and a booker killed inside its transaction.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "runtime/cluster/ledger.h"
+#include "runtime/config/cluster_files.h"
+#include "runtime/core/check.h"
+#include "runtime/core/fs.h"
+#include "tests/expect_error.h"
+
+namespace berth {
+namespace {
+
+constexpr double kT0 = 1796328000;  // 2026-12-03T20:00:00Z
+constexpr double kH = 3600;
+
+class LedgerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("berth_ledger_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    path_ = (dir_ / "ledger.db").string();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  LedgerOptions options() {
+    LedgerOptions o;
+    o.clock = [this] { return now_; };
+    o.policy.admins = {"admin"};
+    o.policy.preemptors = {"urgent"};
+    return o;
+  }
+  std::unique_ptr<LedgerStore> open() { return open_sqlite_ledger(path_, options()); }
+
+  static std::vector<Device> slots(const std::string& host, int n, const std::string& model = "cpu",
+                                   int64_t mem = int64_t(8) << 30) {
+    std::vector<Device> v;
+    for (int i = 0; i < n; ++i) v.push_back(Device{0, host, "cpu", i, model, mem, ""});
+    return v;
+  }
+
+  static ReserveRequest req(int64_t n, double start, double hours, int prio = 3,
+                            const std::string& owner = "alice") {
+    ReserveRequest q;
+    q.count = n;
+    q.start = start;
+    q.duration_s = hours * kH;
+    q.priority = prio;
+    q.owner = owner;
+    return q;
+  }
+
+  // Pairs of active bookings that share a device and overlap in time (must be none).
+  int64_t overlaps() {
+    sqlite3* db = nullptr;
+    EXPECT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    sqlite3_stmt* s = nullptr;
+    sqlite3_prepare_v2(db,
+                       "SELECT COUNT(*) FROM booked a JOIN booked b ON a.device = b.device AND "
+                       "a.reservation < b.reservation JOIN reservations ra ON ra.id = "
+                       "a.reservation JOIN reservations rb ON rb.id = b.reservation WHERE "
+                       "ra.state = 'active' AND rb.state = 'active' AND ra.start < rb.end AND "
+                       "rb.start < ra.end",
+                       -1, &s, nullptr);
+    sqlite3_step(s);
+    const int64_t n = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return n;
+  }
+
+  int64_t rows(const char* table) {
+    sqlite3* db = nullptr;
+    sqlite3_open(path_.c_str(), &db);
+    sqlite3_stmt* s = nullptr;
+    sqlite3_prepare_v2(db, (std::string("SELECT COUNT(*) FROM ") + table).c_str(), -1, &s, nullptr);
+    sqlite3_step(s);
+    const int64_t n = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return n;
+  }
+
+  std::filesystem::path dir_;
+  std::string path_;
+  double now_ = kT0;
+};
+
+TEST_F(LedgerTest, TouchingWindowsBothSucceedOverlapsAreRefused) {
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ASSERT_TRUE(l->reserve(req(1, kT0 + 2 * kH, 2)).booked);        // [2h, 4h)
+  EXPECT_TRUE(l->reserve(req(1, kT0 + 4 * kH, 1)).booked);        // touches the end
+  EXPECT_TRUE(l->reserve(req(1, kT0 + 1 * kH, 1)).booked);        // touches the start
+  for (auto [s, h] : {std::pair{1.5, 1.0}, {3.5, 1.0}, {2.5, 0.5}, {1.0, 5.0}}) {  // front, tail,
+    const BookingResult r = l->reserve(req(1, kT0 + s * kH, h));  // containment, contains
+    EXPECT_FALSE(r.booked) << s << " " << h;
+    EXPECT_FALSE(r.blockers.empty());
+    EXPECT_GE(r.earliest_start, kT0 + 5 * kH);
+  }
+  EXPECT_EQ(overlaps(), 0);
+}
+
+TEST_F(LedgerTest, EarliestStartNamesBlockersAndFewestHosts) {
+  auto l = open();
+  l->register_devices(slots("a", 2));
+  l->register_devices(slots("b", 4));
+  const BookingResult first = l->reserve(req(3, kT0, 2, 2, "bob"));
+  ASSERT_TRUE(first.booked);
+  std::set<std::string> hosts;
+  for (const Device& d : first.reservations[0].devices) hosts.insert(d.host);
+  EXPECT_EQ(hosts, std::set<std::string>{"b"}) << "3 devices fit on one host";
+  const BookingResult r = l->reserve(req(4, kT0 + kH, 1));
+  ASSERT_FALSE(r.booked);
+  EXPECT_DOUBLE_EQ(r.earliest_start, kT0 + 2 * kH);
+  ASSERT_FALSE(r.blockers.empty());
+  EXPECT_EQ(r.blockers[0].owner, "bob");
+  EXPECT_EQ(r.blockers[0].priority, 2);
+  ReserveRequest e = req(4, kT0 + kH, 1);
+  e.start.reset();  // --start earliest
+  const BookingResult b = l->reserve(e);
+  ASSERT_TRUE(b.booked);
+  EXPECT_DOUBLE_EQ(b.reservations[0].start, kT0 + 2 * kH);
+}
+
+TEST(Booking, EarliestStartEqualsBruteForceOnSmallLedgers) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 400; ++trial) {
+    std::vector<Device> devs;
+    const int ndev = 1 + int(rng() % 4);
+    for (int i = 0; i < ndev; ++i) devs.push_back(Device{i + 1, i < 2 ? "a" : "b", "cpu", i,
+                                                         "cpu", 1, ""});
+    std::vector<Busy> busy;
+    const int nb = int(rng() % 7);
+    for (int k = 0; k < nb; ++k) {
+      const int64_t dev = 1 + int64_t(rng() % ndev);
+      const double s = double(rng() % 40), len = double(1 + rng() % 10);
+      bool clash = false;
+      for (const Busy& b : busy) clash = clash || (b.device == dev && b.start < s + len && s < b.end);
+      if (!clash) busy.push_back(Busy{dev, k + 1, s, s + len, 1, "x"});
+    }
+    SlotRequest q;
+    q.count = 1 + int64_t(rng() % ndev);
+    q.start = double(rng() % 30);
+    q.duration_s = double(1 + rng() % 8);
+    const SlotAnswer a = find_slot(devs, busy, q);
+    double brute = -1;
+    for (double t = q.start; brute < 0; t += 1) {
+      int64_t free = 0;
+      for (const Device& d : devs) {
+        bool taken = false;
+        for (const Busy& b : busy) taken = taken || (b.device == d.id && b.start < t + q.duration_s && t < b.end);
+        free += !taken;
+      }
+      if (free >= q.count) brute = t;
+    }
+    ASSERT_TRUE(a.found);
+    ASSERT_DOUBLE_EQ(a.start, brute) << "trial " << trial;
+    ASSERT_EQ(int64_t(a.devices.size()), q.count);
+    for (int64_t id : a.devices) {
+      for (const Busy& b : busy) {
+        ASSERT_FALSE(b.device == id && b.start < a.start + q.duration_s && a.start < b.end);
+      }
+    }
+  }
+}
+
+TEST_F(LedgerTest, PrioritiesAndPreemption) {
+  auto l = open();
+  l->register_devices(slots("n1", 2));
+  ASSERT_TRUE(l->reserve(req(2, kT0, 4, 2, "bob")).booked);  // P2, id 1
+  // A higher priority does not take bookings without --preempt: refused with the earliest start.
+  BookingResult r = l->reserve(req(2, kT0 + kH, 1, 0, "urgent"));
+  EXPECT_FALSE(r.booked);
+  EXPECT_DOUBLE_EQ(r.earliest_start, kT0 + 4 * kH);
+  // --preempt needs the policy's permission.
+  ReserveRequest p = req(2, kT0 + kH, 1, 0, "carol");
+  p.preempt = true;
+  test::expect_error([&] { l->reserve(p); }, {"carol may not preempt"});
+  // A lower priority never preempts a higher one.
+  p = req(2, kT0 + kH, 1, 3, "urgent");
+  p.preempt = true;
+  EXPECT_FALSE(l->reserve(p).booked);
+  // Allowed: the P2 booking (not running) becomes preempted.
+  p = req(2, kT0 + kH, 1, 0, "urgent");
+  p.preempt = true;
+  r = l->reserve(p);
+  ASSERT_TRUE(r.booked);
+  ASSERT_EQ(r.preempted.size(), 1u);
+  EXPECT_EQ(l->reservation(1).state, "preempted");
+  EXPECT_EQ(l->reservation(1).preempted_by, r.reservations[0].id);
+  EXPECT_EQ(overlaps(), 0);
+  // The P0 limit (1 per owner by default).
+  EXPECT_FALSE(l->reserve(req(1, kT0 + 10 * kH, 1, 0, "urgent")).booked);
+}
+
+TEST_F(LedgerTest, PreemptingARunningHolderLeavesTheMinimumNotice) {
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ASSERT_TRUE(l->reserve(req(1, kT0, 8, 3, "bob")).booked);
+  now_ = kT0 + kH;
+  ASSERT_TRUE(l->acquire_lease(1, "n1", 100, 60).ok);
+  ReserveRequest p = req(1, kT0 + kH, 2, 1, "admin");
+  p.preempt = true;
+  p.start.reset();  // as soon as possible
+  const BookingResult r = l->reserve(p);
+  ASSERT_TRUE(r.booked);
+  EXPECT_DOUBLE_EQ(r.reservations[0].start, now_ + 600);  // policy min_notice_s
+  const Reservation old = l->reservation(1);
+  EXPECT_EQ(old.state, "active");
+  EXPECT_DOUBLE_EQ(old.end, now_ + 600) << "the running holder's window ends at the new start";
+  const LeaseResult renewed = l->renew_lease(1, 1, 60);
+  ASSERT_TRUE(renewed.ok);
+  EXPECT_DOUBLE_EQ(renewed.lease.window_end, now_ + 600) << "the holder learns it at renewal";
+  EXPECT_EQ(overlaps(), 0);
+}
+
+TEST_F(LedgerTest, LongerThanSevenDaysIsSplitOnlyWhenAllowed) {
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ReserveRequest q = req(1, kT0, 9 * 24);
+  BookingResult r = l->reserve(q);
+  EXPECT_FALSE(r.booked);
+  ASSERT_EQ(r.proposed_split.size(), 2u);
+  EXPECT_DOUBLE_EQ(r.proposed_split[0].second - r.proposed_split[0].first, kMaxSegmentS);
+  EXPECT_EQ(rows("reservations"), 0);
+  q.allow_split = true;
+  r = l->reserve(q);
+  ASSERT_TRUE(r.booked);
+  ASSERT_EQ(r.reservations.size(), 2u);
+  EXPECT_EQ(r.reservations[1].chain_prev, r.reservations[0].id);
+  EXPECT_DOUBLE_EQ(r.reservations[1].start, r.reservations[0].end);
+  EXPECT_DOUBLE_EQ(r.reservations[1].end, kT0 + 9 * 86400);
+}
+
+TEST_F(LedgerTest, MalformedRequestsGetSpecificErrorsAndNoRows) {
+  auto l = open();
+  l->register_devices(slots("n1", 2));
+  auto bad = [&](ReserveRequest q, const std::string& msg) {
+    test::expect_error([&] { l->reserve(q); }, {msg});
+    EXPECT_EQ(rows("reservations"), 0) << msg;
+    EXPECT_EQ(rows("booked"), 0) << msg;
+  };
+  bad(req(0, kT0, 1), "--gpus must be between 1 and 4096, got 0");
+  bad(req(-3, kT0, 1), "got -3");
+  bad(req(5000, kT0, 1), "got 5000");
+  bad(req(3, kT0, 1), "3 device(s) requested but only 2 match");
+  bad(req(1, kT0, 0), "--duration must be > 0");
+  bad(req(1, kT0, -2), "--duration must be > 0");
+  bad(req(1, kT0 - kH, 1), "is in the past");
+  ReserveRequest q = req(1, kT0, 1);
+  q.model = "H100";
+  bad(q, "unknown model 'H100': the ledger's devices are cpu");
+  q = req(1, kT0, 1);
+  q.name = std::string(65, 'x');
+  bad(q, "--name is 65 characters; at most 64");
+  q = req(1, kT0, 1);
+  q.name = "bad\nname";
+  bad(q, "must be printable text");
+  q = req(1, kT0, 1);
+  q.priority = 4;
+  bad(q, "priority must be P0..P3");
+  q = req(1, kT0, 1);
+  q.min_free_mem_bytes = int64_t(9) << 30;
+  bad(q, "only 0 match");
+  test::expect_error([] { parse_priority("P7"); }, {"use P0 (highest)"});
+  test::expect_error([] { parse_duration("3 days"); }, {"in the duration '3 days'"});
+  test::expect_error([] { parse_duration("12x"); }, {"unknown unit 'x'"});
+  test::expect_error([] { parse_duration("abc"); }, {"cannot read the duration"});
+  test::expect_error([] { parse_bytes("75GiBs"); }, {"unknown unit 'GiBs'"});
+  EXPECT_DOUBLE_EQ(parse_duration("1h30m"), 5400);
+  EXPECT_DOUBLE_EQ(parse_duration("2d"), 172800);
+  EXPECT_EQ(parse_bytes("75GiB"), int64_t(75) << 30);
+  EXPECT_EQ(parse_bytes("80GB"), int64_t(80000000000));
+}
+
+TEST_F(LedgerTest, OnlyOwnerOrAdminCancelsOrExtends) {
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ASSERT_TRUE(l->reserve(req(1, kT0, 2, 3, "alice")).booked);
+  ASSERT_TRUE(l->reserve(req(1, kT0 + 3 * kH, 2, 3, "bob")).booked);
+  test::expect_error([&] { l->cancel(1, "bob"); }, {"bob may not cancel reservation 1", "alice"});
+  test::expect_error([&] { l->extend(1, kH, "bob"); }, {"bob may not extend"});
+  EXPECT_EQ(l->extend(1, kH, "alice").end, kT0 + 3 * kH) << "touching bob's booking is fine";
+  test::expect_error([&] { l->extend(1, 60, "alice"); },
+                     {"booked from", "reservation 2 (bob, P3)", "longest extension possible is 0s"});
+  EXPECT_EQ(l->cancel(2, "admin").state, "cancelled");
+  test::expect_error([&] { l->cancel(2, "bob"); }, {"already cancelled"});
+  test::expect_error([&] { l->reservation(99); }, {"no reservation 99"});
+}
+
+TEST_F(LedgerTest, IdempotentRetryReturnsTheSameBooking) {
+  auto l = open();
+  l->register_devices(slots("n1", 2));
+  ReserveRequest q = req(1, kT0, 2);
+  q.idempotency_key = "job-42";
+  const BookingResult a = l->reserve(q);
+  const BookingResult b = l->reserve(q);
+  ASSERT_TRUE(a.booked && b.booked);
+  EXPECT_TRUE(b.replayed);
+  EXPECT_EQ(a.reservations[0].id, b.reservations[0].id);
+  EXPECT_EQ(rows("reservations"), 1);
+  q.count = 2;
+  test::expect_error([&] { l->reserve(q); }, {"idempotency key 'job-42' was already used"});
+}
+
+TEST_F(LedgerTest, LeaseTokensOnlyGrow) {
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ASSERT_TRUE(l->reserve(req(1, kT0 + kH, 4)).booked);
+  LeaseResult a = l->acquire_lease(1, "n1", 10, 60);
+  EXPECT_FALSE(a.ok);
+  EXPECT_NE(a.reason.find("window opens at"), std::string::npos) << a.reason;
+  now_ = kT0 + kH - 100;  // within the start slack
+  a = l->acquire_lease(1, "n1", 10, 60);
+  ASSERT_TRUE(a.ok);
+  const LeaseResult second = l->acquire_lease(1, "n2", 11, 60);
+  EXPECT_FALSE(second.ok);
+  EXPECT_NE(second.reason.find("already held by pid 10 on n1"), std::string::npos) << second.reason;
+  now_ += 30;
+  EXPECT_TRUE(l->renew_lease(1, a.lease.token, 60).ok);
+  now_ += 61;  // the holder stops renewing: the lease lapses, the booking survives
+  EXPECT_FALSE(l->renew_lease(1, a.lease.token, 60).ok);
+  const LeaseResult b = l->acquire_lease(1, "n1", 12, 60);
+  ASSERT_TRUE(b.ok);
+  EXPECT_GT(b.lease.token, a.lease.token);
+  const LeaseResult stale = l->renew_lease(1, a.lease.token, 60);
+  EXPECT_FALSE(stale.ok);
+  EXPECT_NE(stale.reason.find("another launch took it over"), std::string::npos) << stale.reason;
+  l->release_lease(1, b.lease.token);
+  l->release_lease(1, b.lease.token);  // idempotent
+  EXPECT_FALSE(l->renew_lease(1, b.lease.token, 60).ok);
+  EXPECT_EQ(l->reservation(1).state, "active");
+  now_ = kT0 + 5 * kH;
+  EXPECT_NE(l->acquire_lease(1, "n1", 13, 60).reason.find("window ended"), std::string::npos);
+}
+
+TEST_F(LedgerTest, SchemaMigratesUpAndRefusesDowngradeAndForeignFiles) {
+  {  // a version-1 ledger with a booking in it, as an older berth wrote it
+    LedgerOptions o = options();
+    o.migrate_to = 1;
+    auto l = open_sqlite_ledger(path_, o);
+    EXPECT_EQ(l->schema_version(), 1);
+    l->register_devices(slots("n1", 1));
+  }
+  {
+    sqlite3* db = nullptr;
+    sqlite3_open(path_.c_str(), &db);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "INSERT INTO reservations(name, owner, priority, start, end, state, "
+                           "created, model, min_free_mem) VALUES('old', 'alice', 3, 1796328000, "
+                           "1796331600, 'active', 1796328000, '', 0); INSERT INTO booked "
+                           "VALUES(1, 1);",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  {
+    auto l = open();
+    EXPECT_EQ(l->schema_version(), kLedgerSchemaVersion);
+    EXPECT_EQ(l->reservation(1).owner, "alice");
+    EXPECT_EQ(l->reservation(1).preempted_by, 0);
+  }
+  {
+    sqlite3* db = nullptr;
+    sqlite3_open(path_.c_str(), &db);
+    sqlite3_exec(db, "PRAGMA user_version=99", nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+  }
+  test::expect_error([&] { open(); }, {"schema version 99, newer than this berth understands"});
+  const std::string other = (dir_ / "other.db").string();
+  {
+    sqlite3* db = nullptr;
+    sqlite3_open(other.c_str(), &db);
+    sqlite3_exec(db, "CREATE TABLE t(x)", nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+  }
+  test::expect_error([&] { open_sqlite_ledger(other, options()); }, {"not a berth ledger"});
+  write_file_atomic((dir_ / "text.db").string(), "hello, this is not sqlite at all\n");
+  test::expect_error([&] { open_sqlite_ledger((dir_ / "text.db").string(), options()); },
+                     {"not a berth ledger"});
+}
+
+TEST(Ledger, NetworkFilesystemsAreNamed) {
+  EXPECT_EQ(network_filesystem_name(0x6969), "NFS");
+  EXPECT_EQ(network_filesystem_name(0xFF534D42), "CIFS");
+  EXPECT_EQ(network_filesystem_name(0xEF53), "");  // ext4
+  EXPECT_EQ(network_filesystem_name(0x01021994), "");  // tmpfs
+}
+
+TEST_F(LedgerTest, ThirtyTwoProcessesRaceForTheLastWindowExactlyOneWins) {
+  {
+    auto l = open();
+    l->register_devices(slots("n1", 2));
+    ASSERT_TRUE(l->reserve(req(1, kT0, 24)).booked);  // one slot left for today
+  }
+  constexpr int kProcs = 32;
+  std::vector<pid_t> kids;
+  for (int i = 0; i < kProcs; ++i) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 3;
+      try {
+        auto l = open_sqlite_ledger(path_, options());
+        const BookingResult r = l->reserve(req(1, kT0 + kH, 4, 3, "p" + std::to_string(i)));
+        code = r.booked ? 0 : (r.earliest_start == kT0 + 5 * kH ? 1 : 2);
+      } catch (...) {
+        code = 4;
+      }
+      _exit(code);
+    }
+    kids.push_back(pid);
+  }
+  int won = 0, told_earliest = 0, other = 0;
+  for (pid_t pid : kids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    won += code == 0;
+    told_earliest += code == 1;
+    other += code != 0 && code != 1;
+  }
+  EXPECT_EQ(won, 1);
+  EXPECT_EQ(told_earliest, kProcs - 1);
+  EXPECT_EQ(other, 0);
+  EXPECT_EQ(overlaps(), 0);
+  EXPECT_EQ(rows("reservations"), 2);
+}
+
+TEST_F(LedgerTest, BookerKilledInsideItsTransactionLeavesNothing) {
+  {
+    auto l = open();
+    l->register_devices(slots("n1", 2));
+  }
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    LedgerOptions o = options();
+    o.pause_in_transaction_s = 30;  // holds the write transaction until killed
+    try {
+      open_sqlite_ledger(path_, o)->reserve(req(2, kT0, 1));
+    } catch (...) {
+    }
+    _exit(0);
+  }
+  usleep(1500 * 1000);
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  auto l = open();
+  EXPECT_EQ(l->reservations(true, "").size(), 0u);
+  EXPECT_EQ(rows("booked"), 0);
+  EXPECT_TRUE(l->reserve(req(2, kT0, 1)).booked) << "the ledger is usable after the kill";
+}
+
+TEST_F(LedgerTest, PolicyAndInventoryFiles) {
+  const std::string pol = (dir_ / "p.toml").string();
+  write_file_atomic(pol, "admins = [\"ops\"]\npreemptors = [\"urgent\"]\nmax_p0_per_owner = 2\n");
+  const PolicyFile p = read_policy_file(pol);
+  EXPECT_EQ(p.admins, std::vector<std::string>{"ops"});
+  EXPECT_EQ(p.max_p0_per_owner, 2);
+  write_file_atomic(pol, "admin = [\"ops\"]\n");
+  test::expect_error([&] { read_policy_file(pol); }, {"unknown key 'admin'"});
+  const std::string inv = (dir_ / "c.toml").string();
+  write_file_atomic(inv, "[[hosts]]\nname = \"node01\"\nmodel = \"H100\"\nmemory_gib = 80\n"
+                         "gpus = 8\n");
+  ASSERT_EQ(read_cluster_inventory(inv).size(), 1u);
+  EXPECT_EQ(read_cluster_inventory(inv)[0].count, 8);
+  write_file_atomic(inv, "[[hosts]]\nname = \"node01\"\nmodel = \"H100\"\nmemory_gib = 80\n"
+                         "gpus = 0\n");
+  test::expect_error([&] { read_cluster_inventory(inv); }, {"'gpus' must be an integer in 1..4096"});
+}
+
+}  // namespace
+}  // namespace berth
