@@ -313,10 +313,12 @@ void register_ledger_commands(CLI::App& app) {
       int64_t gpus = 0;
       std::string model, min_free_mem = "0", duration, start = "earliest", priority = "P3", name,
                   key;
-      bool preempt = false, allow_split = false;
+      bool preempt = false, allow_split = false, print_id = false;
     };
     auto a = std::make_shared<Args>();
     CLI::App* cmd = app.add_subcommand("reserve", "Book devices for a window");
+    cmd->add_flag("--print-id", a->print_id,
+                  "On success print only the reservation id (for batch scripts)");
     add_ledger_option(cmd, &a->l);
     cmd->add_option("--gpus", a->gpus, "Number of devices")->required();
     cmd->add_option("--model", a->model, "Device model (e.g. H100, cpu); default: any");
@@ -360,6 +362,10 @@ void register_ledger_commands(CLI::App& app) {
         }
         std::printf("%s\n", j.dump(2).c_str());
         if (!r.booked) throw ExitStatus{kExitNotNow};
+        return;
+      }
+      if (r.booked && a->print_id) {
+        std::printf("%lld\n", static_cast<long long>(r.reservations.front().id));
         return;
       }
       if (r.booked) {
