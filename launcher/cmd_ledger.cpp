@@ -6,7 +6,6 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -17,6 +16,8 @@
 #include "runtime/core/check.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/fs.h"
+#include "runtime/train/lease_keeper.h"
+#include "runtime/train/step_metrics.h"
 
 #if BERTH_CUDA
 #include "kernels/cuda/device.h"
@@ -90,18 +91,7 @@ struct LedgerArgs {
 
 std::unique_ptr<LedgerStore> open_ledger(const LedgerArgs& a) {
   const std::string path = resolve_ledger_path(a.ledger, "");
-  LedgerOptions o;
-  const std::string policy = path + ".policy.toml";
-  std::error_code ec;
-  if (std::filesystem::exists(policy, ec)) {
-    const PolicyFile p = read_policy_file(policy);
-    o.policy.admins = p.admins;
-    o.policy.preemptors = p.preemptors;
-    o.policy.max_p0_per_owner = p.max_p0_per_owner;
-    o.policy.min_notice_s = p.min_notice_s;
-    o.policy.start_slack_s = p.start_slack_s;
-  }
-  return open_sqlite_ledger(path, o);
+  return open_sqlite_ledger(path, ledger_options_for(path));
 }
 
 void add_ledger_option(CLI::App* cmd, LedgerArgs* a, bool json = true) {
@@ -110,22 +100,11 @@ void add_ledger_option(CLI::App* cmd, LedgerArgs* a, bool json = true) {
   if (json) cmd->add_flag("--json", a->json, "Print JSON");
 }
 
-double host_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key >> kib) {
-    if (key == "MemTotal:") return kib * 1024;
-    in.ignore(256, '\n');
-  }
-  return 0;
-}
-
 // ---- timeline ----------------------------------------------------------------------------------
 
 char mark_of(const Reservation& r) {
   static const char* kMarks = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  return kMarks[r.id % 62];
+  return kMarks[(r.id - 1) % 62];
 }
 
 std::string timeline_text(const std::vector<Device>& devs, const std::vector<Reservation>& rs,
@@ -254,7 +233,7 @@ void register_ledger_commands(CLI::App& app) {
       if (!cmd->get_subcommands().empty()) return;
       const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
       std::printf("host %s: %ld CPU cores, %.1f GiB memory\n", host_name().c_str(), cpus,
-                  host_memory_bytes() / kGiB);
+                  host_meminfo_bytes("MemTotal") / kGiB);
 #if BERTH_CUDA
       std::printf("%s", cuda::describe_devices().c_str());
 #else
@@ -285,7 +264,7 @@ void register_ledger_commands(CLI::App& app) {
         }
       } else if (a->cpu_slots > 0) {
         const double mem = a->cpu_slot_gib > 0 ? a->cpu_slot_gib * kGiB
-                                                : host_memory_bytes() / double(a->cpu_slots);
+                                                : host_meminfo_bytes("MemTotal") / double(a->cpu_slots);
         for (int64_t i = 0; i < a->cpu_slots; ++i) {
           devs.push_back(Device{0, a->host.empty() ? host_name() : a->host, "cpu", i, "cpu",
                                 static_cast<int64_t>(mem), ""});

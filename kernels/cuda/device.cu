@@ -20,7 +20,7 @@ std::string describe_devices() {
   const cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return fmt::format("no usable CUDA device ({})", cudaGetErrorString(err));
+    return fmt::format("no usable CUDA device ({})\n", cudaGetErrorString(err));
   }
   std::string out;
   for (int d = 0; d < n; d++) {

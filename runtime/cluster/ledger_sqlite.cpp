@@ -234,6 +234,10 @@ class SqliteLedger : public LedgerStore {
                     "idempotency key '{}' was already used by {} for a different request "
                     "(reservation {}); use a new key",
                     req.idempotency_key, req.owner, r.id);
+        BERTH_CHECK(r.state == "active",
+                    "idempotency key '{}' belongs to reservation {}, which is {}; use a new key "
+                    "to book again",
+                    req.idempotency_key, r.id, r.state);
         out.booked = true;
         out.replayed = true;
         out.reservations = chain;
@@ -389,14 +393,17 @@ class SqliteLedger : public LedgerStore {
                 id, format_duration(by_s), format_utc_iso(r.end));
     std::set<int64_t> mine;
     for (const Device& d : r.devices) mine.insert(d.id);
+    std::optional<Busy> first;  // the nearest booking in the way, of any priority
     for (const Busy& b : active_busy(now)) {
       if (b.reservation == id || !mine.count(b.device)) continue;
-      if (b.start < r.end + by_s && r.end < b.end) {
-        BERTH_FAIL("cannot extend reservation {} by {}: its device is booked from {} by "
-                   "reservation {} ({}, {}); the longest extension possible is {}",
-                   id, format_duration(by_s), format_utc_minute(b.start), b.reservation, b.owner,
-                   priority_name(b.priority), format_duration(std::max(0.0, b.start - r.end)));
-      }
+      if (b.start < r.end + by_s && r.end < b.end && (!first || b.start < first->start)) first = b;
+    }
+    if (first) {
+      BERTH_FAIL("cannot extend reservation {} by {}: its device is booked from {} by "
+                 "reservation {} ({}, {}); the longest extension possible is {}",
+                 id, format_duration(by_s), format_utc_minute(first->start), first->reservation,
+                 first->owner, priority_name(first->priority),
+                 format_duration(std::max(0.0, first->start - r.end)));
     }
     Stmt u(db_, "UPDATE reservations SET end=? WHERE id=?");
     u.bind(1, r.end + by_s).bind(2, id).run();

@@ -3,15 +3,17 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 
+#include "runtime/config/cluster_files.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/log.h"
+#include "runtime/train/step_metrics.h"
 
 namespace berth {
 namespace {
 
-constexpr size_t kHostBytes = 64;
+constexpr size_t kHostBytes = 256;
 
 // What one rank tells rank 0: its host, local rank and the memory free for it.
 struct RankPlace {
@@ -20,18 +22,22 @@ struct RankPlace {
   double free_bytes = 0;
 };
 
-double host_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key >> kib) {
-    if (key == "MemAvailable:") return kib * 1024;
-    in.ignore(256, '\n');
-  }
-  return 0;
-}
-
 }  // namespace
+
+LedgerOptions ledger_options_for(const std::string& path) {
+  LedgerOptions o;
+  const std::string policy = path + ".policy.toml";
+  std::error_code ec;
+  if (std::filesystem::exists(policy, ec)) {
+    const PolicyFile p = read_policy_file(policy);
+    o.policy.admins = p.admins;
+    o.policy.preemptors = p.preemptors;
+    o.policy.max_p0_per_owner = p.max_p0_per_owner;
+    o.policy.min_notice_s = p.min_notice_s;
+    o.policy.start_slack_s = p.start_slack_s;
+  }
+  return o;
+}
 
 LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(world) {
   const ReservationSection& rc = cfg.reservation;
@@ -42,19 +48,21 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
   const std::string host = host_name();
   std::memcpy(mine.host, host.data(), std::min(host.size(), kHostBytes - 1));
   mine.local_rank = local.rank;
-  mine.free_bytes = host_available_bytes() / std::max(1, local.size);
+  mine.free_bytes = host_meminfo_bytes("MemAvailable") / std::max(1, local.size);
   std::vector<RankPlace> places(size_t(world.size()));
   world.all_gather(&mine, places.data(),
                    std::vector<size_t>(size_t(world.size()), sizeof(RankPlace)), DType::U8);
   std::string refused;
   if (world.rank() == 0) {
     try {
-      ledger_ = open_sqlite_ledger(resolve_ledger_path(rc.ledger, ""), LedgerOptions{});
+      const std::string path = resolve_ledger_path("", rc.ledger);
+      ledger_ = open_sqlite_ledger(path, ledger_options_for(path));
       reservation_ = rc.id;
       if (reservation_ == 0 && rc.without == "refuse") {
-        BERTH_FAIL("no reservation: this config requires one (reservation.without = \"refuse\"); "
-                   "book with `berth reserve --gpus {} --duration ...` and pass --reservation ID",
-                   world.size());
+        throw LeaseRefused(fmt::format(
+            "no reservation: this config requires one (reservation.without = \"refuse\"); book "
+            "with `berth reserve --gpus {} --duration ...` and pass --reservation ID",
+            world.size()));
       }
       if (reservation_ == 0) {  // on-demand: a short P3 booking of devices free now
         ReserveRequest q;
@@ -71,21 +79,23 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
               b.earliest_start > 0 ? "; earliest start " + format_utc_iso(b.earliest_start) : ""));
         }
         reservation_ = b.reservations.front().id;
+        on_demand_ = true;
         log_info("lease: booked reservation {} on demand (P3, {})", reservation_,
                  format_duration(rc.on_demand_s));
       }
       const Reservation r = ledger_->reservation(reservation_);
-      // The booked devices must be the ranks' hosts and local ranks, with the free memory.
+      // The booked devices must be the ranks' hosts: local rank k of a host uses the k-th
+      // booked device of that host (by index), which must exist and have the free memory.
       for (int k = 0; k < world.size(); ++k) {
         const RankPlace& p = places[size_t(k)];
-        const int64_t idx = int64_t(p.local_rank);
-        bool found = false;
-        for (const Device& d : r.devices) found = found || (d.host == p.host && d.index == idx);
-        if (!found) {
+        const int64_t local_rank = int64_t(p.local_rank);
+        int64_t on_host = 0;
+        for (const Device& d : r.devices) on_host += d.host == p.host;
+        if (local_rank >= on_host) {
           throw LeaseRefused(fmt::format(
-              "rank {} runs on {} as local rank {}, but reservation {} booked {}: launch on the "
-              "booked hosts, one rank per booked device",
-              k, p.host, idx, reservation_, [&] {
+              "rank {} runs on {} as local rank {}, but reservation {} booked {} device(s) there "
+              "({}): launch on the booked hosts, one rank per booked device",
+              k, p.host, local_rank, reservation_, on_host, [&] {
                 std::string s;
                 for (const Device& d : r.devices)
                   s += fmt::format("{}{}:{}{}", s.empty() ? "" : ", ", d.host, d.kind, d.index);
@@ -111,6 +121,7 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
                format_duration(rc.lease_ttl_s / 3));
     } catch (const LeaseRefused& e) {
       refused = e.what();
+      if (on_demand_) ledger_->cancel(reservation_, current_user());
     }
   }
   // Rank 0 tells everyone: the token, or 0 and why not.
@@ -194,6 +205,10 @@ void LeaseKeeper::release() {
   released_ = true;
   ledger_->release_lease(reservation_, token_);
   log_info("lease: reservation {} released (token {})", reservation_, token_);
+  if (on_demand_) {
+    ledger_->cancel(reservation_, current_user());
+    log_info("lease: on-demand reservation {} cancelled", reservation_);
+  }
 }
 
 }  // namespace berth

@@ -23,6 +23,9 @@ struct LeaseRefused : Error {
   using Error::Error;
 };
 
+// Ledger options for the ledger at `path`: the policy from <path>.policy.toml when it exists.
+LedgerOptions ledger_options_for(const std::string& path);
+
 class LeaseKeeper {
  public:
   enum Decision : int32_t { kContinue = 0, kStopWindow = 1, kLost = 2 };
@@ -41,7 +44,7 @@ class LeaseKeeper {
   Decision before_step(double step_s);
   void checkpoint_took(double seconds) { ckpt_s_ = std::max(ckpt_s_, seconds); }
   const std::string& reason() const { return reason_; }  // of the last stop decision
-  void release();  // rank 0; idempotent
+  void release();  // rank 0; idempotent (an on-demand booking is cancelled too)
 
  private:
   const RunConfig& cfg_;
@@ -49,7 +52,7 @@ class LeaseKeeper {
   std::unique_ptr<LedgerStore> ledger_;  // rank 0
   int64_t reservation_ = 0, token_ = 0;
   double window_end_ = 0, local_expiry_ = 0, last_renew_ = 0, ckpt_s_ = 0;
-  bool released_ = false;
+  bool released_ = false, on_demand_ = false;
   std::string reason_;
 };
 

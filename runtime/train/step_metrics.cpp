@@ -5,7 +5,6 @@
 
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include "runtime/core/check.h"
 
@@ -38,17 +37,19 @@ double host_peak_rss_gib() {
   return static_cast<double>(u.ru_maxrss) * 1024.0 / kGiB;  // ru_maxrss is in KiB on Linux
 }
 
-double host_capacity_gib_per_rank(int ranks_on_host) {
-  double total = 0;
-  std::ifstream mi("/proc/meminfo");
-  for (std::string line; std::getline(mi, line);) {
-    if (line.rfind("MemTotal:", 0) == 0) {
-      std::istringstream ss(line.substr(9));
-      double kib = 0;
-      ss >> kib;
-      total = kib * 1024.0;
-    }
+double host_meminfo_bytes(const std::string& field) {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (in >> key >> kib) {
+    if (key == field + ":") return kib * 1024;
+    in.ignore(256, '\n');
   }
+  return 0;
+}
+
+double host_capacity_gib_per_rank(int ranks_on_host) {
+  double total = host_meminfo_bytes("MemTotal");
   const double cgroup = read_number("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" reads 0
   if (cgroup > 0 && (total == 0 || cgroup < total)) total = cgroup;
   return total / kGiB / static_cast<double>(std::max(1, ranks_on_host));

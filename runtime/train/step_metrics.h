@@ -16,6 +16,8 @@ double host_peak_rss_gib();
 // Memory a rank may use on this host: the cgroup limit (memory.max) if set, else MemTotal,
 // divided by the ranks on this host.
 double host_capacity_gib_per_rank(int ranks_on_host);
+// A /proc/meminfo field in bytes ("MemTotal", "MemAvailable"); 0 when it cannot be read.
+double host_meminfo_bytes(const std::string& field);
 
 // "rank@host" of every rank of `world`, in rank order (collective).
 std::vector<std::string> gather_rank_names(Communicator& world);
