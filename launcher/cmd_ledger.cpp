@@ -12,6 +12,7 @@
 
 #include "launcher/commands.h"
 #include "runtime/cluster/ledger.h"
+#include "runtime/cluster/nvml.h"
 #include "runtime/config/cluster_files.h"
 #include "runtime/core/check.h"
 #include "runtime/core/clock.h"
@@ -235,7 +236,17 @@ void register_ledger_commands(CLI::App& app) {
       std::printf("host %s: %ld CPU cores, %.1f GiB memory\n", host_name().c_str(), cpus,
                   host_meminfo_bytes("MemTotal") / kGiB);
 #if BERTH_CUDA
-      std::printf("%s", cuda::describe_devices().c_str());
+      const std::vector<cuda::DeviceInfo> gpus = cuda::device_inventory();
+      if (gpus.empty()) std::printf("%s", cuda::describe_devices().c_str());
+      for (const cuda::DeviceInfo& g : gpus) {
+        std::string why;
+        const std::optional<NvmlReading> n = nvml_reading(g.uuid, &why);
+        std::printf("cuda:%d %s %s | %.1f GiB total, %.1f GiB free | %s\n", g.index,
+                    g.name.c_str(), g.uuid.c_str(), double(g.total_bytes) / kGiB,
+                    double(g.free_bytes) / kGiB,
+                    n ? fmt::format("{} C, {}% busy", n->temperature_c, n->utilization_pct).c_str()
+                      : why.c_str());
+      }
 #else
       std::printf("no CUDA devices: this berth was built without CUDA (CPU slots can be "
                   "registered with `berth devices register --cpu-slots N`)\n");
@@ -271,8 +282,12 @@ void register_ledger_commands(CLI::App& app) {
         }
       } else {
 #if BERTH_CUDA
-        BERTH_FAIL("registering this host's GPUs needs the CUDA inventory, which is not built "
-                   "yet; use --from cluster.toml");
+        for (const cuda::DeviceInfo& g : cuda::device_inventory()) {
+          devs.push_back(Device{0, host_name(), "gpu", g.index, g.name, g.total_bytes, g.uuid});
+        }
+        BERTH_CHECK(!devs.empty(), "this host has no usable CUDA device ({}); register a cluster "
+                    "with --from cluster.toml, or CPU slots with --cpu-slots N",
+                    cuda::describe_devices());
 #else
         BERTH_FAIL("this berth was built without CUDA, so it sees no GPUs here; register a "
                    "cluster with --from cluster.toml, or CPU slots with --cpu-slots N");

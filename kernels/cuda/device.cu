@@ -33,4 +33,32 @@ std::string describe_devices() {
   return out;
 }
 
+std::vector<DeviceInfo> device_inventory() {
+  std::vector<DeviceInfo> out;
+  const int n = device_count();
+  int current = 0;
+  if (n > 0) CUDA_CHECK(cudaGetDevice(&current));
+  for (int d = 0; d < n; d++) {
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, d));
+    DeviceInfo info;
+    info.index = d;
+    info.name = prop.name;
+    const unsigned char* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+    info.uuid = "GPU-";
+    for (int i = 0; i < 16; i++) {
+      info.uuid += fmt::format("{:02x}", u[i]);
+      if (i == 3 || i == 5 || i == 7 || i == 9) info.uuid += "-";
+    }
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaSetDevice(d));
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    info.total_bytes = int64_t(total_b);
+    info.free_bytes = int64_t(free_b);
+    out.push_back(info);
+  }
+  if (n > 0) CUDA_CHECK(cudaSetDevice(current));
+  return out;
+}
+
 }  // namespace berth::cuda

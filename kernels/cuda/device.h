@@ -2,7 +2,9 @@
 // defined only when berth is built with CUDA (BERTH_CUDA=1).
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace berth::cuda {
 
@@ -11,5 +13,15 @@ int device_count();
 
 // One line per device: "cuda:0 NVIDIA H200, 139.8 GiB, compute 9.0", or the reason none is usable.
 std::string describe_devices();
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;     // "NVIDIA H200"
+  std::string uuid;     // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;  // cudaMemGetInfo on that device now
+};
+// Every visible device (empty when there is no driver or no device; never throws for that).
+std::vector<DeviceInfo> device_inventory();
 
 }  // namespace berth::cuda
