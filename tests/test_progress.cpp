@@ -99,6 +99,29 @@ StepRecord record(int64_t step, double duration_s) {
 
 double ape(double pred, double truth) { return std::fabs(pred - truth) / truth; }
 
+TEST(Progress, DataEpochCostsRepeatOnceAnEpochWasSeen) {
+  // Epochs of 500 steps: the last 100 steps of each wait 0.4 s for data, and the boundary step
+  // stalls 30 s (~20 % of the run in all). After one whole epoch the predictor expects the same
+  // in every later epoch; without the epoch events it cannot, and misses by far more.
+  const auto f = steady_facts(2000);
+  Synth s;
+  s.noise_rel = 0.02;
+  auto rows = synth_trace(f, s);
+  for (auto& r : rows) {
+    const int64_t pos = (r.step - 1) % 500;
+    if (pos >= 400) r.duration_s += 0.4;
+    if (r.step % 500 == 0) r.duration_s += 30, r.event = "epoch_boundary";
+  }
+  const double truth = total_of(rows);
+  const Prediction with = predict_at(f, rows, 0.6);
+  EXPECT_LT(ape(with.total_s, truth), 0.01) << with.total_s << " vs " << truth;
+  auto plain = rows;
+  for (auto& r : plain)
+    if (r.event == "epoch_boundary") r.event = "";
+  const Prediction without = predict_at(f, plain, 0.6);
+  EXPECT_GT(ape(without.total_s, truth), 3 * ape(with.total_s, truth));
+}
+
 TEST(Progress, SteadyRunWithinOnePercentAtTenPercent) {
   const auto f = steady_facts(3000);
   Synth s;

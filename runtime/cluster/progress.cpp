@@ -34,6 +34,7 @@ bool is_ckpt_event(const std::string& e) {
   return e.find("ckpt") != std::string::npos || e.find("checkpoint") != std::string::npos;
 }
 bool is_eval_event(const std::string& e) { return e.find("eval") != std::string::npos; }
+bool is_epoch_event(const std::string& e) { return e.find("epoch") != std::string::npos; }
 
 double median_of(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -317,7 +318,43 @@ Prediction ProgressPredictor::predict() const {
   const int64_t rem_eval = remaining_events(facts_.eval_interval, facts_.final_eval);
   const double rem_events =
       static_cast<double>(rem_ckpt) * ckpt_cost + static_cast<double>(rem_eval) * eval_cost;
-  const double rem = rem_normal + rem_events + unplanned_rate * static_cast<double>(rem_steps);
+  // Data epochs: once a whole epoch has been seen (its end marked by an epoch event), its
+  // per-step cost above the base rate (late-epoch data waits, the boundary stall, spikes;
+  // checkpoints and evaluations are counted above) is taken to repeat at the same positions of
+  // every later epoch. It then replaces the unplanned-overhead rate.
+  double epoch_extra = 0.0;
+  bool epoch_model = false;
+  {
+    std::vector<int64_t> bounds;
+    for (const auto& r : records_)
+      if (is_epoch_event(r.event)) bounds.push_back(r.step);
+    int64_t prev = -1;
+    if (bounds.size() >= 2) {
+      prev = bounds[bounds.size() - 2];
+    } else if (bounds.size() == 1 && facts_.start_step == 0) {
+      prev = 0;
+    }
+    const int64_t len = prev >= 0 ? bounds.back() - prev : 0;
+    if (len >= kMinWindow) {
+      std::vector<double> profile(static_cast<size_t>(len), 0.0);
+      for (const auto& r : records_) {
+        if (r.step <= prev || r.step > bounds.back() || r.tokens <= 0) continue;
+        if (is_warmup_event(r.event) || is_ckpt_event(r.event) || is_eval_event(r.event)) continue;
+        const double c = step_cost(r.tokens, r.seq_len > 0 ? r.seq_len
+                                                             : schedule_at(facts_, r.step).seq_len,
+                                   h);
+        profile[static_cast<size_t>(r.step - prev - 1)] = r.duration_s - base * c;
+      }
+      for (int64_t st = last_step + 1; st <= end_step; ++st) {
+        epoch_extra += profile[static_cast<size_t>((st - bounds.back() - 1) % len)];
+      }
+      epoch_extra = std::max(0.0, epoch_extra);
+      epoch_model = true;
+    }
+  }
+  const double rem = rem_normal + rem_events +
+                     (epoch_model ? epoch_extra
+                                  : unplanned_rate * static_cast<double>(rem_steps));
 
   out.remaining_s = rem;
   out.total_s = elapsed_s_ + rem;
@@ -329,7 +366,8 @@ Prediction ProgressPredictor::predict() const {
   const double spread = rem_normal * rate_rel +
                         static_cast<double>(rem_ckpt) * ckpt_cost * ev_rel_ck +
                         static_cast<double>(rem_eval) * eval_cost * ev_rel_e +
-                        unplanned_rate * static_cast<double>(rem_steps);
+                        (epoch_model ? 0.25 * epoch_extra
+                                     : unplanned_rate * static_cast<double>(rem_steps));
   out.low_s = std::max(elapsed_s_, out.total_s - spread);
   out.high_s = out.total_s + spread;
   out.lease_exceeded = facts_.lease_s > 0 && out.total_s > facts_.lease_s;

@@ -32,6 +32,7 @@ class BatchSource {
   virtual void next(PackedBatch* batch) = 0;
   virtual int64_t rows_consumed() const = 0;
   virtual void set_rows_consumed(int64_t rows) = 0;
+  virtual int64_t rows_per_epoch() const = 0;  // global rows in one pass over the data
 };
 
 class StreamLoader : public BatchSource {
@@ -50,6 +51,7 @@ class StreamLoader : public BatchSource {
   int64_t n_windows() const { return n_windows_; }
   int64_t rows_consumed() const override { return rows_; }
   void set_rows_consumed(int64_t rows) override { rows_ = rows; }
+  int64_t rows_per_epoch() const override { return n_windows_; }
 
   // Window index (into the un-shuffled order) of the `row`-th row ever drawn. Pure.
   int64_t window_of_row(int64_t row) const;

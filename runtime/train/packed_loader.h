@@ -35,6 +35,7 @@ class PackedLoader : public BatchSource {
   void next(PackedBatch* batch) override;
   int64_t rows_consumed() const override { return rows_; }
   void set_rows_consumed(int64_t rows) override { rows_ = rows; }
+  int64_t rows_per_epoch() const override { return plan_.n_rows(); }
 
   const PackPlan& plan() const { return plan_; }
   int64_t row_of(int64_t global_row) const;  // plan row of the global_row-th row drawn

@@ -79,7 +79,7 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
 }
 
 void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated,
-                               bool checkpointed, nlohmann::json* line) {
+                               bool checkpointed, bool new_epoch, nlohmann::json* line) {
   const auto now = std::chrono::steady_clock::now();
   RankStepMetrics m;
   m.wall_s = std::chrono::duration<double>(now - mark_).count();
@@ -113,6 +113,7 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   auto add = [&](const char* e) { event += event.empty() ? e : std::string("+") + e; };
   if (checkpointed) add("ckpt");
   if (evaluated) add("eval");
+  if (new_epoch) add("epoch_boundary");
   const int64_t global_tokens = int64_t(st.tokens) * grid_.shape().dp;
   const StepRecord& r = monitor_->observe(done, all, global_tokens, cfg_.data.seq_len, event);
   trace_ << trace_csv_row(r);

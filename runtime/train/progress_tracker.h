@@ -43,11 +43,12 @@ class ProgressTracker {
                    (grid_.comm_seconds() - c0);
   }
 
-  // Ends global step `done` (counted from 1). Collective (the gather). On rank 0: observes it,
+  // Ends global step `done` (counted from 1); `new_epoch`: the data loader began a new pass over
+  // the data in this step. Collective (the gather). On rank 0: observes it,
   // appends the trace row and adds the step's measurements to `line`; at every progress.interval
   // steps of the session and at its last step also the prediction, and logs the block.
   void end_step(int64_t done, const StepStats& st, bool evaluated, bool checkpointed,
-                nlohmann::json* line);
+                bool new_epoch, nlohmann::json* line);
 
   // Rank 0: trace.csv.partial becomes trace.csv; logs the cost of gathering the records.
   void finish();

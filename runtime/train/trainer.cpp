@@ -420,6 +420,7 @@ std::vector<StepStats> Trainer::run() {
       break;
     }
     const auto t_step = std::chrono::steady_clock::now();
+    const int64_t epoch_before = loader_->rows_consumed() / loader_->rows_per_epoch();
     double initial_val_loss = -1, val_loss = -1;
     const bool last = step == steps - 1;
     const int64_t done = step + 1;
@@ -452,7 +453,8 @@ std::vector<StepStats> Trainer::run() {
                         {"model_flops_per_s", st.model_flops_per_s}};
     if (val_loss >= 0) j["val_loss"] = val_loss;
     if (initial_val_loss >= 0) j["initial_val_loss"] = initial_val_loss;
-    progress.end_step(done, st, eval || initial_eval, ckpt, &j);
+    const bool new_epoch = loader_->rows_consumed() / loader_->rows_per_epoch() != epoch_before;
+    progress.end_step(done, st, eval || initial_eval, ckpt, new_epoch, &j);
     last_wall = seconds_since(t_step);
     const std::string line = j.dump() + "\n";
     metrics += line;
