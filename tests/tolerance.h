@@ -72,6 +72,12 @@ inline constexpr Tol kDataParallelParams{5e-5, 3e-3};
 // bound; measured worst: per-document losses bit-identical, gradients |Δ|/|ref| 4.4e-15.
 inline constexpr Tol kPackingF64{1e-12, 1e-6};
 
+// Tensor-parallel primitives (fp32) vs one rank: only the order of the sums changes (all-reduced
+// partial GEMMs, OpenBLAS kernels chosen by shard shape, max/Σexp over vocabulary shards). Sums of
+// up to 256 products of O(1) values. Measured worst (tests/test_tensor_parallel.cpp, np 2 and 4):
+// |Δ| = 7.6e-6 (column dw), 4.3e-6 (column dinp, row out); used 0.10 at {4e-5, 1e-5}.
+inline constexpr Tol kTensorParallel{4e-5, 1e-5};
+
 // ---- comparison ---------------------------------------------------------------------------------
 
 // Checks |got[i] − ref[i]| ≤ atol + rtol·|ref[i]| for i < n; a NaN anywhere fails. Each failure is
