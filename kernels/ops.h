@@ -69,6 +69,27 @@ template <typename T>
 void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att,
                         const int32_t* cu_seqlens, int S, int C, int NH);
 
+// ---- attention of a query block against a key/value block (ring attention) ------------------
+// q (nq, C), k and v (nk, C), heads at column blocks of HS = C/NH. Token i of a block belongs to
+// sequence seq[i] at global position pos[i]; query i sees key j when seq[j] == seq[i] and
+// pos[j] <= pos[i]. out (nq, C) = softmax-weighted values within this block (0 where a query sees
+// no key), lse (nq, NH) = log Σ exp(scores) over the keys it sees (−inf where none).
+void attention_block_forward(float* out, float* lse, const float* q, const float* k,
+                             const float* v, const int32_t* q_seq, const int32_t* q_pos,
+                             const int32_t* k_seq, const int32_t* k_pos, int nq, int nk, int C,
+                             int NH);
+// Merges a block's (out_b, lse_b) into the running (out, lse) of the same queries:
+// lse' = logaddexp(lse, lse_b), out' = e^(lse−lse')·out + e^(lse_b−lse')·out_b (fp32, stable).
+void attention_lse_merge(float* out, float* lse, const float* out_b, const float* lse_b, int nq,
+                         int C, int NH);
+// Backward of one block given the final out, lse of the queries and dout: dq (nq, C), dk and dv
+// (nk, C) are accumulated (+=). P = exp(scores − lse); dV += Pᵀ dout; dS = P ∘ (dout·vᵀ − D) with
+// D = rowsum(dout ∘ out); dQ += dS k / √HS; dK += dSᵀ q / √HS.
+void attention_block_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                              const float* lse, const float* q, const float* k, const float* v,
+                              const int32_t* q_seq, const int32_t* q_pos, const int32_t* k_seq,
+                              const int32_t* k_pos, int nq, int nk, int C, int NH);
+
 // ---- GELU (tanh approximation) ----------------------------------------------------------------
 // out (n) = gelu(inp); dinp (n) = gelu'(inp) * dout (overwrite; dinp may alias dout)
 template <typename T>

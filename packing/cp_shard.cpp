@@ -39,4 +39,19 @@ CpShard cp_shard(const PackedBatch& b, int cp, int rank) {
   return out;
 }
 
+void cp_local_batch(const PackedBatch& batch, int cp, int rank, PackedBatch* local) {
+  BERTH_CHECK(batch.T % (2 * cp) == 0 && batch.n_seqs() == batch.B,
+              "context parallelism needs one sequence per row of a length divisible by 2·cp = {} "
+              "(got {} sequences in {} rows of {})",
+              2 * cp, batch.n_seqs(), batch.B, batch.T);
+  CpShard sh = cp_shard(batch, cp, rank);
+  local->B = batch.B;
+  local->T = batch.T / cp;
+  local->tokens = std::move(sh.tokens);
+  local->targets = std::move(sh.targets);
+  local->positions = std::move(sh.positions);
+  local->cu_seqlens = std::move(sh.cu_seqlens);
+  local->max_seqlen = local->T;
+}
+
 }  // namespace berth

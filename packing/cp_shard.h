@@ -28,6 +28,11 @@ struct CpShard {
 // Throws Error for cp < 1 or rank outside 0..cp-1.
 CpShard cp_shard(const PackedBatch& batch, int cp, int rank);
 
+// Writes this rank's shard of `batch` into `local` as a batch the model consumes: B rows of
+// T/cp tokens (requires one sequence per row and T divisible by 2·cp, the stream layout), global
+// positions, cu_seqlens at the local pieces.
+void cp_local_batch(const PackedBatch& batch, int cp, int rank, PackedBatch* local);
+
 // The padded length of a sequence of `length` tokens: the next multiple of 2·cp.
 int32_t cp_padded_length(int32_t length, int cp);
 

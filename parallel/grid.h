@@ -36,7 +36,7 @@ struct GridRequest {
 // Resolves dp and checks the layout before anything is allocated; throws Error with a message a
 // user can act on: "tp·pp·cp·dp = 1·1·1·3 = 3 does not match the 4 ranks ...", "n_head (12)
 // must be divisible by tp (5)", "pp (6) > n_layer (4)", world not divisible by tp·pp·cp. Tensor,
-// pipeline and context parallelism (> 1) are refused as not yet supported in this build.
+// and pipeline parallelism (> 1) are refused as not yet wired into training in this build.
 GridShape resolve_grid(const GridRequest& req, int world, int64_t n_head, int64_t n_layer);
 
 // "dp=2 tp=1 pp=1 cp=1 (4 ranks)"

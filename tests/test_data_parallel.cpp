@@ -1,6 +1,7 @@
-// Data parallelism equals one rank on the same global batch (run under mpirun -np 2 and -np 4):
-// dp ranks with micro_batch_size B (and M micro-batches) against one rank with B·dp (·M) rows,
-// with ZeRO-0 and ZeRO-1, over 20 steps: every loss and every final parameter.
+// Data and context parallelism equal one rank on the same global batch (run under mpirun -np 2
+// and -np 4): dp ranks with micro_batch_size B (and M micro-batches) against one rank with B·dp
+// (·M) rows, with ZeRO-0 and ZeRO-1; cp = np (ring attention) and cp 2 × dp; over 20 steps:
+// every loss and every final parameter.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -143,6 +144,25 @@ TEST_F(DataParallelTest, MicroBatchesMatchOneRank) {
   const int n = world().size();
   const Run ref = reference(n, 3);
   expect_same_training(train(config(1, n, 1, 3), world()), ref, "dp, ZeRO-1, 3 micro-batches");
+}
+
+TEST_F(DataParallelTest, ContextParallelMatchesOneRank) {
+  // cp = n (ring attention over zigzag shards of each 16-token row), dp = 1: the same 2 rows per
+  // step as one rank.
+  const int n = world().size();
+  RunConfig c = config(2, 1, 1, 1);
+  c.parallel.cp = n;
+  const Run ref = reference(2, 1);
+  expect_same_training(train(c, world()), ref, "cp, ZeRO-1");
+}
+
+TEST_F(DataParallelTest, ContextTimesDataParallelMatchesOneRank) {
+  const int n = world().size();
+  if (n % 2 != 0 || n < 4) GTEST_SKIP() << "needs an even world of at least 4 ranks";
+  RunConfig c = config(2, n / 2, 1, 2);  // cp = 2 × dp = n/2, 2 micro-batches
+  c.parallel.cp = 2;
+  const Run ref = reference(2 * (n / 2), 2);
+  expect_same_training(train(c, world()), ref, "cp 2 x dp, ZeRO-1, 2 micro-batches");
 }
 
 TEST_F(DataParallelTest, DerivedDpAndReplicasStayIdentical) {

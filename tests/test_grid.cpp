@@ -66,7 +66,10 @@ TEST(ResolveGrid, DerivesDpAndChecksTheLayout) {
   test::expect_error([] { resolve_grid(GridRequest{2, 1, 1, 0}, 3, 4, 2); },
                      {"cannot be split into groups of tp·pp·cp"});
   test::expect_error([] { resolve_grid(GridRequest{2, 1, 1, 0}, 4, 4, 2); },
-                     {"not yet supported"});
+                     {"not yet wired into training"});
+  const GridShape cp = resolve_grid(GridRequest{1, 1, 2, 0}, 4, 4, 2);  // cp 2 × dp 2
+  EXPECT_EQ(cp.cp, 2);
+  EXPECT_EQ(cp.dp, 2);
   test::expect_error([] { resolve_grid(GridRequest{0, 1, 1, 0}, 4, 4, 2); }, {"must be >= 1"});
 }
 

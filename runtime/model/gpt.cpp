@@ -3,8 +3,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <type_traits>
 
 #include "kernels/ops.h"
+#include "parallel/context_parallel.h"
 #include "runtime/core/check.h"
 
 namespace berth {
@@ -129,6 +131,74 @@ void GPT<T>::zero_grad() {
   std::fill(grads_.begin(), grads_.end(), T(0));
 }
 
+// ---- attention: per sequence on this rank, or ring attention over the cp group ------------------
+
+template <typename T>
+void GPT<T>::set_context_parallel(Communicator* cp) {
+  const bool on = cp != nullptr && cp->size() > 1;
+  constexpr bool fp32 = std::is_same_v<T, float>;
+  BERTH_CHECK(!on || fp32, "context parallelism needs the fp32 model");
+  cp_ = on ? cp : nullptr;
+}
+
+template <typename T>
+void GPT<T>::attention_fwd(LayerActs& a, const PackedBatch& batch) {
+  const int N = batch.N(), C = cfg_.C, NH = cfg_.NH, S = batch.n_seqs();
+  if constexpr (std::is_same_v<T, float>) {
+    if (cp_ != nullptr) {
+      cp_seq_.resize(size_t(N));
+      for (int s = 0; s < S; ++s) {
+        for (int i = batch.cu_seqlens[size_t(s)]; i < batch.cu_seqlens[size_t(s) + 1]; ++i) {
+          cp_seq_[size_t(i)] = s;
+        }
+      }
+      const size_t nc = size_t(N) * size_t(C);
+      for (auto* v : {&cp_q_, &cp_k_, &cp_v_}) v->resize(nc);
+      for (int n = 0; n < N; ++n) {
+        const float* row = a.qkv.data() + int64_t(n) * 3 * C;
+        std::copy(row, row + C, cp_q_.data() + int64_t(n) * C);
+        std::copy(row + C, row + 2 * C, cp_k_.data() + int64_t(n) * C);
+        std::copy(row + 2 * C, row + 3 * C, cp_v_.data() + int64_t(n) * C);
+      }
+      // a.att (sized for B·T² probabilities) keeps the log-sum-exp (N × NH) instead.
+      ring_attention_forward(*cp_, a.atty.data(), a.att.data(), cp_q_.data(), cp_k_.data(),
+                             cp_v_.data(), cp_seq_.data(), batch.positions.data(), N, C, NH);
+      return;
+    }
+  }
+  cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), batch.cu_seqlens.data(), S, C,
+                         NH);
+}
+
+template <typename T>
+void GPT<T>::attention_bwd(LayerActs& a, const PackedBatch& batch) {
+  const int N = batch.N(), C = cfg_.C, NH = cfg_.NH, S = batch.n_seqs();
+  if constexpr (std::is_same_v<T, float>) {
+    if (cp_ != nullptr) {
+      const size_t nc = size_t(N) * size_t(C);
+      for (auto* v : {&cp_q_, &cp_k_, &cp_v_, &cp_dq_, &cp_dk_, &cp_dv_}) v->resize(nc);
+      for (int n = 0; n < N; ++n) {
+        const float* row = a.qkv.data() + int64_t(n) * 3 * C;
+        std::copy(row, row + C, cp_q_.data() + int64_t(n) * C);
+        std::copy(row + C, row + 2 * C, cp_k_.data() + int64_t(n) * C);
+        std::copy(row + 2 * C, row + 3 * C, cp_v_.data() + int64_t(n) * C);
+      }
+      ring_attention_backward(*cp_, cp_dq_.data(), cp_dk_.data(), cp_dv_.data(), datty_.data(),
+                              a.atty.data(), a.att.data(), cp_q_.data(), cp_k_.data(),
+                              cp_v_.data(), cp_seq_.data(), batch.positions.data(), N, C, NH);
+      for (int n = 0; n < N; ++n) {
+        float* row = dqkv_.data() + int64_t(n) * 3 * C;
+        std::copy(cp_dq_.data() + int64_t(n) * C, cp_dq_.data() + int64_t(n + 1) * C, row);
+        std::copy(cp_dk_.data() + int64_t(n) * C, cp_dk_.data() + int64_t(n + 1) * C, row + C);
+        std::copy(cp_dv_.data() + int64_t(n) * C, cp_dv_.data() + int64_t(n + 1) * C, row + 2 * C);
+      }
+      return;
+    }
+  }
+  cpu::attention_backward(dqkv_.data(), datt_.data(), datty_.data(), a.qkv.data(), a.att.data(),
+                          batch.cu_seqlens.data(), S, C, NH);
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
 template <typename T>
@@ -136,8 +206,7 @@ double GPT<T>::forward(const PackedBatch& batch) {
   BERTH_CHECK(batch.B <= max_B_ && batch.T <= max_T_,
               "batch {}x{} is larger than the model was sized for ({}x{})", batch.B, batch.T,
               max_B_, max_T_);
-  const int N = batch.N(), C = cfg_.C, L = cfg_.L, NH = cfg_.NH, S = batch.n_seqs();
-  const int32_t* cu = batch.cu_seqlens.data();
+  const int N = batch.N(), C = cfg_.C, L = cfg_.L;
   using namespace cpu;
   encoder_forward(residual_[0].data(), batch.tokens.data(), batch.positions.data(), P(wte_),
                   P(wpe_), N, C);
@@ -149,7 +218,7 @@ double GPT<T>::forward(const PackedBatch& batch) {
                       P(ix.ln1_w), P(ix.ln1_b), N, C);
     matmul_forward(a.qkv.data(), a.ln1.data(), P(ix.qkv_w),
                    P(ix.qkv_b), N, C, 3 * C);
-    attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), cu, S, C, NH);
+    attention_fwd(a, batch);
     matmul_forward(scratch_.data(), a.atty.data(), P(ix.proj_w),
                    P(ix.proj_b), N, C, C);
     residual_forward(a.res2.data(), x, scratch_.data(), int64_t(N) * C);
@@ -177,8 +246,7 @@ double GPT<T>::forward(const PackedBatch& batch) {
 
 template <typename T>
 void GPT<T>::backward(const PackedBatch& batch, T dloss) {
-  const int N = batch.N(), C = cfg_.C, L = cfg_.L, NH = cfg_.NH, S = batch.n_seqs();
-  const int32_t* cu = batch.cu_seqlens.data();
+  const int N = batch.N(), C = cfg_.C, L = cfg_.L;
   using namespace cpu;
   // LM head (tied): dlogits overwrite the logits in place
   crossentropy_backward(logits_.data(), logits_.data(), batch.targets.data(), dloss, N, cfg_.V,
@@ -203,8 +271,7 @@ void GPT<T>::backward(const PackedBatch& batch, T dloss) {
                        a.ln2_rstd.data(), N, C);
     matmul_backward(datty_.data(), G(ix.proj_w), G(ix.proj_b),
                     dres_.data(), a.atty.data(), P(ix.proj_w), N, C, C);
-    attention_backward(dqkv_.data(), datt_.data(), datty_.data(), a.qkv.data(), a.att.data(), cu,
-                       S, C, NH);
+    attention_bwd(a, batch);
     matmul_backward(dln_.data(), G(ix.qkv_w), G(ix.qkv_b),
                     dqkv_.data(), a.ln1.data(), P(ix.qkv_w), N, C, 3 * C);
     layernorm_backward(dres_.data(), G(ix.ln1_w), G(ix.ln1_b), dln_.data(),

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "packing/packed_batch.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/model/gpt_config.h"
 
 namespace berth {
@@ -49,6 +50,11 @@ class GPT {
   // 1/n_targets for a mean. Accumulates into grads().
   void backward(const PackedBatch& batch, T dloss);
 
+  // Context parallelism: attention becomes ring attention over `cp` (null or size 1 = off). The
+  // batch is then this rank's zigzag shard (packing/cp_shard.h): its positions are global and its
+  // cu_seqlens mark the local pieces of each sequence. fp32 only.
+  void set_context_parallel(Communicator* cp);
+
   void zero_grad();
 
   // Bytes held by parameters, gradients and activations.
@@ -80,6 +86,11 @@ class GPT {
   std::vector<T> dres_, dln_, dqkv_, datty_, dfch_, datt_;
   int64_t activation_bytes_ = 0;
   std::vector<LayerIdx> idx_;
+  Communicator* cp_ = nullptr;
+  std::vector<int32_t> cp_seq_;                        // sequence id of each local token
+  std::vector<float> cp_q_, cp_k_, cp_v_, cp_dq_, cp_dk_, cp_dv_;  // ring attention scratch
+  void attention_fwd(LayerActs& a, const PackedBatch& batch);
+  void attention_bwd(LayerActs& a, const PackedBatch& batch);
   int64_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
 };
 

@@ -114,7 +114,7 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   if (checkpointed) add("ckpt");
   if (evaluated) add("eval");
   if (new_epoch) add("epoch_boundary");
-  const int64_t global_tokens = int64_t(st.tokens) * grid_.shape().dp;
+  const int64_t global_tokens = int64_t(st.tokens) * grid_.shape().dp * grid_.shape().cp;
   const StepRecord& r = monitor_->observe(done, all, global_tokens, cfg_.data.seq_len, event);
   trace_ << trace_csv_row(r);
   trace_.flush();

@@ -18,6 +18,7 @@
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
 #include "runtime/train/checkpoint.h"
+#include "packing/cp_shard.h"
 #include "packing/plan_cache.h"
 #include "runtime/train/packed_loader.h"
 #include "runtime/train/lease_keeper.h"
@@ -72,8 +73,19 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
     val_loader_ = make_loader(&val_ds_, cfg_.data.val, "", false, 0);
   }
 
-  model_ = std::make_unique<GPT<float>>(gcfg_, B, T);
+  // Context parallelism: each rank runs the model on its zigzag half-chunks of every row.
+  const int cp = shape.cp;
+  if (cp > 1) {
+    BERTH_CHECK(cfg_.data.mode == "stream" && T % (2 * cp) == 0,
+                "{}: parallel.cp = {} needs data.mode = \"stream\" and data.seq_len divisible by "
+                "2·cp = {} (got mode \"{}\", seq_len {}); packed rows under CP are not supported "
+                "yet",
+                where, cp, 2 * cp, cfg_.data.mode, T);
+  }
+  model_ = std::make_unique<GPT<float>>(gcfg_, B, T / cp);
   model_->init_weights(uint64_t(cfg_.run.seed));
+  model_->set_context_parallel(&grid_->cp());
+  cp_batches_.resize(size_t(cfg_.parallel.microbatches));
   AdamWSettings s;
   s.beta1 = cfg_.train.beta1;
   s.beta2 = cfg_.train.beta2;
@@ -240,6 +252,12 @@ double Trainer::save(int64_t steps_done) {
   return seconds_since(t0);
 }
 
+PackedBatch& Trainer::model_batch(PackedBatch& full, PackedBatch& local) {
+  if (grid_->shape().cp == 1) return full;
+  cp_local_batch(full, grid_->shape().cp, grid_->coord().cp, &local);
+  return local;
+}
+
 void Trainer::sync_and_update(double lr, StepStats* st) {
   Communicator& g = grid_->dp_cp();
   std::vector<float>& params = model_->params();
@@ -275,14 +293,16 @@ StepStats Trainer::train_step(int64_t step) {
   // Load every micro-batch first: the global target count normalizes each backward.
   int64_t local_targets = 0, local_tokens = 0;
   const auto t_data = std::chrono::steady_clock::now();
-  for (PackedBatch& b : batches_) {
+  for (size_t i = 0; i < batches_.size(); ++i) {
+    PackedBatch& b = batches_[i];
     if (cfg_.debug.data_delay_s > 0) sleep_seconds(cfg_.debug.data_delay_s);
     loader_->next(&b);
 #ifndef NDEBUG
     check_invariants(b, gcfg_.V, gcfg_.maxT);  // debug builds check every batch
 #endif
-    local_targets += b.n_targets();
-    local_tokens += b.N();
+    const PackedBatch& mine = model_batch(b, cp_batches_[i]);
+    local_targets += mine.n_targets();
+    local_tokens += mine.N();
   }
   st.data_wait_s = seconds_since(t_data);
   st.tokens = local_tokens;
@@ -290,7 +310,8 @@ StepStats Trainer::train_step(int64_t step) {
   BERTH_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", step);
   model_->zero_grad();
   double loss_sum = 0;
-  for (PackedBatch& b : batches_) {
+  for (size_t i = 0; i < batches_.size(); ++i) {
+    const PackedBatch& b = grid_->shape().cp > 1 ? cp_batches_[i] : batches_[i];
     loss_sum += model_->forward(b);
     model_->backward(b, float(1.0 / double(n_targets)));
   }
@@ -304,7 +325,7 @@ StepStats Trainer::train_step(int64_t step) {
   if (cfg_.debug.leak_mib_per_step > 0) {  // a deliberate leak, touched so it is resident
     leaked_.emplace_back(size_t(cfg_.debug.leak_mib_per_step * 1024 * 1024), char(1));
   }
-  const double tokens = double(local_tokens) * double(grid_->shape().dp);
+  const double tokens = double(local_tokens) * double(grid_->shape().dp * grid_->shape().cp);
   st.tokens_per_s = tokens / st.seconds;
   st.model_flops_per_s = flops_per_token_ * tokens / st.seconds;
   return st;
@@ -318,8 +339,9 @@ double Trainer::evaluate() {
   int64_t count = 0;
   for (int64_t i = 0; i < cfg_.eval.batches; i++) {
     val_loader_->next(&vb);
-    sum += model_->forward(vb);
-    count += vb.n_targets();
+    const PackedBatch& mine = model_batch(vb, cp_val_batch_);
+    sum += model_->forward(mine);
+    count += mine.n_targets();
   }
   Communicator& g = grid_->dp_cp();
   return g.all_reduce_value(sum, ReduceOp::SUM) / double(g.all_reduce_value(count, ReduceOp::SUM));

@@ -103,6 +103,9 @@ class Trainer {
   std::unique_ptr<BatchSource> loader_, val_loader_;
   std::string data_summary_;  // how the training data is laid out, logged at start
   std::vector<PackedBatch> batches_;  // one per micro-batch
+  std::vector<PackedBatch> cp_batches_;  // cp > 1: this rank's zigzag shard of each micro-batch
+  PackedBatch cp_val_batch_;
+  PackedBatch& model_batch(PackedBatch& full, PackedBatch& local);
   PackedBatch val_batch_;
   std::vector<float> shard_grads_;    // ZeRO-1: this rank's reduced gradient shard
   std::vector<size_t> shard_counts_;  // ZeRO-1: elements per dp×cp rank

@@ -1,0 +1,28 @@
+// Ring attention over the cp group (docs/parallelism.md, "Context parallelism"). Each rank holds
+// the queries, keys and values of its zigzag shard (packing/cp_shard.h) with every token's
+// sequence id and global position. Keys and values travel the ring: at each of cp steps a rank
+// attends its queries to the block it holds (kernels/ops.h attention_block_forward, masked by
+// sequence and global position), merges the partial result by its log-sum-exp, and passes the
+// block on with one grouped send/recv. Backward: dQ accumulates locally; dK and dV travel with
+// their block and are back at its owner after cp steps.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/comm/communicator.h"
+
+namespace berth {
+
+// out (n, C) and lse (n, NH) of this rank's n queries against every rank's keys. Collective over
+// `cp`; every rank must hold the same n.
+void ring_attention_forward(Communicator& cp, float* out, float* lse, const float* q,
+                            const float* k, const float* v, const int32_t* seq,
+                            const int32_t* pos, int n, int C, int NH);
+
+// dq, dk, dv (n, C) overwritten, given the forward's out and lse and dout. Collective.
+void ring_attention_backward(Communicator& cp, float* dq, float* dk, float* dv, const float* dout,
+                             const float* out, const float* lse, const float* q, const float* k,
+                             const float* v, const int32_t* seq, const int32_t* pos, int n, int C,
+                             int NH);
+
+}  // namespace berth
