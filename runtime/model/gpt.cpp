@@ -139,6 +139,16 @@ void GPT<T>::set_context_parallel(Communicator* cp) {
   constexpr bool fp32 = std::is_same_v<T, float>;
   BERTH_CHECK(!on || fp32, "context parallelism needs the fp32 model");
   cp_ = on ? cp : nullptr;
+  if (!on) return;
+  // Ring attention keeps the log-sum-exp (N × NH) per layer, not the probabilities (T² per row).
+  const size_t lse = size_t(max_B_) * size_t(max_T_) * size_t(cfg_.NH);
+  int64_t freed = int64_t(datt_.size());
+  for (LayerActs& a : layers_) {
+    freed += int64_t(a.att.size()) - int64_t(lse);
+    std::vector<T>(lse, T(0)).swap(a.att);
+  }
+  std::vector<T>().swap(datt_);
+  activation_bytes_ -= freed * int64_t(sizeof(T));
 }
 
 template <typename T>

@@ -73,6 +73,18 @@ check "a layout that does not match the ranks is refused (rc $rc)" $?
 [ ! -e "$tmp/runs/np3" ]
 check "the refused run leaves no run directory" $?
 
+# Context parallelism: cp = 2 trains; a seq_len the zigzag split cannot divide is refused.
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=cp2 \
+    --set parallel.cp=2 > "$tmp/cp2.log" 2>&1
+check "mpirun -np 2 with parallel.cp = 2 trains" $?
+grep -q "layout: dp=1 tp=1 pp=1 cp=2 (2 ranks)" "$tmp/cp2.log"
+check "the cp = 2 layout is logged" $?
+timeout 60 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=cpbad \
+    --set parallel.cp=2 --set data.seq_len=14 > "$tmp/cpbad.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "data.seq_len divisible by 2·cp = 4" "$tmp/cpbad.log"
+check "seq_len 14 with cp = 2 is refused with the fix (rc $rc)" $?
+
 # Progress: rank 1 made a straggler (+20 ms per step) is named, with its host, by rank 0; the
 # per-rank records are gathered every step for well under 1 % of step time; the run directory
 # holds a trace that `berth eta replay` reads.
