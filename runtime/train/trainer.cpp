@@ -348,6 +348,17 @@ double Trainer::evaluate() {
 }
 
 std::vector<StepStats> Trainer::run() {
+  // A new run must not collide with an earlier run's checkpoints: its first save would fail after
+  // hours of training. Checked before anything is taken or written.
+  if (const std::optional<std::string> newest = latest_checkpoint(checkpoint_dir_)) {
+    const std::string name = std::filesystem::path(*newest).filename().string();
+    const int64_t step = std::stoll(name.substr(name.find('-') + 1));
+    BERTH_CHECK(step <= start_step_,
+                "checkpoint.dir {} already holds checkpoints of an earlier run (the newest, {}, "
+                "is at step {}) and this run starts at step {}: continue that run with --resume "
+                "auto, or give this one another run.name or checkpoint.dir",
+                checkpoint_dir_, name, step, start_step_);
+  }
   // The lease comes first: a refused one leaves nothing behind (collective; LeaseRefused).
   LeaseKeeper lease(cfg_, world_);
   set_fencing_token(lease.token());

@@ -275,6 +275,13 @@ expect_error "import_val_split_of_one_document" "needs at least 2 documents" "$t
   "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/x_one.h5" \
   --val-out "$tmp/x_one_val.h5" --val-fraction 0.5
 
+# A second run into the checkpoints of a finished one is refused before it trains.
+train_tiny collide --set "run.out_dir=$tmp/runs" >"$log" 2>&1
+report "train_collide_first_run" "$([ $? -eq 0 ] || echo " first run failed")"
+expect_error "train_collides_with_earlier_checkpoints" \
+  "already holds checkpoints of an earlier run" "" \
+  train_tiny collide --set "run.out_dir=$tmp/runs"
+
 # ---- summary -------------------------------------------------------------------------------------
 
 echo "$passed passed, $failed failed"
