@@ -20,6 +20,7 @@ using h5::file_access_plist;
 using h5::h5_error_detail;
 using h5::H5Id;
 using h5::H5QuietErrors;
+using h5::read_string_attr_value;
 
 constexpr const char* kPackHint = "rebuild it with `berth pack`";
 
@@ -151,23 +152,11 @@ H5Id open_attr(hid_t file, const char* name, H5T_class_t expected, const std::st
 std::string read_string_attr(hid_t file, const char* name, const std::string& path) {
   H5Id attr = open_attr(file, name, H5T_STRING, path);
   H5Id type(H5Aget_type(attr.get()), H5Tclose);
-  if (H5Tis_variable_str(type.get()) > 0) {
-    H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
-    char* buf = nullptr;
-    if (!mem.valid() || H5Tset_size(mem.get(), H5T_VARIABLE) < 0 ||
-        H5Tset_cset(mem.get(), H5Tget_cset(type.get())) < 0 ||
-        H5Aread(attr.get(), mem.get(), &buf) < 0) {
-      fail_corrupt(path, fmt::format("reading attribute '{}'", name));
-    }
-    std::string value = buf != nullptr ? buf : "";
-    H5free_memory(buf);
-    return value;
-  }
-  std::string raw(H5Tget_size(type.get()), '\0');
-  if (!raw.empty() && H5Aread(attr.get(), type.get(), raw.data()) < 0) {
+  std::string value;
+  if (!type.valid() || !read_string_attr_value(attr.get(), type.get(), &value)) {
     fail_corrupt(path, fmt::format("reading attribute '{}'", name));
   }
-  return std::string(raw.c_str());
+  return value;
 }
 
 template <typename V>

@@ -48,11 +48,19 @@ Block local_block(const float* k, const float* v, const int32_t* seq, const int3
   return b;
 }
 
-void check_same_n(Communicator& cp, int n) {
-  const int64_t lo = cp.all_reduce_value(int64_t(-n), ReduceOp::MAX);
-  BERTH_CHECK(-lo == n && cp.all_reduce_value(int64_t(n), ReduceOp::MAX) == n,
-              "ring attention: every cp rank must hold the same number of tokens (this one: {})",
-              n);
+// Debug builds check that every cp rank holds the same number of tokens (cp_local_batch makes
+// them equal; a mismatch would otherwise surface as an MPI truncation error). One all-reduce of
+// (n, −n) with MAX gives the largest and the smallest n.
+void check_same_n([[maybe_unused]] Communicator& cp, [[maybe_unused]] int n) {
+#ifndef NDEBUG
+  if (cp.size() == 1) return;
+  int64_t mm[2] = {n, -int64_t(n)};
+  cp.all_reduce(mm, 2, ReduceOp::MAX);
+  BERTH_CHECK(mm[0] == n && -mm[1] == n,
+              "ring attention: every cp rank must hold the same number of tokens (this one: {}, "
+              "others up to {} and down to {})",
+              n, mm[0], -mm[1]);
+#endif
 }
 
 }  // namespace
@@ -60,7 +68,7 @@ void check_same_n(Communicator& cp, int n) {
 void ring_attention_forward(Communicator& cp, float* out, float* lse, const float* q,
                             const float* k, const float* v, const int32_t* seq,
                             const int32_t* pos, int n, int C, int NH) {
-  if (cp.size() > 1) check_same_n(cp, n);
+  check_same_n(cp, n);
   Block cur = local_block(k, v, seq, pos, n, C, false), next = cur;
   std::fill(out, out + int64_t(n) * C, 0.f);
   std::fill(lse, lse + int64_t(n) * NH, -std::numeric_limits<float>::infinity());
@@ -80,7 +88,7 @@ void ring_attention_backward(Communicator& cp, float* dq, float* dk, float* dv, 
                              const float* out, const float* lse, const float* q, const float* k,
                              const float* v, const int32_t* seq, const int32_t* pos, int n, int C,
                              int NH) {
-  if (cp.size() > 1) check_same_n(cp, n);
+  check_same_n(cp, n);
   Block cur = local_block(k, v, seq, pos, n, C, true), next = cur;
   std::fill(dq, dq + int64_t(n) * C, 0.f);
   for (int t = 0; t < cp.size(); ++t) {

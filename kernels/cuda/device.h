@@ -17,7 +17,7 @@ std::string describe_devices();
 struct DeviceInfo {
   int index = 0;
   std::string name;     // "NVIDIA H200"
-  std::string uuid;     // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it
+  std::string uuid;     // "GPU-" + 32 hex digits grouped 8-4-4-4-12, as nvidia-smi prints it
   int64_t total_bytes = 0;
   int64_t free_bytes = 0;  // cudaMemGetInfo on that device now
 };

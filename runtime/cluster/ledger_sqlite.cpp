@@ -463,7 +463,7 @@ class SqliteLedger : public LedgerStore {
       out.reason = fmt::format("the lease of reservation {} is now held with token {} (this "
                                "holder has {}): another launch took it over",
                                id, l ? l->token : 0, token);
-    } else if (released_) {
+    } else if (l->released) {
       out.reason = fmt::format("the lease of reservation {} was released", id);
     } else if (now >= l->expires) {
       out.reason = fmt::format("the lease of reservation {} expired at {} (not renewed within its "
@@ -638,22 +638,19 @@ class SqliteLedger : public LedgerStore {
   std::optional<Lease> lease_row(int64_t id) {
     Stmt s(db_, "SELECT token, host, pid, expires, released FROM leases WHERE reservation=?");
     s.bind(1, id);
-    released_ = false;
     if (!s.step()) return std::nullopt;
-    released_ = s.i64(4) != 0;
-    return Lease{id, s.i64(0), s.text(1), s.i64(2), s.f64(3), 0, released_};
+    return Lease{id, s.i64(0), s.text(1), s.i64(2), s.f64(3), 0, s.i64(4) != 0};
   }
 
   std::optional<Lease> live_lease(int64_t id, double now) {
     std::optional<Lease> l = lease_row(id);
-    if (!l || released_ || l->expires <= now) return std::nullopt;
+    if (!l || l->released || l->expires <= now) return std::nullopt;
     return l;
   }
 
   std::string path_;
   LedgerOptions o_;
   sqlite3* db_ = nullptr;
-  bool released_ = false;  // of the last lease_row
 };
 
 }  // namespace

@@ -125,6 +125,33 @@ inline bool write_string_attr(hid_t obj, const char* name, const std::string& va
   return write_scalar_attr(obj, name, type.get(), type.get(), &cstr);
 }
 
+// Reads the value of a string attribute `attr` of string type `type` (variable or fixed length;
+// trailing space padding dropped) into *out. Returns false when HDF5 fails; the caller raises its
+// own format's error.
+inline bool read_string_attr_value(hid_t attr, hid_t type, std::string* out) {
+  const htri_t is_vlen = H5Tis_variable_str(type);
+  if (is_vlen < 0) return false;
+  if (is_vlen > 0) {
+    H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    char* buf = nullptr;
+    if (!mem.valid() || H5Tset_size(mem.get(), H5T_VARIABLE) < 0 ||
+        H5Tset_cset(mem.get(), H5Tget_cset(type)) < 0 || H5Aread(attr, mem.get(), &buf) < 0) {
+      return false;
+    }
+    *out = buf != nullptr ? buf : "";
+    H5free_memory(buf);
+    return true;
+  }
+  // Fixed length: read the raw bytes with the file's own type, then drop the padding.
+  std::string raw(H5Tget_size(type), '\0');
+  if (!raw.empty() && H5Aread(attr, type, raw.data()) < 0) return false;
+  *out = raw.c_str();
+  if (H5Tget_strpad(type) == H5T_STR_SPACEPAD) {
+    while (!out->empty() && out->back() == ' ') out->pop_back();
+  }
+  return true;
+}
+
 // Throws a specific Error unless `path` is an existing file with an HDF5 signature:
 //   "<what> '<path>' does not exist; <hint>", "<what> path '<path>' is a directory; ...",
 //   "'<path>' is not a readable HDF5 file (corrupt or truncated?): ...; <hint>".

@@ -23,6 +23,7 @@ using h5::file_access_plist;
 using h5::h5_error_detail;
 using h5::H5Id;
 using h5::H5QuietErrors;
+using h5::read_string_attr_value;
 
 constexpr const char* kImportHint = "import it with `berth data import`";
 
@@ -118,29 +119,9 @@ std::string read_string_attr(hid_t file, const char* name, const std::string& pa
     BERTH_FAIL("'{}': attribute '{}' is {}, expected a string; {}", path, name,
                describe_type(type.get()), kImportHint);
   }
-  const htri_t is_vlen = H5Tis_variable_str(type.get());
-  if (is_vlen < 0) fail_corrupt(path, fmt::format("reading attribute '{}'", name));
-  if (is_vlen > 0) {
-    H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
-    char* buf = nullptr;
-    if (!mem.valid() || H5Tset_size(mem.get(), H5T_VARIABLE) < 0 ||
-        H5Tset_cset(mem.get(), H5Tget_cset(type.get())) < 0 ||
-        H5Aread(attr.get(), mem.get(), &buf) < 0) {
-      fail_corrupt(path, fmt::format("reading attribute '{}'", name));
-    }
-    std::string value = buf != nullptr ? buf : "";
-    H5free_memory(buf);
-    return value;
-  }
-  // Fixed length: read the raw bytes with the file's own type, then drop the padding.
-  const size_t n = H5Tget_size(type.get());
-  std::string raw(n, '\0');
-  if (n > 0 && H5Aread(attr.get(), type.get(), raw.data()) < 0) {
+  std::string value;
+  if (!read_string_attr_value(attr.get(), type.get(), &value)) {
     fail_corrupt(path, fmt::format("reading attribute '{}'", name));
-  }
-  std::string value(raw.c_str());
-  if (H5Tget_strpad(type.get()) == H5T_STR_SPACEPAD) {
-    while (!value.empty() && value.back() == ' ') value.pop_back();
   }
   return value;
 }

@@ -133,6 +133,22 @@ void GPT<T>::zero_grad() {
 
 // ---- attention: per sequence on this rank, or ring attention over the cp group ------------------
 
+namespace {
+
+// qkv (N, 3C) → q, k, v (N, C) each: ring attention passes keys and values around on their own.
+void split_qkv(const float* qkv, int N, int C, std::vector<float>* q, std::vector<float>* k,
+               std::vector<float>* v) {
+  for (auto* x : {q, k, v}) x->resize(size_t(N) * size_t(C));
+  for (int n = 0; n < N; ++n) {
+    const float* row = qkv + int64_t(n) * 3 * C;
+    std::copy(row, row + C, q->data() + int64_t(n) * C);
+    std::copy(row + C, row + 2 * C, k->data() + int64_t(n) * C);
+    std::copy(row + 2 * C, row + 3 * C, v->data() + int64_t(n) * C);
+  }
+}
+
+}  // namespace
+
 template <typename T>
 void GPT<T>::set_context_parallel(Communicator* cp) {
   const bool on = cp != nullptr && cp->size() > 1;
@@ -162,14 +178,7 @@ void GPT<T>::attention_fwd(LayerActs& a, const PackedBatch& batch) {
           cp_seq_[size_t(i)] = s;
         }
       }
-      const size_t nc = size_t(N) * size_t(C);
-      for (auto* v : {&cp_q_, &cp_k_, &cp_v_}) v->resize(nc);
-      for (int n = 0; n < N; ++n) {
-        const float* row = a.qkv.data() + int64_t(n) * 3 * C;
-        std::copy(row, row + C, cp_q_.data() + int64_t(n) * C);
-        std::copy(row + C, row + 2 * C, cp_k_.data() + int64_t(n) * C);
-        std::copy(row + 2 * C, row + 3 * C, cp_v_.data() + int64_t(n) * C);
-      }
+      split_qkv(a.qkv.data(), N, C, &cp_q_, &cp_k_, &cp_v_);
       // a.att (sized for B·T² probabilities) keeps the log-sum-exp (N × NH) instead.
       ring_attention_forward(*cp_, a.atty.data(), a.att.data(), cp_q_.data(), cp_k_.data(),
                              cp_v_.data(), cp_seq_.data(), batch.positions.data(), N, C, NH);
@@ -185,14 +194,8 @@ void GPT<T>::attention_bwd(LayerActs& a, const PackedBatch& batch) {
   const int N = batch.N(), C = cfg_.C, NH = cfg_.NH, S = batch.n_seqs();
   if constexpr (std::is_same_v<T, float>) {
     if (cp_ != nullptr) {
-      const size_t nc = size_t(N) * size_t(C);
-      for (auto* v : {&cp_q_, &cp_k_, &cp_v_, &cp_dq_, &cp_dk_, &cp_dv_}) v->resize(nc);
-      for (int n = 0; n < N; ++n) {
-        const float* row = a.qkv.data() + int64_t(n) * 3 * C;
-        std::copy(row, row + C, cp_q_.data() + int64_t(n) * C);
-        std::copy(row + C, row + 2 * C, cp_k_.data() + int64_t(n) * C);
-        std::copy(row + 2 * C, row + 3 * C, cp_v_.data() + int64_t(n) * C);
-      }
+      split_qkv(a.qkv.data(), N, C, &cp_q_, &cp_k_, &cp_v_);
+      for (auto* v : {&cp_dq_, &cp_dk_, &cp_dv_}) v->resize(size_t(N) * size_t(C));
       ring_attention_backward(*cp_, cp_dq_.data(), cp_dk_.data(), cp_dv_.data(), datty_.data(),
                               a.atty.data(), a.att.data(), cp_q_.data(), cp_k_.data(),
                               cp_v_.data(), cp_seq_.data(), batch.positions.data(), N, C, NH);

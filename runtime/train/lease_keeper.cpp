@@ -136,7 +136,6 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
     world.broadcast(refused.data(), size_t(n), DType::U8, 0);
     throw LeaseRefused(refused);
   }
-  ckpt_s_ = 0;
 }
 
 LeaseKeeper::~LeaseKeeper() {
