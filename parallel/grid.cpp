@@ -49,10 +49,6 @@ GridShape resolve_grid(const GridRequest& r, int world, int64_t n_head, int64_t 
               r.tp);
   BERTH_CHECK(r.pp <= n_layer, "parallel.pp ({}) > model.n_layer ({}): a stage needs a layer",
               r.pp, n_layer);
-  BERTH_CHECK(r.tp == 1 && r.pp == 1,
-              "parallel.tp = {}, pp = {}: tensor and pipeline parallelism are not yet wired into "
-              "training in this build; use data and context parallelism (tp = pp = 1)",
-              r.tp, r.pp);
   return GridShape{int(r.tp), int(r.cp), int(r.pp), int(dp)};
 }
 
@@ -73,11 +69,13 @@ ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape)
   pp_ = world.split(color({c.tp, c.cp, 0, c.dp}), c.pp);
   dp_ = world.split(color({c.tp, c.cp, c.pp, 0}), c.dp);
   dp_cp_ = world.split(color({c.tp, 0, c.pp, 0}), c.dp * shape.cp + c.cp);
+  const bool ends = shape.pp > 1 && (c.pp == 0 || c.pp == shape.pp - 1);
+  embed_ = world.split(ends ? color({c.tp, c.cp, 0, c.dp}) : shape.world() + world.rank(), c.pp);
 }
 
 double ProcessGrid::comm_seconds() const {
   double s = world_.stats().seconds;
-  for (const auto* g : {&tp_, &cp_, &pp_, &dp_, &dp_cp_}) s += (*g)->stats().seconds;
+  for (const auto* g : {&tp_, &cp_, &pp_, &dp_, &dp_cp_, &embed_}) s += (*g)->stats().seconds;
   return s;
 }
 

@@ -35,8 +35,7 @@ struct GridRequest {
 
 // Resolves dp and checks the layout before anything is allocated; throws Error with a message a
 // user can act on: "tp·pp·cp·dp = 1·1·1·3 = 3 does not match the 4 ranks ...", "n_head (12)
-// must be divisible by tp (5)", "pp (6) > n_layer (4)", world not divisible by tp·pp·cp. Tensor,
-// and pipeline parallelism (> 1) are refused as not yet wired into training in this build.
+// must be divisible by tp (5)", "pp (6) > n_layer (4)", world not divisible by tp·pp·cp.
 GridShape resolve_grid(const GridRequest& req, int world, int64_t n_head, int64_t n_layer);
 
 // "dp=2 tp=1 pp=1 cp=1 (4 ranks)"
@@ -57,6 +56,10 @@ class ProcessGrid {
   Communicator& pp() { return *pp_; }
   Communicator& dp() { return *dp_; }
   Communicator& dp_cp() { return *dp_cp_; }
+  // The first and the last pipeline stage of the same (tp, cp, dp) coordinate: the two holders of
+  // the tied token embedding / LM head, whose gradients are summed each step. A group of this rank
+  // alone on middle stages and when pp = 1.
+  Communicator& embed() { return *embed_; }
   // Seconds spent in calls of world and every sub-group (CommStats::seconds summed).
   double comm_seconds() const;
 
@@ -64,7 +67,7 @@ class ProcessGrid {
   Communicator& world_;
   GridShape shape_;
   GridCoord coord_;
-  std::unique_ptr<Communicator> tp_, cp_, pp_, dp_, dp_cp_;
+  std::unique_ptr<Communicator> tp_, cp_, pp_, dp_, dp_cp_, embed_;
 };
 
 }  // namespace berth

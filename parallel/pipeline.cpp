@@ -1,6 +1,7 @@
 #include "parallel/pipeline.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "runtime/core/check.h"
 
@@ -92,6 +93,64 @@ std::vector<PipeAction> schedule_1f1b(int pp, int stage, int microbatches) {
     b.send_backward(m);
   }
   return b.out;
+}
+
+std::vector<PipeAction> schedule_forward_only(int pp, int stage, int microbatches) {
+  check_args(pp, stage, microbatches);
+  Builder b{pp, stage, {}};
+  for (int m = 0; m < microbatches; ++m) {
+    b.recv_forward(m);
+    b.forward(m);
+    b.send_forward(m);
+  }
+  return b.out;
+}
+
+int max_in_flight(const std::vector<PipeAction>& actions) {
+  int now = 0, most = 0;
+  bool backward = false;
+  for (const PipeAction& a : actions) {
+    if (a.op == PipeOp::kForward) most = std::max(most, ++now);
+    if (a.op == PipeOp::kBackward) {
+      --now;
+      backward = true;
+    }
+  }
+  return backward ? most : std::min(most, 1);
+}
+
+PipelineTimes run_schedule(Communicator& pp, const std::vector<PipeAction>& actions,
+                           PipelineStage& stage) {
+  using clock = std::chrono::steady_clock;
+  PipelineTimes times;
+  const int me = pp.rank();
+  size_t i = 0;
+  while (i < actions.size()) {
+    const auto t0 = clock::now();
+    const PipeAction a = actions[i];
+    if (!is_transfer(a.op)) {
+      if (a.op == PipeOp::kForward) stage.forward(a.microbatch);
+      else stage.backward(a.microbatch);
+      times.compute_s += std::chrono::duration<double>(clock::now() - t0).count();
+      ++i;
+      continue;
+    }
+    pp.group_begin();
+    for (; i < actions.size() && is_transfer(actions[i].op); ++i) {
+      const int m = actions[i].microbatch;
+      const size_t n = stage.activation_count(m);
+      switch (actions[i].op) {
+        case PipeOp::kRecvForward: pp.recv(stage.recv_activation(m), n, DType::F32, me - 1); break;
+        case PipeOp::kSendForward: pp.send(stage.send_activation(m), n, DType::F32, me + 1); break;
+        case PipeOp::kRecvBackward: pp.recv(stage.recv_grad(m), n, DType::F32, me + 1); break;
+        case PipeOp::kSendBackward: pp.send(stage.send_grad(m), n, DType::F32, me - 1); break;
+        default: break;
+      }
+    }
+    pp.group_end();
+    times.transfer_s += std::chrono::duration<double>(clock::now() - t0).count();
+  }
+  return times;
 }
 
 PlayResult play_schedules(const std::vector<std::vector<PipeAction>>& stages, int microbatches) {

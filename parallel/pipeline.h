@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/comm/communicator.h"
+
 namespace berth {
 
 struct LayerRange {
@@ -47,6 +49,39 @@ std::vector<PipeAction> schedule_afab(int pp, int stage, int microbatches);
 // min(pp − stage − 1, M) forwards, steady 1F1B, cool-down backwards; at most min(pp − stage, M)
 // micro-batches in flight on a stage.
 std::vector<PipeAction> schedule_1f1b(int pp, int stage, int microbatches);
+
+// Forward passes only (evaluation): receive, forward, send each micro-batch in turn; one
+// micro-batch in flight.
+std::vector<PipeAction> schedule_forward_only(int pp, int stage, int microbatches);
+
+// The most micro-batches a stage's list holds at once (forwards done − backwards done; a
+// forward-only list holds 1): the activation slots the stage needs.
+int max_in_flight(const std::vector<PipeAction>& actions);
+
+// What the executor drives on one stage. Buffers are fp32, activation_count(m) elements each;
+// a receive buffer must stay untouched until the group that fills it ends, and a send buffer
+// until the group that sends it ends.
+class PipelineStage {
+ public:
+  virtual ~PipelineStage() = default;
+  virtual void forward(int m) = 0;
+  virtual void backward(int m) = 0;
+  virtual float* recv_activation(int m) = 0;   // where the previous stage's output of m lands
+  virtual const float* send_activation(int m) = 0;
+  virtual float* recv_grad(int m) = 0;         // where d(loss)/d(output of m) lands
+  virtual const float* send_grad(int m) = 0;   // d(loss)/d(input of m), after backward(m)
+  virtual size_t activation_count(int m) = 0;
+};
+
+struct PipelineTimes {
+  double compute_s = 0;   // in forward/backward
+  double transfer_s = 0;  // blocked in transfer groups: the bubble plus exposed p2p time
+};
+
+// Runs one stage's list in order on the pp group (peers stage ± 1); consecutive transfers form
+// one group (group_begin/group_end), so a send and the receive that follows are posted together.
+PipelineTimes run_schedule(Communicator& pp, const std::vector<PipeAction>& actions,
+                           PipelineStage& stage);
 
 struct PlayResult {
   bool ok = false;

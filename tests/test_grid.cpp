@@ -65,8 +65,10 @@ TEST(ResolveGrid, DerivesDpAndChecksTheLayout) {
                      {"parallel.pp (6) > model.n_layer (4)"});
   test::expect_error([] { resolve_grid(GridRequest{2, 1, 1, 0}, 3, 4, 2); },
                      {"cannot be split into groups of tp·pp·cp"});
-  test::expect_error([] { resolve_grid(GridRequest{2, 1, 1, 0}, 4, 4, 2); },
-                     {"not yet wired into training"});
+  const GridShape tp_pp = resolve_grid(GridRequest{2, 2, 1, 0}, 8, 4, 2);  // tp 2 × pp 2 × dp 2
+  EXPECT_EQ(tp_pp.tp, 2);
+  EXPECT_EQ(tp_pp.pp, 2);
+  EXPECT_EQ(tp_pp.dp, 2);
   const GridShape cp = resolve_grid(GridRequest{1, 1, 2, 0}, 4, 4, 2);  // cp 2 × dp 2
   EXPECT_EQ(cp.cp, 2);
   EXPECT_EQ(cp.dp, 2);

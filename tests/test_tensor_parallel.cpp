@@ -52,7 +52,7 @@ TEST(TensorParallel, ColumnLinearMatchesOneRank) {
       dbl(bl.size(), 0.f);
   column_linear_forward(outl.data(), inp.data(), wl.data(), bl.data(), N, IC, OCl);
   expect_near(outl, shard_cols(out.data(), N, OC, P, r), test::kTensorParallel, "column out");
-  column_linear_backward(tp, dinpl.data(), dwl.data(), dbl.data(), doutl.data(), inp.data(),
+  column_linear_backward(&tp, dinpl.data(), dwl.data(), dbl.data(), doutl.data(), inp.data(),
                          wl.data(), N, IC, OCl);
   expect_near(dinpl, dinp, test::kTensorParallel, "column dinp");
   expect_near(dwl, shard_rows(dw.data(), OC, IC, P, r), test::kTensorParallel, "column dw");
@@ -71,13 +71,40 @@ TEST(TensorParallel, RowLinearMatchesOneRank) {
                        OC);
   const auto inpl = shard_cols(inp.data(), N, IC, P, r), wl = shard_cols(w.data(), OC, IC, P, r);
   std::vector<float> outl(size_t(N) * OC), dinpl(inpl.size()), dwl(wl.size(), 0.f), dbl(OC, 0.f);
-  row_linear_forward(tp, outl.data(), inpl.data(), wl.data(), b.data(), N, ICl, OC);
+  row_linear_forward(&tp, outl.data(), inpl.data(), wl.data(), b.data(), N, ICl, OC);
   expect_near(outl, out, test::kTensorParallel, "row out");
   row_linear_backward(dinpl.data(), dwl.data(), dbl.data(), dout.data(), inpl.data(), wl.data(), N,
                       ICl, OC);
   expect_near(dinpl, shard_cols(dinp.data(), N, IC, P, r), test::kTensorParallel, "row dinp");
   expect_near(dwl, shard_cols(dw.data(), OC, IC, P, r), test::kTensorParallel, "row dw");
   expect_near(dbl, db, test::kTensorParallel, "row db");
+}
+
+TEST(TensorParallel, VocabParallelEmbeddingMatchesOneRank) {
+  Communicator& tp = test::world();
+  const int r = tp.rank(), P = tp.size();
+  const int C = 24, Vp = 256, Vl = Vp / P, maxT = 8;
+  const auto wte = randn(size_t(Vp) * C, 11), wpe = randn(size_t(maxT) * C, 12),
+             dout = randn(size_t(N) * C, 13);
+  std::vector<int32_t> tokens(N), positions(N);
+  for (int n = 0; n < N; ++n) {
+    tokens[size_t(n)] = (n * 53 + 7) % 250;
+    positions[size_t(n)] = n % maxT;
+  }
+  tokens[1] = tokens[4];  // a repeated token accumulates twice
+  std::vector<float> out(size_t(N) * C), dwte(wte.size(), 0.f), dwpe(wpe.size(), 0.f);
+  cpu::encoder_forward(out.data(), tokens.data(), positions.data(), wte.data(), wpe.data(), N, C);
+  cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), positions.data(), N,
+                        C);
+  const auto wl = shard_rows(wte.data(), Vp, C, P, r);
+  std::vector<float> outl(out.size()), dwl(wl.size(), 0.f), dwpel(wpe.size(), 0.f);
+  vocab_parallel_embedding_forward(&tp, outl.data(), tokens.data(), positions.data(), wl.data(),
+                                   wpe.data(), N, C, Vl, r * Vl);
+  expect_near(outl, out, test::kTensorParallel, "vocab-parallel embedding");
+  vocab_parallel_embedding_backward(&tp, dwl.data(), dwpel.data(), dout.data(), tokens.data(),
+                                    positions.data(), N, C, Vl, r * Vl);
+  expect_near(dwl, shard_rows(dwte.data(), Vp, C, P, r), test::kTensorParallel, "dwte shard");
+  expect_near(dwpel, dwpe, test::kTensorParallel, "dwpe (replicated)");
 }
 
 TEST(TensorParallel, VocabParallelCrossEntropyMatchesOneRank) {
@@ -93,11 +120,11 @@ TEST(TensorParallel, VocabParallelCrossEntropyMatchesOneRank) {
   cpu::crossentropy_backward(dlogits.data(), logits.data(), targets.data(), 1.0f / N, N, V, Vp);
   const auto ll = shard_cols(logits.data(), N, Vp, P, r);
   std::vector<float> lossl(N), lse(N), dl(ll.size());
-  vocab_parallel_cross_entropy_forward(tp, lossl.data(), lse.data(), ll.data(), targets.data(), N,
+  vocab_parallel_cross_entropy_forward(&tp, lossl.data(), lse.data(), ll.data(), targets.data(), N,
                                        V, Vl, r * Vl);
   expect_near(lossl, losses, test::kTensorParallel, "vocab-parallel loss");
   EXPECT_EQ(lossl[3], 0.f) << "ignored target";
-  vocab_parallel_cross_entropy_backward(dl.data(), ll.data(), lse.data(), targets.data(), 1.0f / N,
+  vocab_parallel_cross_entropy_backward(&tp, dl.data(), ll.data(), lse.data(), targets.data(), 1.0f / N,
                                         N, V, Vl, r * Vl);
   expect_near(dl, shard_cols(dlogits.data(), N, Vp, P, r), test::kTensorParallel,
               "vocab-parallel dlogits");

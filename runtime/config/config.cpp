@@ -76,6 +76,7 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(parallel, dp),
     BERTH_CONFIG_FIELD(parallel, zero),
     BERTH_CONFIG_FIELD(parallel, microbatches),
+    BERTH_CONFIG_FIELD(parallel, schedule),
     BERTH_CONFIG_FIELD(checkpoint, dir),
     BERTH_CONFIG_FIELD(checkpoint, interval),
     BERTH_CONFIG_FIELD(checkpoint, keep_last),
@@ -466,6 +467,11 @@ void validate_config(const RunConfig& cfg) {
     BERTH_FAIL("{}: parallel.zero must be 0 (replicated optimizer state) or 1 (moments sharded "
                "over dp×cp), got {}",
                w, cfg.parallel.zero);
+  }
+  if (cfg.parallel.schedule != "1f1b" && cfg.parallel.schedule != "afab") {
+    BERTH_FAIL("{}: unknown parallel.schedule {}; use \"1f1b\" (one forward, one backward: at "
+               "most pp micro-batches in flight) or \"afab\" (all forwards, then all backwards)",
+               w, quote_toml(cfg.parallel.schedule));
   }
   if (cfg.checkpoint.interval < 0 || cfg.checkpoint.keep_last < 0) {
     BERTH_FAIL("{}: checkpoint.interval and checkpoint.keep_last must be >= 0 (0 = off / keep "

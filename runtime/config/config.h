@@ -68,6 +68,7 @@ struct ParallelSection {
   int64_t dp = 0;            // data-parallel replicas; 0 = world size / (tp·pp·cp)
   int64_t zero = 0;          // 0: replicated optimizer state; 1: AdamW moments sharded over dp×cp
   int64_t microbatches = 1;  // micro-batches per step and rank (gradient accumulation)
+  std::string schedule = "1f1b";  // pipeline schedule when pp > 1: "1f1b" | "afab"
 };
 
 struct CheckpointSection {

@@ -7,6 +7,8 @@
 
 #include "kernels/ops.h"
 #include "parallel/context_parallel.h"
+#include "parallel/pipeline.h"
+#include "parallel/tensor_parallel.h"
 #include "runtime/core/check.h"
 
 namespace berth {
@@ -14,14 +16,33 @@ namespace berth {
 // ---- construction and init ----------------------------------------------------------------------
 
 template <typename T>
-GPT<T>::GPT(const GPTConfig& cfg, int max_B, int max_T)
-    : cfg_(cfg), layout_(gpt_param_layout(cfg)), max_B_(max_B), max_T_(max_T) {
+GPT<T>::GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard,
+            Communicator* tp, int slots)
+    : cfg_(cfg),
+      shard_(shard),
+      tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
+      layout_(gpt_param_layout(cfg, shard)),
+      max_B_(max_B),
+      max_T_(max_T) {
   BERTH_CHECK(max_B > 0 && max_T > 0, "batch shape must be positive, got B={} T={}", max_B,
               max_T);
   BERTH_CHECK(max_T <= cfg.maxT, "seq_len ({}) > max_seq_len ({})", max_T, cfg.maxT);
+  BERTH_CHECK(slots >= 1, "a model needs at least one activation slot, got {}", slots);
+  BERTH_CHECK(shard.tp == 1 || (tp_ != nullptr && tp_->size() == shard.tp &&
+                                tp_->rank() == shard.tp_rank),
+              "the model is split over tp = {} but the tp group has {} ranks", shard.tp,
+              tp == nullptr ? 1 : tp->size());
+  BERTH_CHECK(shard.tp == 1 || (std::is_same_v<T, float>), "tensor parallelism needs the fp32 model");
+  Cq_ = cfg.C / shard.tp;
+  NHl_ = cfg.NH / shard.tp;
+  F_ = 4 * cfg.C / shard.tp;
+  Vpl_ = cfg.Vp / shard.tp;
+  voff_ = shard.tp_rank * Vpl_;
+  const LayerRange range = stage_layers(cfg.L, shard.pp, shard.stage);
+  const int L = int(range.size());
   const size_t N = size_t(max_B) * size_t(max_T), C = size_t(cfg.C);
-  // Causal blocks of sequences inside rows: Σ NH·L² <= B·NH·T².
-  const size_t att = size_t(max_B) * size_t(cfg.NH) * size_t(max_T) * size_t(max_T);
+  // Causal blocks of sequences inside rows: Σ NH·L² <= B·NH·T² (this rank's heads).
+  const size_t att = size_t(max_B) * size_t(NHl_) * size_t(max_T) * size_t(max_T);
   params_.assign(size_t(layout_.total), T(0));
   grads_.assign(size_t(layout_.total), T(0));
   int64_t elems = 0;
@@ -29,43 +50,52 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_B, int max_T)
     v.assign(n, T(0));
     elems += int64_t(n);
   };
-  residual_.resize(size_t(cfg.L) + 1);
-  for (auto& r : residual_) alloc(r, N * C);
-  layers_.resize(size_t(cfg.L));
-  for (LayerActs& a : layers_) {
-    alloc(a.ln1, N * C);
-    alloc(a.ln1_mean, N);
-    alloc(a.ln1_rstd, N);
-    alloc(a.qkv, N * 3 * C);
-    alloc(a.atty, N * C);
-    alloc(a.att, att);
-    alloc(a.res2, N * C);
-    alloc(a.ln2, N * C);
-    alloc(a.ln2_mean, N);
-    alloc(a.ln2_rstd, N);
-    alloc(a.fch, N * 4 * C);
-    alloc(a.fch_gelu, N * 4 * C);
+  slots_.resize(size_t(slots));
+  for (Slot& s : slots_) {
+    s.residual.resize(size_t(L) + 1);
+    for (auto& r : s.residual) alloc(r, N * C);
+    s.layers.resize(size_t(L));
+    for (LayerActs& a : s.layers) {
+      alloc(a.ln1, N * C);
+      alloc(a.ln1_mean, N);
+      alloc(a.ln1_rstd, N);
+      alloc(a.qkv, N * 3 * size_t(Cq_));
+      alloc(a.atty, N * size_t(Cq_));
+      alloc(a.att, att);
+      alloc(a.res2, N * C);
+      alloc(a.ln2, N * C);
+      alloc(a.ln2_mean, N);
+      alloc(a.ln2_rstd, N);
+      alloc(a.fch, N * size_t(F_));
+      alloc(a.fch_gelu, N * size_t(F_));
+    }
+    if (shard.last()) {
+      alloc(s.lnf, N * C);
+      alloc(s.lnf_mean, N);
+      alloc(s.lnf_rstd, N);
+      alloc(s.logits, N * size_t(Vpl_));
+      alloc(s.losses, N);
+      alloc(s.lse, N);
+    }
   }
-  alloc(lnf_, N * C);
-  alloc(lnf_mean_, N);
-  alloc(lnf_rstd_, N);
-  alloc(logits_, N * size_t(cfg.Vp));
-  alloc(losses_, N);
   alloc(scratch_, N * C);
   alloc(dres_, N * C);
+  if (!shard.last()) alloc(dout_, N * C);
   alloc(dln_, N * C);
-  alloc(dqkv_, N * 3 * C);
-  alloc(datty_, N * C);
-  alloc(dfch_, N * 4 * C);
+  alloc(dqkv_, N * 3 * size_t(Cq_));
+  alloc(datty_, N * size_t(Cq_));
+  alloc(dfch_, N * size_t(F_));
   alloc(datt_, att);
   activation_bytes_ = elems * int64_t(sizeof(T));
   // Offsets of every tensor, looked up once so a step does no name lookups.
   auto off = [&](const std::string& name) { return layout_.find(name).offset; };
-  wte_ = off("wte");
-  wpe_ = off("wpe");
-  lnf_w_ = off("ln_f.weight");
-  lnf_b_ = off("ln_f.bias");
-  for (int l = 0; l < cfg.L; l++) {
+  if (shard.first() || shard.last()) wte_ = off("wte");
+  if (shard.first()) wpe_ = off("wpe");
+  if (shard.last()) {
+    lnf_w_ = off("ln_f.weight");
+    lnf_b_ = off("ln_f.bias");
+  }
+  for (int64_t l = range.begin; l < range.end; l++) {
     const std::string h = "h." + std::to_string(l) + ".";
     idx_.push_back({off(h + "ln_1.weight"), off(h + "ln_1.bias"), off(h + "attn.c_attn.weight"),
                     off(h + "attn.c_attn.bias"), off(h + "attn.c_proj.weight"),
@@ -111,18 +141,25 @@ template <typename T>
 void GPT<T>::init_weights(uint64_t seed) {
   const double std_base = 0.02;
   const double std_proj = 0.02 / std::sqrt(2.0 * cfg_.L);
+  std::vector<T> full;
   for (const ParamSpec& s : layout_.specs) {
     T* p = params_.data() + s.offset;
-    if (s.shape.size() == 1) {
+    if (s.shape.size() == 1 && s.shard == ShardDim::kNone) {
       const T value = ends_with(s.name, ".weight") ? T(1) : T(0);  // LayerNorm weight 1, biases 0
       for (int64_t i = 0; i < s.numel; i++) p[i] = value;
       continue;
     }
+    if (s.full_shape.size() == 1) {  // a sliced bias
+      for (int64_t i = 0; i < s.numel; i++) p[i] = T(0);
+      continue;
+    }
+    // The full tensor, drawn as one rank would, then this rank's slice.
+    const int64_t full_numel = s.full_shape[0] * s.full_shape[1];
+    full.assign(size_t(full_numel), T(0));
     const bool proj = ends_with(s.name, "attn.c_proj.weight") || ends_with(s.name, "mlp.c_proj.weight");
-    int64_t n = s.numel;
-    if (s.name == "wte") n = int64_t(cfg_.V) * cfg_.C;  // padded rows stay 0
-    fill_normal(p, n, proj ? std_proj : std_base, name_seed(seed, s.name));
-    for (int64_t i = n; i < s.numel; i++) p[i] = T(0);
+    const int64_t n = s.name == "wte" ? int64_t(cfg_.V) * cfg_.C : full_numel;  // padded rows 0
+    fill_normal(full.data(), n, proj ? std_proj : std_base, name_seed(seed, s.name));
+    slice_from_full(s, shard_.tp_rank, full.data(), p);
   }
 }
 
@@ -157,11 +194,13 @@ void GPT<T>::set_context_parallel(Communicator* cp) {
   cp_ = on ? cp : nullptr;
   if (!on) return;
   // Ring attention keeps the log-sum-exp (N × NH) per layer, not the probabilities (T² per row).
-  const size_t lse = size_t(max_B_) * size_t(max_T_) * size_t(cfg_.NH);
+  const size_t lse = size_t(max_B_) * size_t(max_T_) * size_t(NHl_);
   int64_t freed = int64_t(datt_.size());
-  for (LayerActs& a : layers_) {
-    freed += int64_t(a.att.size()) - int64_t(lse);
-    std::vector<T>(lse, T(0)).swap(a.att);
+  for (Slot& s : slots_) {
+    for (LayerActs& a : s.layers) {
+      freed += int64_t(a.att.size()) - int64_t(lse);
+      std::vector<T>(lse, T(0)).swap(a.att);
+    }
   }
   std::vector<T>().swap(datt_);
   activation_bytes_ -= freed * int64_t(sizeof(T));
@@ -169,7 +208,7 @@ void GPT<T>::set_context_parallel(Communicator* cp) {
 
 template <typename T>
 void GPT<T>::attention_fwd(LayerActs& a, const PackedBatch& batch) {
-  const int N = batch.N(), C = cfg_.C, NH = cfg_.NH, S = batch.n_seqs();
+  const int N = batch.N(), S = batch.n_seqs();
   if constexpr (std::is_same_v<T, float>) {
     if (cp_ != nullptr) {
       cp_seq_.resize(size_t(N));
@@ -178,27 +217,33 @@ void GPT<T>::attention_fwd(LayerActs& a, const PackedBatch& batch) {
           cp_seq_[size_t(i)] = s;
         }
       }
-      split_qkv(a.qkv.data(), N, C, &cp_q_, &cp_k_, &cp_v_);
+      split_qkv(a.qkv.data(), N, Cq_, &cp_q_, &cp_k_, &cp_v_);
       // a.att (sized for B·T² probabilities) keeps the log-sum-exp (N × NH) instead.
       ring_attention_forward(*cp_, a.atty.data(), a.att.data(), cp_q_.data(), cp_k_.data(),
-                             cp_v_.data(), cp_seq_.data(), batch.positions.data(), N, C, NH);
+                             cp_v_.data(), cp_seq_.data(), batch.positions.data(), N, Cq_, NHl_);
       return;
     }
   }
-  cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), batch.cu_seqlens.data(), S, C,
-                         NH);
+  cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), batch.cu_seqlens.data(), S,
+                         Cq_, NHl_);
 }
 
 template <typename T>
 void GPT<T>::attention_bwd(LayerActs& a, const PackedBatch& batch) {
-  const int N = batch.N(), C = cfg_.C, NH = cfg_.NH, S = batch.n_seqs();
+  const int N = batch.N(), S = batch.n_seqs(), C = Cq_;
   if constexpr (std::is_same_v<T, float>) {
     if (cp_ != nullptr) {
+      cp_seq_.resize(size_t(N));  // this micro-batch's (another may have run forward since)
+      for (int s = 0; s < S; ++s) {
+        for (int i = batch.cu_seqlens[size_t(s)]; i < batch.cu_seqlens[size_t(s) + 1]; ++i) {
+          cp_seq_[size_t(i)] = s;
+        }
+      }
       split_qkv(a.qkv.data(), N, C, &cp_q_, &cp_k_, &cp_v_);
       for (auto* v : {&cp_dq_, &cp_dk_, &cp_dv_}) v->resize(size_t(N) * size_t(C));
       ring_attention_backward(*cp_, cp_dq_.data(), cp_dk_.data(), cp_dv_.data(), datty_.data(),
                               a.atty.data(), a.att.data(), cp_q_.data(), cp_k_.data(),
-                              cp_v_.data(), cp_seq_.data(), batch.positions.data(), N, C, NH);
+                              cp_v_.data(), cp_seq_.data(), batch.positions.data(), N, C, NHl_);
       for (int n = 0; n < N; ++n) {
         float* row = dqkv_.data() + int64_t(n) * 3 * C;
         std::copy(cp_dq_.data() + int64_t(n) * C, cp_dq_.data() + int64_t(n + 1) * C, row);
@@ -209,90 +254,101 @@ void GPT<T>::attention_bwd(LayerActs& a, const PackedBatch& batch) {
     }
   }
   cpu::attention_backward(dqkv_.data(), datt_.data(), datty_.data(), a.qkv.data(), a.att.data(),
-                          batch.cu_seqlens.data(), S, C, NH);
+                          batch.cu_seqlens.data(), S, C, NHl_);
 }
 
 // ---- forward ------------------------------------------------------------------------------------
 
 template <typename T>
-double GPT<T>::forward(const PackedBatch& batch) {
+double GPT<T>::forward(const PackedBatch& batch, int slot) {
   BERTH_CHECK(batch.B <= max_B_ && batch.T <= max_T_,
               "batch {}x{} is larger than the model was sized for ({}x{})", batch.B, batch.T,
               max_B_, max_T_);
-  const int N = batch.N(), C = cfg_.C, L = cfg_.L;
+  BERTH_CHECK(slot >= 0 && slot < slots(), "activation slot {} of {}", slot, slots());
+  Slot& sl = slots_[size_t(slot)];
+  const int N = batch.N(), C = cfg_.C, L = int(idx_.size());
   using namespace cpu;
-  encoder_forward(residual_[0].data(), batch.tokens.data(), batch.positions.data(), P(wte_),
-                  P(wpe_), N, C);
+  if (shard_.first()) {
+    vocab_parallel_embedding_forward(tp_, sl.residual[0].data(), batch.tokens.data(),
+                                     batch.positions.data(), P(wte_), P(wpe_), N, C, Vpl_, voff_);
+  }
   for (int l = 0; l < L; l++) {
     const LayerIdx& ix = idx_[size_t(l)];
-    LayerActs& a = layers_[size_t(l)];
-    const T* x = residual_[size_t(l)].data();
-    layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x,
-                      P(ix.ln1_w), P(ix.ln1_b), N, C);
-    matmul_forward(a.qkv.data(), a.ln1.data(), P(ix.qkv_w),
-                   P(ix.qkv_b), N, C, 3 * C);
+    LayerActs& a = sl.layers[size_t(l)];
+    const T* x = sl.residual[size_t(l)].data();
+    layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, P(ix.ln1_w),
+                      P(ix.ln1_b), N, C);
+    column_linear_forward(a.qkv.data(), a.ln1.data(), P(ix.qkv_w), P(ix.qkv_b), N, C, 3 * Cq_);
     attention_fwd(a, batch);
-    matmul_forward(scratch_.data(), a.atty.data(), P(ix.proj_w),
-                   P(ix.proj_b), N, C, C);
+    row_linear_forward(tp_, scratch_.data(), a.atty.data(), P(ix.proj_w), P(ix.proj_b), N, Cq_, C);
     residual_forward(a.res2.data(), x, scratch_.data(), int64_t(N) * C);
     layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(),
                       P(ix.ln2_w), P(ix.ln2_b), N, C);
-    matmul_forward(a.fch.data(), a.ln2.data(), P(ix.fc_w),
-                   P(ix.fc_b), N, C, 4 * C);
-    gelu_forward(a.fch_gelu.data(), a.fch.data(), int64_t(N) * 4 * C);
-    matmul_forward(scratch_.data(), a.fch_gelu.data(), P(ix.fcproj_w),
-                   P(ix.fcproj_b), N, 4 * C, C);
-    residual_forward(residual_[size_t(l) + 1].data(), a.res2.data(), scratch_.data(),
+    column_linear_forward(a.fch.data(), a.ln2.data(), P(ix.fc_w), P(ix.fc_b), N, C, F_);
+    gelu_forward(a.fch_gelu.data(), a.fch.data(), int64_t(N) * F_);
+    row_linear_forward(tp_, scratch_.data(), a.fch_gelu.data(), P(ix.fcproj_w), P(ix.fcproj_b), N,
+                       F_, C);
+    residual_forward(sl.residual[size_t(l) + 1].data(), a.res2.data(), scratch_.data(),
                      int64_t(N) * C);
   }
-  layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual_[size_t(L)].data(),
-                    P(lnf_w_), P(lnf_b_), N, C);
-  matmul_forward(logits_.data(), lnf_.data(), P(wte_), static_cast<const T*>(nullptr), N, C,
-                 cfg_.Vp);
-  crossentropy_forward(losses_.data(), logits_.data(), batch.targets.data(), N, cfg_.V, cfg_.Vp);
+  if (!shard_.last()) return 0;
+  layernorm_forward(sl.lnf.data(), sl.lnf_mean.data(), sl.lnf_rstd.data(),
+                    sl.residual[size_t(L)].data(), P(lnf_w_), P(lnf_b_), N, C);
+  // LM head tied to wte: a column-parallel linear over this rank's vocabulary rows.
+  column_linear_forward(sl.logits.data(), sl.lnf.data(), P(wte_), static_cast<const T*>(nullptr),
+                        N, C, Vpl_);
+  vocab_parallel_cross_entropy_forward(tp_, sl.losses.data(), sl.lse.data(), sl.logits.data(),
+                                       batch.targets.data(), N, cfg_.V, Vpl_, voff_);
   double total = 0;
-  for (int n = 0; n < N; n++) total += double(losses_[size_t(n)]);
+  for (int n = 0; n < N; n++) total += double(sl.losses[size_t(n)]);
   return total;
 }
 
 // ---- backward -----------------------------------------------------------------------------------
 
 template <typename T>
-void GPT<T>::backward(const PackedBatch& batch, T dloss) {
-  const int N = batch.N(), C = cfg_.C, L = cfg_.L;
+void GPT<T>::backward(const PackedBatch& batch, T dloss, int slot) {
+  BERTH_CHECK(slot >= 0 && slot < slots(), "activation slot {} of {}", slot, slots());
+  Slot& sl = slots_[size_t(slot)];
+  const int N = batch.N(), C = cfg_.C, L = int(idx_.size());
   using namespace cpu;
-  // LM head (tied): dlogits overwrite the logits in place
-  crossentropy_backward(logits_.data(), logits_.data(), batch.targets.data(), dloss, N, cfg_.V,
-                        cfg_.Vp);
-  matmul_backward(dln_.data(), G(wte_), static_cast<T*>(nullptr), logits_.data(), lnf_.data(),
-                  P(wte_), N, C, cfg_.Vp);
-  std::fill(dres_.begin(), dres_.begin() + int64_t(N) * C, T(0));
-  layernorm_backward(dres_.data(), G(lnf_w_), G(lnf_b_), dln_.data(),
-                     residual_[size_t(L)].data(), P(lnf_w_), lnf_mean_.data(),
-                     lnf_rstd_.data(), N, C);
+  if (shard_.last()) {
+    // LM head (tied): dlogits overwrite the logits in place
+    vocab_parallel_cross_entropy_backward(tp_, sl.logits.data(), sl.logits.data(), sl.lse.data(),
+                                          batch.targets.data(), dloss, N, cfg_.V, Vpl_, voff_);
+    column_linear_backward(tp_, dln_.data(), G(wte_), static_cast<T*>(nullptr), sl.logits.data(),
+                           sl.lnf.data(), P(wte_), N, C, Vpl_);
+    std::fill(dres_.begin(), dres_.begin() + int64_t(N) * C, T(0));
+    layernorm_backward(dres_.data(), G(lnf_w_), G(lnf_b_), dln_.data(),
+                       sl.residual[size_t(L)].data(), P(lnf_w_), sl.lnf_mean.data(),
+                       sl.lnf_rstd.data(), N, C);
+  } else {
+    std::copy(dout_.begin(), dout_.begin() + int64_t(N) * C, dres_.begin());
+  }
   // dres_ holds d(loss)/d(residual) and is updated in place through every block.
   for (int l = L - 1; l >= 0; l--) {
     const LayerIdx& ix = idx_[size_t(l)];
-    LayerActs& a = layers_[size_t(l)];
-    matmul_backward(dfch_.data(), G(ix.fcproj_w), G(ix.fcproj_b),
-                    dres_.data(), a.fch_gelu.data(), P(ix.fcproj_w), N, 4 * C, C);
-    gelu_backward(dfch_.data(), a.fch.data(), dfch_.data(), int64_t(N) * 4 * C);
-    matmul_backward(dln_.data(), G(ix.fc_w), G(ix.fc_b),
-                    dfch_.data(), a.ln2.data(), P(ix.fc_w), N, C, 4 * C);
-    layernorm_backward(dres_.data(), G(ix.ln2_w), G(ix.ln2_b), dln_.data(),
-                       a.res2.data(), P(ix.ln2_w), a.ln2_mean.data(),
-                       a.ln2_rstd.data(), N, C);
-    matmul_backward(datty_.data(), G(ix.proj_w), G(ix.proj_b),
-                    dres_.data(), a.atty.data(), P(ix.proj_w), N, C, C);
+    LayerActs& a = sl.layers[size_t(l)];
+    row_linear_backward(dfch_.data(), G(ix.fcproj_w), G(ix.fcproj_b), dres_.data(),
+                        a.fch_gelu.data(), P(ix.fcproj_w), N, F_, C);
+    gelu_backward(dfch_.data(), a.fch.data(), dfch_.data(), int64_t(N) * F_);
+    column_linear_backward(tp_, dln_.data(), G(ix.fc_w), G(ix.fc_b), dfch_.data(), a.ln2.data(),
+                           P(ix.fc_w), N, C, F_);
+    layernorm_backward(dres_.data(), G(ix.ln2_w), G(ix.ln2_b), dln_.data(), a.res2.data(),
+                       P(ix.ln2_w), a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
+    row_linear_backward(datty_.data(), G(ix.proj_w), G(ix.proj_b), dres_.data(), a.atty.data(),
+                        P(ix.proj_w), N, Cq_, C);
     attention_bwd(a, batch);
-    matmul_backward(dln_.data(), G(ix.qkv_w), G(ix.qkv_b),
-                    dqkv_.data(), a.ln1.data(), P(ix.qkv_w), N, C, 3 * C);
+    column_linear_backward(tp_, dln_.data(), G(ix.qkv_w), G(ix.qkv_b), dqkv_.data(),
+                           a.ln1.data(), P(ix.qkv_w), N, C, 3 * Cq_);
     layernorm_backward(dres_.data(), G(ix.ln1_w), G(ix.ln1_b), dln_.data(),
-                       residual_[size_t(l)].data(), P(ix.ln1_w), a.ln1_mean.data(),
+                       sl.residual[size_t(l)].data(), P(ix.ln1_w), a.ln1_mean.data(),
                        a.ln1_rstd.data(), N, C);
   }
-  encoder_backward(G(wte_), G(wpe_), dres_.data(), batch.tokens.data(),
-                   batch.positions.data(), N, C);
+  if (shard_.first()) {
+    vocab_parallel_embedding_backward(tp_, G(wte_), G(wpe_), dres_.data(), batch.tokens.data(),
+                                      batch.positions.data(), N, C, Vpl_, voff_);
+  }
 }
 
 template class GPT<float>;

@@ -8,6 +8,10 @@
 //
 // Usage per step:   zero_grad(); loss_sum = forward(batch); backward(batch, 1/n_targets);
 // forward() keeps the activations backward() needs; backward() accumulates (+=) into grads().
+//
+// Tensor parallelism enters only through the primitives of parallel/tensor_parallel.h (each the
+// plain op without a tp group); pipeline parallelism from outside: a stage model holds some
+// layers, and the executor (parallel/pipeline.h) moves activations and gradients between stages.
 #pragma once
 
 #include <cstdint>
@@ -22,33 +26,54 @@ namespace berth {
 template <typename T>
 class GPT {
  public:
-  GPT(const GPTConfig& cfg, int max_B, int max_T);
+  // `shard`: the part of the model this rank holds (a tensor-parallel slice of one pipeline
+  // stage; the default is the whole model); `tp`: the tensor-parallel group (null or size 1 =
+  // none; fp32 only when it has more ranks). `slots`: how many micro-batches' activations can be
+  // held at once (the pipeline's micro-batches in flight on this stage); each slot holds one
+  // max_B × max_T batch.
+  GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard = {},
+      Communicator* tp = nullptr, int slots = 1);
 
   const GPTConfig& config() const { return cfg_; }
+  const ModelShard& shard() const { return shard_; }
   const ParamLayout& layout() const { return layout_; }
   std::vector<T>& params() { return params_; }
   const std::vector<T>& params() const { return params_; }
   std::vector<T>& grads() { return grads_; }
   T* param(const std::string& name) { return params_.data() + layout_.find(name).offset; }
   T* grad(const std::string& name) { return grads_.data() + layout_.find(name).offset; }
+  int slots() const { return int(slots_.size()); }
 
   // GPT-2 init, seeded: weights N(0, 0.02), the two residual projections (attn.c_proj, mlp.c_proj)
   // N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1 / bias 0, padded vocabulary rows of wte 0.
-  // Each tensor draws from its own stream seeded by (seed, name), so the values do not depend on
-  // which other tensors a rank holds.
+  // Each full tensor draws from its own stream seeded by (seed, name) and this rank keeps its
+  // slice, so every layout (tp, pp) starts from the same weights as one rank.
   void init_weights(uint64_t seed);
 
-  // Runs the model on `batch` (B <= max_B, T <= max_T, positions < maxT) and returns the SUM of
-  // the per-token cross-entropy losses over tokens whose target is not -1 (divide by
-  // batch.n_targets() for the mean). Keeps activations for backward.
-  double forward(const PackedBatch& batch);
+  // Runs this rank's part of the model on `batch` (B <= max_B, T <= max_T, positions < maxT),
+  // keeping the activations in `slot` for backward. The first stage embeds the tokens; the others
+  // start from stage_input(slot), which the previous stage's output was received into. The last
+  // stage returns the SUM of the per-token cross-entropy losses over tokens whose target is not
+  // -1 (divide by batch.n_targets() for the mean); other stages return 0 and leave their output
+  // in stage_output(slot).
+  double forward(const PackedBatch& batch, int slot = 0);
 
-  // Per-token losses of the last forward (N values, 0 where the target is -1).
-  const T* losses() const { return losses_.data(); }
+  // Per-token losses of the last forward in `slot` (N values, 0 where the target is -1; last
+  // stage).
+  const T* losses(int slot = 0) const { return slots_[size_t(slot)].losses.data(); }
 
-  // Backpropagates the last forward; `dloss` is d(total loss)/d(each token's loss), e.g.
-  // 1/n_targets for a mean. Accumulates into grads().
-  void backward(const PackedBatch& batch, T dloss);
+  // Backpropagates the forward held in `slot` and frees nothing (the slot is reused by the next
+  // forward into it). `dloss` is d(total loss)/d(each token's loss), e.g. 1/n_targets for a mean.
+  // Stages other than the last start from output_grad() (received from the next stage); stages
+  // other than the first leave d(loss)/d(input) in input_grad(). Accumulates into grads().
+  void backward(const PackedBatch& batch, T dloss, int slot = 0);
+
+  // Pipeline buffers, (N, C) each: the activation received from the previous stage, the one
+  // sent to the next, the gradient received from the next stage and the one sent to the previous.
+  T* stage_input(int slot) { return slots_[size_t(slot)].residual.front().data(); }
+  const T* stage_output(int slot) const { return slots_[size_t(slot)].residual.back().data(); }
+  T* output_grad() { return dout_.data(); }
+  const T* input_grad() const { return dres_.data(); }
 
   // Context parallelism: attention becomes ring attention over `cp` (null or size 1 = off). The
   // batch is then this rank's zigzag shard (packing/cp_shard.h): its positions are global and its
@@ -57,7 +82,7 @@ class GPT {
 
   void zero_grad();
 
-  // Bytes held by parameters, gradients and activations.
+  // Bytes held by parameters, gradients and activations (all slots).
   int64_t param_bytes() const { return int64_t(params_.size() * sizeof(T)); }
   int64_t activation_bytes() const { return activation_bytes_; }
 
@@ -65,6 +90,13 @@ class GPT {
   struct LayerActs {
     std::vector<T> ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu;
+  };
+  // The activations of one micro-batch: residual[l] is the input of local layer l (residual[0]
+  // the stage input, residual[L_local] its output / the input of ln_f).
+  struct Slot {
+    std::vector<std::vector<T>> residual;
+    std::vector<LayerActs> layers;
+    std::vector<T> lnf, lnf_mean, lnf_rstd, logits, losses, lse;
   };
 
   struct LayerIdx {  // offsets of one block's tensors in the flat buffers
@@ -75,15 +107,16 @@ class GPT {
   T* G(int64_t offset) { return grads_.data() + offset; }
 
   GPTConfig cfg_;
+  ModelShard shard_;
+  Communicator* tp_ = nullptr;
   ParamLayout layout_;
   int max_B_, max_T_;
+  int Cq_, NHl_, F_, Vpl_, voff_;  // local widths: q/k/v (C/tp), heads, MLP (4C/tp), vocabulary
   std::vector<T> params_, grads_;
-  // activations: residual[l] is the input of layer l (residual[L] the input of ln_f)
-  std::vector<std::vector<T>> residual_;
-  std::vector<LayerActs> layers_;
-  std::vector<T> lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, scratch_;
-  // backward scratch
-  std::vector<T> dres_, dln_, dqkv_, datty_, dfch_, datt_;
+  std::vector<Slot> slots_;
+  std::vector<T> scratch_;
+  // backward scratch (shared by the slots); dout_ receives the next stage's gradient
+  std::vector<T> dres_, dout_, dln_, dqkv_, datty_, dfch_, datt_;
   int64_t activation_bytes_ = 0;
   std::vector<LayerIdx> idx_;
   Communicator* cp_ = nullptr;
@@ -91,7 +124,7 @@ class GPT {
   std::vector<float> cp_q_, cp_k_, cp_v_, cp_dq_, cp_dk_, cp_dv_;  // ring attention scratch
   void attention_fwd(LayerActs& a, const PackedBatch& batch);
   void attention_bwd(LayerActs& a, const PackedBatch& batch);
-  int64_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
+  int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;  // -1: not on this stage
 };
 
 extern template class GPT<float>;

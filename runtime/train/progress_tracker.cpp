@@ -83,10 +83,13 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   const auto now = std::chrono::steady_clock::now();
   RankStepMetrics m;
   m.wall_s = std::chrono::duration<double>(now - mark_).count();
-  m.comm_s = grid_.comm_seconds() - comm_mark_;
+  // Time blocked in pipeline transfers is the bubble (it is also inside the pp group's seconds).
+  m.bubble_s = st.bubble_s;
+  m.comm_s = std::max(0.0, grid_.comm_seconds() - comm_mark_ - m.bubble_s);
   m.data_wait_s = st.data_wait_s;
   m.overhead_s = overhead_s_;
-  m.compute_s = std::max(0.0, m.wall_s - m.comm_s - m.data_wait_s - m.overhead_s);
+  m.compute_s =
+      std::max(0.0, m.wall_s - m.comm_s - m.data_wait_s - m.bubble_s - m.overhead_s);
   m.tokens = double(st.tokens);
   m.mem_gib = host_rss_gib();
   m.mem_peak_gib = host_peak_rss_gib();
@@ -124,7 +127,9 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   j["compute_s"] = r.compute_s;
   j["comm_s"] = r.comm_s;
   j["data_wait_s"] = r.data_wait_s;
-  j["bubble_s"] = 0.0;  // no pipeline stages yet
+  double bubble = 0;  // mean over ranks
+  for (const RankStepMetrics& k : all) bubble += k.bubble_s / double(all.size());
+  j["bubble_s"] = bubble;
   j["overhead_s"] = r.overhead_s;
   j["tokens"] = r.tokens;
   j["mem_gib"] = r.mem_gib;

@@ -14,6 +14,7 @@
 
 #include "kernels/ops.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
@@ -32,6 +33,74 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+
+std::string describe_layers(int L, int pp, int stage) {
+  const LayerRange r = stage_layers(L, pp, stage);
+  return fmt::format("{}..{}", r.begin, r.end - 1);
+}
+
+// One pipeline stage of a step (or of an evaluation) for the executor: micro-batch m runs on the
+// model with the activations of a slot taken at its first forward-side action and given back
+// after its backward, so a stage never holds more than its schedule's micro-batches in flight.
+class StageRunner final : public PipelineStage {
+ public:
+  StageRunner(GPT<float>& model, std::vector<const PackedBatch*> batches, float dloss, bool train)
+      : model_(model), batches_(std::move(batches)), dloss_(dloss), train_(train) {
+    for (int s = model.slots() - 1; s >= 0; --s) free_.push_back(s);
+    slot_.assign(batches_.size(), -1);
+  }
+  double loss_sum() const { return loss_sum_; }
+
+  void forward(int m) override { loss_sum_ += model_.forward(batch(m), slot_of(m)); }
+  void backward(int m) override {
+    model_.backward(batch(m), dloss_, slot_of(m));
+    free_.push_back(slot_[size_t(m)]);
+    slot_[size_t(m)] = -1;
+  }
+  float* recv_activation(int m) override { return model_.stage_input(slot_of(m)); }
+  const float* send_activation(int m) override { return model_.stage_output(slot_of(m)); }
+  float* recv_grad(int) override { return model_.output_grad(); }
+  const float* send_grad(int) override { return model_.input_grad(); }
+  size_t activation_count(int m) override {
+    return size_t(batch(m).N()) * size_t(model_.config().C);
+  }
+
+ private:
+  const PackedBatch& batch(int m) const { return *batches_[size_t(m)]; }
+  int slot_of(int m) {
+    if (!train_) return 0;  // forward only: one micro-batch at a time
+    int& s = slot_[size_t(m)];
+    if (s < 0) {
+      BERTH_CHECK(!free_.empty(), "pipeline: micro-batch {} needs an activation slot and all {} "
+                  "are in use (the schedule holds more micro-batches than the model was sized for)",
+                  m, model_.slots());
+      s = free_.back();
+      free_.pop_back();
+    }
+    return s;
+  }
+
+  GPT<float>& model_;
+  std::vector<const PackedBatch*> batches_;
+  float dloss_;
+  bool train_;
+  std::vector<int> slot_, free_;
+  double loss_sum_ = 0;
+};
+
+// Σ g² over the elements [begin, end) of a flat gradient buffer (g holds element `begin` first)
+// that belong to tensors this rank holds uniquely (ParamSpec::unique).
+double unique_sum_squares(const ParamLayout& layout, const float* g, int64_t begin, int64_t end) {
+  bool all_unique = true;
+  for (const ParamSpec& s : layout.specs) all_unique = all_unique && s.unique;
+  if (all_unique) return cpu::sum_squares(g, end - begin);
+  double sum = 0;
+  for (const ParamSpec& s : layout.specs) {
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    if (s.unique && lo < hi) sum += cpu::sum_squares(g + (lo - begin), hi - lo);
+  }
+  return sum;
+}
 
 }  // namespace
 
@@ -59,8 +128,22 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
       GridRequest{cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.cp, cfg_.parallel.dp},
       world.size(), cfg_.model.n_head, cfg_.model.n_layer);
   grid_ = std::make_unique<ProcessGrid>(world, shape);
+  // Checkpoints hold the model at the plain padding (128); a TP run pads to 128·tp.
+  canonical_ = make_gpt_config(cfg_.model.n_layer, cfg_.model.n_head, cfg_.model.d_model,
+                               cfg_.model.vocab_size, cfg_.model.max_seq_len);
   gcfg_ = make_gpt_config(cfg_.model.n_layer, cfg_.model.n_head, cfg_.model.d_model,
-                          cfg_.model.vocab_size, cfg_.model.max_seq_len);
+                          cfg_.model.vocab_size, cfg_.model.max_seq_len, 128 * shape.tp);
+  const GridCoord& at = grid_->coord();
+  shard_ = ModelShard{shape.tp, at.tp, shape.pp, at.pp};
+  const int M = int(cfg_.parallel.microbatches);
+  train_actions_ = cfg_.parallel.schedule == "afab" ? schedule_afab(shape.pp, at.pp, M)
+                                                    : schedule_1f1b(shape.pp, at.pp, M);
+  if (shape.pp > 1 && cfg_.parallel.schedule == "1f1b" && M < shape.pp) {
+    log_warn("parallel.microbatches = {} < pp = {}: the pipeline is idle for most of each step "
+             "(bubble (pp − 1)/(M + pp − 1) = {:.0f} %); raise parallel.microbatches to at least "
+             "{}",
+             M, shape.pp, 100.0 * (shape.pp - 1) / double(M + shape.pp - 1), 4 * shape.pp);
+  }
   schedule_ = parse_lr_schedule(cfg_.train.lr_schedule);
   const int B = int(cfg_.train.micro_batch_size), T = int(cfg_.data.seq_len);
   train_ds_ = read_token_dataset(cfg_.data.train);
@@ -82,7 +165,8 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
                 "yet",
                 where, cp, 2 * cp, cfg_.data.mode, T);
   }
-  model_ = std::make_unique<GPT<float>>(gcfg_, B, T / cp);
+  model_ = std::make_unique<GPT<float>>(gcfg_, B, T / cp, shard_, &grid_->tp(),
+                                        max_in_flight(train_actions_));
   model_->init_weights(uint64_t(cfg_.run.seed));
   model_->set_context_parallel(&grid_->cp());
   cp_batches_.resize(size_t(cfg_.parallel.microbatches));
@@ -100,7 +184,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
     shard_grads_.assign(size_t(range.size()), 0.f);
   }
   opt_ = std::make_unique<AdamW>(model_->layout(), s, range);
-  flops_per_token_ = gpt_flops_per_token(gcfg_, T);
+  flops_per_token_ = gpt_flops_per_token(canonical_, T);
   batches_.resize(size_t(cfg_.parallel.microbatches));
   for (PackedBatch& b : batches_) reset_rows(&b, B, T);
   run_dir_ = (std::filesystem::path(cfg_.run.out_dir) / cfg_.run.name).string();
@@ -111,7 +195,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
     const std::string diff = describe_shape_mismatch(ck.model, gcfg_);
     BERTH_CHECK(diff.empty(), "model.init_from '{}' does not fit this model: {}; set model.* to "
                 "the checkpoint's shape", cfg_.model.init_from, diff);
-    model_->params() = ck.params;
+    model_->params() = local_from_full(ck.params, ck.model);
     log_info("init_from {}: weights loaded in {:.2f} s (fresh optimizer, step 0)",
              cfg_.model.init_from,
              seconds_since(t_load));
@@ -204,10 +288,12 @@ void Trainer::resume(const std::string& spec) {
               "checkpoint '{}' is at step {}, which already reaches train.steps = {}; raise "
               "train.steps to train further",
               path, ck.meta.step, cfg_.train.steps);
-  model_->params() = ck.params;
+  model_->params() = local_from_full(ck.params, ck.model);
   const ShardRange r = opt_->range();
-  std::copy(ck.adam_m.begin() + r.begin, ck.adam_m.begin() + r.end, opt_->m().begin());
-  std::copy(ck.adam_v.begin() + r.begin, ck.adam_v.begin() + r.end, opt_->v().begin());
+  const std::vector<float> m = local_from_full(ck.adam_m, ck.model);
+  const std::vector<float> v = local_from_full(ck.adam_v, ck.model);
+  std::copy(m.begin() + r.begin, m.begin() + r.end, opt_->m().begin());
+  std::copy(v.begin() + r.begin, v.begin() + r.end, opt_->v().begin());
   opt_->set_steps_taken(ck.adam_step);
   loader_->set_rows_consumed(ck.meta.rows_consumed);
   start_step_ = ck.meta.step;
@@ -216,24 +302,88 @@ void Trainer::resume(const std::string& spec) {
            seconds_since(t0));
 }
 
+std::vector<float> Trainer::local_from_full(const std::vector<float>& full,
+                                            const GPTConfig& from) const {
+  const std::vector<float> f = repad_vocab(full, from, gcfg_);
+  const ParamLayout whole = gpt_param_layout(gcfg_);
+  const ParamLayout& mine = model_->layout();
+  std::vector<float> out(size_t(mine.total));
+  for (const ParamSpec& s : mine.specs) {
+    slice_from_full(s, shard_.tp_rank, f.data() + whole.find(s.name).offset,
+                    out.data() + s.offset);
+  }
+  return out;
+}
+
+std::vector<float> Trainer::gather_full(const std::vector<float>& local) {
+  const GridShape& shape = grid_->shape();
+  // Each tensor comes from the one rank that holds it uniquely among the replicas of dp = cp = 0.
+  auto holder = [](const GridCoord& c) { return c.dp == 0 && c.cp == 0; };
+  auto unique_elems = [](const ParamLayout& l) {
+    int64_t n = 0;
+    for (const ParamSpec& s : l.specs) n += s.unique ? s.numel : 0;
+    return n;
+  };
+  const ParamLayout& mine = model_->layout();
+  if (world_.rank() != 0) {
+    if (holder(grid_->coord())) {
+      std::vector<float> packed;
+      packed.reserve(size_t(unique_elems(mine)));
+      for (const ParamSpec& s : mine.specs) {
+        if (s.unique) packed.insert(packed.end(), local.begin() + s.offset,
+                                    local.begin() + s.offset + s.numel);
+      }
+      world_.group_begin();
+      world_.send(packed.data(), packed.size(), DType::F32, 0);
+      world_.group_end();
+    }
+    return {};
+  }
+  const ParamLayout whole = gpt_param_layout(gcfg_);
+  std::vector<float> full(size_t(whole.total), 0.f);
+  std::vector<float> packed;
+  for (int r = 0; r < shape.world(); ++r) {
+    const GridCoord c = grid_coord(shape, r);
+    if (!holder(c)) continue;
+    const ParamLayout theirs = gpt_param_layout(gcfg_, ModelShard{shape.tp, c.tp, shape.pp, c.pp});
+    const float* src = local.data();
+    if (r != 0) {
+      packed.resize(size_t(unique_elems(theirs)));
+      world_.group_begin();
+      world_.recv(packed.data(), packed.size(), DType::F32, r);
+      world_.group_end();
+    }
+    int64_t pos = 0;
+    for (const ParamSpec& s : theirs.specs) {
+      if (!s.unique) continue;
+      const float* from = r == 0 ? src + s.offset : packed.data() + pos;
+      place_into_full(s, c.tp, from, full.data() + whole.find(s.name).offset);
+      pos += s.numel;
+    }
+  }
+  return repad_vocab(full, gcfg_, canonical_);
+}
+
+std::vector<float> Trainer::full_params() { return gather_full(model_->params()); }
+
 double Trainer::save(int64_t steps_done) {
   const auto t0 = std::chrono::steady_clock::now();
   CheckpointData ck;
-  ck.model = gcfg_;
+  ck.model = canonical_;
   ck.adam_step = opt_->steps_taken();
+  std::vector<float> m, v;  // this rank's moments, whole over its layout
   if (cfg_.parallel.zero == 1) {  // gather the moment shards (collective)
     Communicator& g = grid_->dp_cp();
-    ck.adam_m.resize(size_t(model_->layout().total));
-    ck.adam_v.resize(size_t(model_->layout().total));
-    g.all_gather(opt_->m().data(), ck.adam_m.data(), shard_counts_, DType::F32);
-    g.all_gather(opt_->v().data(), ck.adam_v.data(), shard_counts_, DType::F32);
+    m.resize(size_t(model_->layout().total));
+    v.resize(size_t(model_->layout().total));
+    g.all_gather(opt_->m().data(), m.data(), shard_counts_, DType::F32);
+    g.all_gather(opt_->v().data(), v.data(), shard_counts_, DType::F32);
   }
+  // Whole tensors, assembled on rank 0 from every tp slice and pipeline stage (collective).
+  ck.params = gather_full(model_->params());
+  ck.adam_m = gather_full(cfg_.parallel.zero == 1 ? m : opt_->m());
+  ck.adam_v = gather_full(cfg_.parallel.zero == 1 ? v : opt_->v());
   if (world_.rank() == 0) {
-    ck.params = model_->params();
-    if (cfg_.parallel.zero != 1) {
-      ck.adam_m = opt_->m();
-      ck.adam_v = opt_->v();
-    }
     ck.meta.step = steps_done;
     ck.meta.rows_consumed = loader_->rows_consumed();
     ck.meta.seed = cfg_.run.seed;
@@ -263,18 +413,32 @@ void Trainer::sync_and_update(double lr, StepStats* st) {
   std::vector<float>& params = model_->params();
   std::vector<float>& grads = model_->grads();
   const int64_t n = int64_t(grads.size());
+  const ParamLayout& layout = model_->layout();
+  if (grid_->shape().pp > 1 && (shard_.first() || shard_.last())) {
+    // Tied embeddings: the first stage's wte and the last stage's LM head are one parameter.
+    const ParamSpec& wte = layout.find("wte");
+    grid_->embed().all_reduce(grads.data() + wte.offset, grads.data() + wte.offset,
+                              size_t(wte.numel), DType::F32, ReduceOp::SUM);
+  }
+  // The global norm counts every unique tensor once: summed over this rank's unique elements,
+  // then over the tensor- and pipeline-parallel groups.
+  auto global_norm = [&](double sq) {
+    if (grid_->shape().tp > 1) sq = grid_->tp().all_reduce_value(sq, ReduceOp::SUM);
+    if (grid_->shape().pp > 1) sq = grid_->pp().all_reduce_value(sq, ReduceOp::SUM);
+    return std::sqrt(sq);
+  };
   if (cfg_.parallel.zero == 1) {
     // ZeRO-1: each rank receives the reduced gradients of its shard, updates its shard of the
     // parameters with its shard of the moments, and the shards are gathered back.
     g.reduce_scatter(grads.data(), shard_grads_.data(), shard_counts_, DType::F32, ReduceOp::SUM);
-    const double sq = g.all_reduce_value(
-        cpu::sum_squares(shard_grads_.data(), int64_t(shard_grads_.size())), ReduceOp::SUM);
-    st->grad_norm = std::sqrt(sq);
+    const ShardRange r = opt_->range();
+    st->grad_norm = global_norm(g.all_reduce_value(
+        unique_sum_squares(layout, shard_grads_.data(), r.begin, r.end), ReduceOp::SUM));
     opt_->step(params.data(), shard_grads_.data(), lr, st->grad_norm);
     g.all_gather(params.data() + opt_->range().begin, params.data(), shard_counts_, DType::F32);
   } else {
     all_reduce_gradients(g, grads.data(), n, kGradBucketElems);
-    st->grad_norm = std::sqrt(cpu::sum_squares(grads.data(), n));
+    st->grad_norm = global_norm(unique_sum_squares(layout, grads.data(), 0, n));
     opt_->step(params.data(), grads.data(), lr, st->grad_norm);
   }
 }
@@ -309,12 +473,16 @@ StepStats Trainer::train_step(int64_t step) {
   const int64_t n_targets = g.all_reduce_value(local_targets, ReduceOp::SUM);
   BERTH_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", step);
   model_->zero_grad();
-  double loss_sum = 0;
+  // Forward and backward of every micro-batch in the order of this stage's schedule (with one
+  // stage: F0 B0 F1 B1 ...), activations and gradients passed between stages by the executor.
+  std::vector<const PackedBatch*> mine;
   for (size_t i = 0; i < batches_.size(); ++i) {
-    const PackedBatch& b = grid_->shape().cp > 1 ? cp_batches_[i] : batches_[i];
-    loss_sum += model_->forward(b);
-    model_->backward(b, float(1.0 / double(n_targets)));
+    mine.push_back(grid_->shape().cp > 1 ? &cp_batches_[i] : &batches_[i]);
   }
+  StageRunner runner(*model_, std::move(mine), float(1.0 / double(n_targets)), true);
+  st.bubble_s = run_schedule(grid_->pp(), train_actions_, runner).transfer_s;
+  double loss_sum = runner.loss_sum();  // the last stage's
+  if (grid_->shape().pp > 1) loss_sum = grid_->pp().all_reduce_value(loss_sum, ReduceOp::SUM);
   if (world_.rank() == cfg_.debug.slow_rank) sleep_seconds(cfg_.debug.slow_rank_s);
   st.loss = g.all_reduce_value(loss_sum, ReduceOp::SUM) / double(n_targets);
   BERTH_CHECK(std::isfinite(st.loss),
@@ -334,15 +502,22 @@ StepStats Trainer::train_step(int64_t step) {
 double Trainer::evaluate() {
   BERTH_CHECK(val_loader_ != nullptr, "evaluation needs data.val");
   val_loader_->set_rows_consumed(0);
-  PackedBatch& vb = val_batch_;
-  double sum = 0;
+  const size_t n = size_t(cfg_.eval.batches);
+  val_batches_.resize(n);
+  cp_val_batches_.resize(n);
+  std::vector<const PackedBatch*> mine;
   int64_t count = 0;
-  for (int64_t i = 0; i < cfg_.eval.batches; i++) {
-    val_loader_->next(&vb);
-    const PackedBatch& mine = model_batch(vb, cp_val_batch_);
-    sum += model_->forward(mine);
-    count += mine.n_targets();
+  for (size_t i = 0; i < n; i++) {
+    val_loader_->next(&val_batches_[i]);
+    const PackedBatch& b = model_batch(val_batches_[i], cp_val_batches_[i]);
+    mine.push_back(&b);
+    count += b.n_targets();
   }
+  StageRunner runner(*model_, std::move(mine), 0.f, false);
+  const GridShape& shape = grid_->shape();
+  run_schedule(grid_->pp(), schedule_forward_only(shape.pp, shard_.stage, int(n)), runner);
+  double sum = runner.loss_sum();
+  if (shape.pp > 1) sum = grid_->pp().all_reduce_value(sum, ReduceOp::SUM);
   Communicator& g = grid_->dp_cp();
   return g.all_reduce_value(sum, ReduceOp::SUM) / double(g.all_reduce_value(count, ReduceOp::SUM));
 }
@@ -376,22 +551,29 @@ std::vector<StepStats> Trainer::run() {
   }
   log_info("berth {} | resolved config ({} → {}/config.toml):\n{}", BERTH_VERSION,
            cfg_.source.empty() ? "built-in" : cfg_.source, run_dir_, resolved);
-  log_info("model: {} parameters ({:.2f} M), L={} C={} NH={} V={} (padded {}) | batch {}x{} | "
-           "{:.1f} MFLOP/token | {} OpenMP threads | activations {:.1f} MiB",
-           model_->layout().total, double(model_->layout().total) / 1e6, gcfg_.L, gcfg_.C,
+  const int64_t n_params = gpt_param_layout(canonical_).total;
+  log_info("model: {} parameters ({:.2f} M; {} on this rank), L={} C={} NH={} V={} (padded {}) | "
+           "batch {}x{} | {:.1f} MFLOP/token | {} OpenMP threads | activations {:.1f} MiB in {} "
+           "slot(s)",
+           n_params, double(n_params) / 1e6, model_->layout().total, gcfg_.L, gcfg_.C,
            gcfg_.NH, gcfg_.V, gcfg_.Vp, cfg_.train.micro_batch_size, cfg_.data.seq_len,
            flops_per_token_ / 1e6, omp_get_max_threads(),
-           double(model_->activation_bytes()) / (1024.0 * 1024.0));
+           double(model_->activation_bytes()) / (1024.0 * 1024.0), model_->slots());
   log_info("data: {} tokens in {} documents | {}", train_ds_.n_tokens(), train_ds_.n_docs(),
            data_summary_);
   const GridShape& shape = grid_->shape();
   const LocalRank local = mpi_local_rank();
   log_info("layout: {} | {} rank(s) on this host | global batch {} rows = dp {} x microbatches "
-           "{} x micro_batch_size {} | "
+           "{} x micro_batch_size {}{} | "
            "ZeRO-{}{}",
            describe_grid(shape), local.size, int64_t(shape.dp) * cfg_.parallel.microbatches *
                                      cfg_.train.micro_batch_size,
-           shape.dp, cfg_.parallel.microbatches, cfg_.train.micro_batch_size, cfg_.parallel.zero,
+           shape.dp, cfg_.parallel.microbatches, cfg_.train.micro_batch_size,
+           shape.pp > 1 ? fmt::format(" | pipeline {} (stage {}: layers {})",
+                                      cfg_.parallel.schedule, shard_.stage,
+                                      describe_layers(gcfg_.L, shape.pp, shard_.stage))
+                        : std::string(),
+           cfg_.parallel.zero,
            cfg_.parallel.zero == 1
                ? fmt::format(" (optimizer moments: {} of {} parameters on this rank)",
                              opt_->range().size(), model_->layout().total)

@@ -17,6 +17,7 @@
 
 #include "packing/packed_batch.h"
 #include "parallel/grid.h"
+#include "parallel/pipeline.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/config/config.h"
 #include "runtime/io/token_dataset.h"
@@ -37,6 +38,7 @@ struct StepStats {
   double model_flops_per_s = 0;  // global
   double val_loss = -1;      // when evaluated after this step's update, else -1
   double data_wait_s = 0;    // this rank's time loading the step's batches
+  double bubble_s = 0;       // this rank's time blocked in pipeline transfers (pp > 1)
   int64_t tokens = 0;        // this rank's tokens in the step
 };
 
@@ -81,17 +83,28 @@ class Trainer {
   // windows (from the start of the validation set each time); requires data.val. Collective.
   double evaluate();
 
+  // This rank's part of the model (its tp slice of its pipeline stage).
   GPT<float>& model() { return *model_; }
+  // The whole model's parameters in gpt_param_layout(model) order at the plain vocabulary
+  // padding, assembled from every rank on rank 0 (empty elsewhere). Collective.
+  std::vector<float> full_params();
   const std::string& run_dir() const { return run_dir_; }
   ProcessGrid& grid() { return *grid_; }
 
  private:
   void sync_and_update(double lr, StepStats* st);
+  // A whole-model buffer (parameters or moments, this rank's layout) → full tensors on rank 0.
+  std::vector<float> gather_full(const std::vector<float>& local);
+  // Full tensors (a checkpoint's, at its padding `from`) → this rank's slice.
+  std::vector<float> local_from_full(const std::vector<float>& full, const GPTConfig& from) const;
 
   RunConfig cfg_;
   Communicator& world_;
   std::unique_ptr<ProcessGrid> grid_;
-  GPTConfig gcfg_;
+  GPTConfig gcfg_;       // the model as trained (vocabulary padded to 128·tp)
+  GPTConfig canonical_;  // the same at the plain padding (128): checkpoints, FLOPs
+  ModelShard shard_;
+  std::vector<PipeAction> train_actions_;  // this stage's schedule of one step
   LrSchedule schedule_;
   TokenDataset train_ds_, val_ds_;
   std::unique_ptr<GPT<float>> model_;
@@ -104,9 +117,8 @@ class Trainer {
   std::string data_summary_;  // how the training data is laid out, logged at start
   std::vector<PackedBatch> batches_;  // one per micro-batch
   std::vector<PackedBatch> cp_batches_;  // cp > 1: this rank's zigzag shard of each micro-batch
-  PackedBatch cp_val_batch_;
+  std::vector<PackedBatch> val_batches_, cp_val_batches_;
   PackedBatch& model_batch(PackedBatch& full, PackedBatch& local);
-  PackedBatch val_batch_;
   std::vector<float> shard_grads_;    // ZeRO-1: this rank's reduced gradient shard
   std::vector<size_t> shard_counts_;  // ZeRO-1: elements per dp×cp rank
   double flops_per_token_ = 0;

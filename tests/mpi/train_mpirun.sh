@@ -85,6 +85,22 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "data.seq_len divisible by 2·cp = 4" "$tmp/cpbad.log"
 check "seq_len 14 with cp = 2 is refused with the fix (rc $rc)" $?
 
+# Tensor × pipeline parallelism: tp 2 × pp 2 (4 ranks, 4 micro-batches, 1F1B) trains, logs the
+# stage's layers, and its final checkpoint resumes at dp = 2 on 2 ranks (the same 8-row batch).
+timeout 180 "${mpi[@]}" -np 4 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=tppp \
+    --set model.n_layer=2 --set parallel.tp=2 --set parallel.pp=2 --set parallel.microbatches=4 \
+    --set checkpoint.final=true > "$tmp/tppp.log" 2>&1
+check "mpirun -np 4 with tp = 2 x pp = 2 trains" $?
+grep -q "layout: dp=1 tp=2 pp=2 cp=1 (4 ranks).*pipeline 1f1b (stage 0: layers 0..0)" "$tmp/tppp.log"
+check "the tp 2 x pp 2 layout and stage 0's layers are logged" $?
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=tppp \
+    --set model.n_layer=2 --set parallel.microbatches=2 --set train.steps=6 --set checkpoint.final=true \
+    --resume auto > "$tmp/tppp_dp2.log" 2>&1
+check "its checkpoint resumes at dp = 2 (rc $?)" $?
+grep -q "resumed from .*step-00000004 at step 4 (saved by layout dp=1 tp=2 pp=2 cp=1 (4 ranks))" \
+    "$tmp/tppp_dp2.log" && grep -q "step     6/6" "$tmp/tppp_dp2.log"
+check "the dp = 2 run continues from step 4 of the tp 2 x pp 2 run" $?
+
 # Progress: rank 1 made a straggler (+20 ms per step) is named, with its host, by rank 0; the
 # per-rank records are gathered every step for well under 1 % of step time; the run directory
 # holds a trace that `berth eta replay` reads.
