@@ -362,6 +362,14 @@ TEST(Config, ValidationOptimizer) {
   EXPECT_CONTAINS(msg, "eval.interval must be >= 0");
 }
 
+TEST(Config, ValidationPipelineSchedule) {
+  EXPECT_EQ(parse_config("[parallel]\nschedule = \"afab\"\n", "configs/x.toml").parallel.schedule,
+            "afab");
+  EXPECT_EQ(parse_config("", "configs/x.toml").parallel.schedule, "1f1b");
+  const std::string msg = parse_error("[parallel]\nschedule = \"gpipe\"\n");
+  EXPECT_CONTAINS(msg, "unknown parallel.schedule \"gpipe\"; use \"1f1b\"");
+}
+
 TEST(Config, ValidationDataMode) {
   EXPECT_NO_THROW(parse_config("[data]\nmode = \"packed\"\n", "configs/x.toml"));
   EXPECT_NO_THROW(parse_config("[data]\nmode = \"padded\"\n", "configs/x.toml"));

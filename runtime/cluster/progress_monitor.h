@@ -31,7 +31,7 @@ struct RankStepMetrics {
   double data_wait_s = 0;   // waiting for the step's batches
   double bubble_s = 0;      // pipeline bubble (pp > 1)
   double overhead_s = 0;    // checkpoint save and evaluation
-  double tokens = 0;        // tokens this rank processed
+  double tokens = 0;        // tokens this rank processed (its share with tp, pp: Σ ranks = global)
   double mem_gib = 0;       // memory in use at the end of the step (host: RSS)
   double mem_peak_gib = 0;  // high-water mark so far (host: peak RSS)
   double gather_s = 0;      // this rank's time in the previous step's gather of these records

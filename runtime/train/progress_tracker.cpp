@@ -90,7 +90,9 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   m.overhead_s = overhead_s_;
   m.compute_s =
       std::max(0.0, m.wall_s - m.comm_s - m.data_wait_s - m.bubble_s - m.overhead_s);
-  m.tokens = double(st.tokens);
+  // The tp ranks and pipeline stages of a replica process the same tokens: each counts its share,
+  // so the sum over ranks is the global count.
+  m.tokens = double(st.tokens) / double(grid_.shape().tp * grid_.shape().pp);
   m.mem_gib = host_rss_gib();
   m.mem_peak_gib = host_peak_rss_gib();
   m.gather_s = last_gather_s_;
