@@ -101,6 +101,13 @@ grep -q "resumed from .*step-00000004 at step 4 (saved by layout dp=1 tp=2 pp=2 
     "$tmp/tppp_dp2.log" && grep -q "step     6/6" "$tmp/tppp_dp2.log"
 check "the dp = 2 run continues from step 4 of the tp 2 x pp 2 run" $?
 
+# Fewer micro-batches than stages under 1F1B is a warning, not an error.
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=pp2m1 \
+    --set model.n_layer=2 --set parallel.pp=2 --set train.steps=2 > "$tmp/pp2m1.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "parallel.microbatches = 1 < pp = 2: the pipeline is idle" "$tmp/pp2m1.log"
+check "microbatches < pp trains with a warning that names the fix (rc $rc)" $?
+
 # Progress: rank 1 made a straggler (+20 ms per step) is named, with its host, by rank 0; the
 # per-rank records are gathered every step for well under 1 % of step time; the run directory
 # holds a trace that `berth eta replay` reads.
