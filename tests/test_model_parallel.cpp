@@ -3,7 +3,8 @@
 // matrix whose size is this world's (run under mpirun -np 2, 4 and 8), with 1 and 4 micro-batches,
 // 20 steps: every loss within 1e-5 relative and the final parameters (gathered from every tp
 // slice and stage) within the data-parallel tolerances. Also: the AFAB schedule, cp 2 × tp 2 ×
-// dp 2, and checkpoints saved at (tp, pp, dp) = (2, 2, 1) resumed at (1, 1, 2) and (1, 4, 1).
+// dp 2, evaluation through the pipeline, the tied embedding copies, and checkpoints saved at
+// (tp, pp, dp) = (2, 2, 1) resumed at (1, 4, 1), (2, 1, 2), (1, 1, 1) and (1, 1, 2).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -54,6 +55,7 @@ class ModelParallelTest : public ::testing::Test {
     if (world().rank() == 0) {
       std::filesystem::create_directories(dir_);
       write_token_dataset((dir_ / "train.h5").string(), test::rule_dataset(64, 50, 3));
+      write_token_dataset((dir_ / "val.h5").string(), test::rule_dataset(16, 50, 4));
     }
     world().barrier();
   }
@@ -203,6 +205,56 @@ TEST_F(ModelParallelTest, ActivationSlotsAreTheScheduleInFlight) {
   }
 }
 
+TEST_F(ModelParallelTest, EvaluationThroughThePipelineMatchesOneRank) {
+  // The forward-only schedule: the validation loss before and after 5 steps, at pp = 2 (and
+  // tp 2 × pp 2 with 4 ranks), against one rank on the same batches.
+  const int n = world().size();
+  if (n < 2) GTEST_SKIP() << "needs a pipeline";
+  const Layout l = n >= 4 ? Layout{2, 2, n / 4, 1} : Layout{1, 2, n / 2, 1};
+  auto run = [](RunConfig c, Communicator& comm) {
+    c.data.val = (dir_ / "val.h5").string();
+    c.eval.batches = 3;
+    Trainer t(c, comm);
+    std::vector<double> v{t.evaluate()};
+    for (int64_t s = 0; s < 5; s++) t.train_step(s);
+    v.push_back(t.evaluate());
+    return v;
+  };
+  const std::vector<double> got = run(config(l, kRowsPerMicroBatch, 2), world());
+  std::unique_ptr<Communicator> self = world().split(world().rank(), 0);
+  if (world().rank() == 0) {
+    // dp · B rows per micro-batch and per evaluation batch, as the dp ranks together read.
+    RunConfig c = config({1, 1, 1, 1}, kRowsPerMicroBatch * l.dp, 2);
+    c.run.name = "eval reference";
+    const std::vector<double> ref = run(c, *self);
+    test::expect_close(got.data(), ref.data(), 2, test::kDataParallelLoss,
+                       ("validation loss, " + l.name()).c_str());
+  }
+}
+
+TEST_F(ModelParallelTest, TiedEmbeddingCopiesStayBitEqual) {
+  // pp 2 × dp n/2: the first stage's wte and the last stage's LM head are reduced over dp at
+  // different places of their buffers, yet must stay the same weights (ZeRO-0 and ZeRO-1).
+  const int n = world().size();
+  if (n < 2) GTEST_SKIP() << "needs a pipeline";
+  for (int64_t zero : {0, 1}) {
+    RunConfig c = config({1, 2, n / 2, 1}, kRowsPerMicroBatch, 2);
+    c.parallel.zero = n / 2 > 1 ? zero : 0;
+    Trainer t(c, world());
+    for (int64_t s = 0; s < 5; s++) t.train_step(s);
+    Communicator& embed = t.grid().embed();
+    ASSERT_EQ(embed.size(), 2);
+    std::vector<float> mine(t.model().layout().find("wte").numel);
+    std::copy_n(t.model().param("wte"), mine.size(), mine.begin());
+    std::vector<float> other(mine.size());
+    embed.group_begin();
+    embed.send(mine.data(), mine.size(), DType::F32, 1 - embed.rank());
+    embed.recv(other.data(), other.size(), DType::F32, 1 - embed.rank());
+    embed.group_end();
+    EXPECT_TRUE(mine == other) << "ZeRO-" << c.parallel.zero << ": the two wte copies differ";
+  }
+}
+
 TEST_F(ModelParallelTest, CheckpointAtTp2Pp2ResumesAtOtherLayouts) {
   if (world().size() != 4) GTEST_SKIP() << "saves at tp 2 × pp 2 (4 ranks)";
   const int64_t micro = 2;
@@ -233,6 +285,25 @@ TEST_F(ModelParallelTest, CheckpointAtTp2Pp2ResumesAtOtherLayouts) {
     const std::vector<double> got = rest(t);
     test::expect_close(got.data(), expect.data(), int64_t(expect.size()), test::kDataParallelLoss,
                        "losses after resuming a tp 2 × pp 2 checkpoint at pp 4");
+  }
+  {  // (tp, pp, dp) = (2, 1, 2): into another tensor-parallel split
+    RunConfig c = config({2, 1, 2, 1}, kRowsPerMicroBatch, micro);
+    c.run.name = "resume tp2 dp2";
+    Trainer t(c, world());
+    t.resume(ck);
+    const std::vector<double> got = rest(t);
+    test::expect_close(got.data(), expect.data(), int64_t(expect.size()), test::kDataParallelLoss,
+                       "losses after resuming a tp 2 × pp 2 checkpoint at tp 2 × dp 2");
+  }
+  {  // one rank (each rank on its own)
+    std::unique_ptr<Communicator> self = world().split(world().rank(), 0);
+    RunConfig c = config({1, 1, 1, 1}, 2 * kRowsPerMicroBatch, micro);
+    c.run.name = "resume one rank " + std::to_string(world().rank());
+    Trainer t(c, *self);
+    t.resume(ck);
+    const std::vector<double> got = rest(t);
+    test::expect_close(got.data(), expect.data(), int64_t(expect.size()), test::kDataParallelLoss,
+                       "losses after resuming a tp 2 × pp 2 checkpoint on one rank");
   }
   {  // (tp, pp, dp) = (1, 1, 2): ranks 0-1 and 2-3 each resume it on their own 2-rank world
     std::unique_ptr<Communicator> half = world().split(world().rank() / 2, world().rank());

@@ -147,7 +147,8 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
       std::vector<double> b(nr);
       for (size_t k = 0; k < nr; ++k) {
         const RankStepMetrics& m = s->ranks[k];
-        wall[k] += m.wall_s, comm[k] += m.comm_s, data[k] += m.data_wait_s;
+        // The bubble is waiting for other stages, not communication a bigger batch would hide.
+        wall[k] += m.wall_s, comm[k] += m.comm_s - m.bubble_s, data[k] += m.data_wait_s;
         b[k] = std::max(0.0, m.wall_s - m.comm_s);
         busy[k] += b[k];
       }

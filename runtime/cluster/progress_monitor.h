@@ -26,10 +26,10 @@ namespace berth {
 // block (kRankStepMetricsDoubles) to rank 0.
 struct RankStepMetrics {
   double wall_s = 0;        // the whole step on this rank, evaluation and checkpoint included
-  double compute_s = 0;     // wall − comm − data_wait − bubble − overhead
+  double compute_s = 0;     // wall − comm − data_wait − overhead
   double comm_s = 0;        // exposed communication: blocked in collectives / point-to-point
   double data_wait_s = 0;   // waiting for the step's batches
-  double bubble_s = 0;      // pipeline bubble (pp > 1)
+  double bubble_s = 0;      // pipeline bubble (pp > 1): the part of comm_s blocked in stage transfers
   double overhead_s = 0;    // checkpoint save and evaluation
   double tokens = 0;        // tokens this rank processed (its share with tp, pp: Σ ranks = global)
   double mem_gib = 0;       // memory in use at the end of the step (host: RSS)

@@ -195,7 +195,8 @@ void read_all(hid_t dset, hid_t mem_type, void* data, size_t n, const char* name
   }
 }
 
-TokenDataset read_hdf5(const std::string& path) {
+// Reads the header and the datasets' shapes; with `data`, the contents too.
+TokenDataset read_hdf5(const std::string& path, bool data, TokenDatasetShape* shape) {
   H5Id fapl(file_access_plist(), H5Pclose);
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
   if (!file.valid()) fail_corrupt(path, "opening");
@@ -241,6 +242,13 @@ TokenDataset read_hdf5(const std::string& path) {
     }
   }
 
+  if (shape != nullptr) {
+    shape->n_tokens = int64_t(ts.n);
+    shape->n_docs = os.n > 0 ? int64_t(os.n) - 1 : 0;
+    shape->has_loss_mask = mask.valid();
+    shape->vocab_size = ds.vocab_size;
+  }
+  if (!data) return ds;
   ds.tokens.resize(ts.n);
   read_all(tokens.get(), H5T_NATIVE_UINT32, ds.tokens.data(), ts.n, "tokens", path);
   // A signed file type is read with its own sign: a negative offset (mask value) shows up as a huge
@@ -309,6 +317,14 @@ void validate_dataset(const TokenDataset& ds, const std::string& what) {
 
 // ---- write / read -------------------------------------------------------------------------------
 
+TokenDatasetShape read_token_dataset_shape(const std::string& path) {
+  h5::require_hdf5_file(path, "dataset file", "create one with `berth data import`");
+  H5QuietErrors quiet;
+  TokenDatasetShape shape;
+  read_hdf5(path, false, &shape);
+  return shape;
+}
+
 void write_token_dataset(const std::string& path, const TokenDataset& ds) {
   validate_dataset(ds, path);
   H5QuietErrors quiet;
@@ -318,7 +334,7 @@ void write_token_dataset(const std::string& path, const TokenDataset& ds) {
 TokenDataset read_token_dataset(const std::string& path) {
   h5::require_hdf5_file(path, "dataset file", "create one with `berth data import`");
   H5QuietErrors quiet;
-  TokenDataset ds = read_hdf5(path);
+  TokenDataset ds = read_hdf5(path, true, nullptr);
   validate_dataset(ds, path);
   return ds;
 }

@@ -43,6 +43,18 @@ void write_token_dataset(const std::string& path, const TokenDataset& ds);
 // token >= vocab_size, ... -> Error naming the path and what to do.
 TokenDataset read_token_dataset(const std::string& path);
 
+// The header and sizes of a dataset file, without reading its tokens (the same checks of the
+// format as read_token_dataset, not of the contents).
+struct TokenDatasetShape {
+  int64_t n_tokens = 0, n_docs = 0, vocab_size = 0;
+  bool has_loss_mask = false;
+  // Bytes the trainer holds for it in memory: uint32 tokens, uint64 offsets, the mask.
+  double memory_bytes() const {
+    return 4.0 * double(n_tokens) + 8.0 * double(n_docs + 1) + (has_loss_mask ? double(n_tokens) : 0);
+  }
+};
+TokenDatasetShape read_token_dataset_shape(const std::string& path);
+
 // Summary statistics for `berth data info`.
 struct DatasetInfo {
   int64_t n_docs = 0;

@@ -83,13 +83,12 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   const auto now = std::chrono::steady_clock::now();
   RankStepMetrics m;
   m.wall_s = std::chrono::duration<double>(now - mark_).count();
-  // Time blocked in pipeline transfers is the bubble (it is also inside the pp group's seconds).
-  m.bubble_s = st.bubble_s;
-  m.comm_s = std::max(0.0, grid_.comm_seconds() - comm_mark_ - m.bubble_s);
+  m.comm_s = grid_.comm_seconds() - comm_mark_;
+  // Time blocked in pipeline transfers: the bubble, a part of comm_s (the pp group's seconds).
+  m.bubble_s = std::min(st.bubble_s, m.comm_s);
   m.data_wait_s = st.data_wait_s;
   m.overhead_s = overhead_s_;
-  m.compute_s =
-      std::max(0.0, m.wall_s - m.comm_s - m.data_wait_s - m.bubble_s - m.overhead_s);
+  m.compute_s = std::max(0.0, m.wall_s - m.comm_s - m.data_wait_s - m.overhead_s);
   // The tp ranks and pipeline stages of a replica process the same tokens: each counts its share,
   // so the sum over ranks is the global count.
   m.tokens = double(st.tokens) / double(grid_.shape().tp * grid_.shape().pp);

@@ -1,5 +1,6 @@
 #include "runtime/train/step_metrics.h"
 
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -35,6 +36,11 @@ double host_peak_rss_gib() {
   rusage u{};
   if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
   return static_cast<double>(u.ru_maxrss) * 1024.0 / kGiB;  // ru_maxrss is in KiB on Linux
+}
+
+double heap_in_use_bytes() {
+  const struct mallinfo2 mi = mallinfo2();  // every arena, and the chunks malloc mmap()ed
+  return double(mi.uordblks) + double(mi.hblkhd);
 }
 
 double host_meminfo_bytes(const std::string& field) {

@@ -13,6 +13,9 @@ namespace berth {
 // Host memory of this process: resident set now, and its high-water mark (getrusage), in GiB.
 double host_rss_gib();
 double host_peak_rss_gib();
+// Bytes this process holds from malloc/new now (glibc mallinfo2: in-use chunks of every arena
+// plus large mmap()ed ones): what berth allocates, without the binary, libraries and stacks.
+double heap_in_use_bytes();
 // Memory a rank may use on this host: the cgroup limit (memory.max) if set, else MemTotal,
 // divided by the ranks on this host.
 double host_capacity_gib_per_rank(int ranks_on_host);

@@ -23,7 +23,9 @@
 #include "packing/plan_cache.h"
 #include "runtime/train/packed_loader.h"
 #include "runtime/train/lease_keeper.h"
+#include "runtime/train/preflight.h"
 #include "runtime/train/progress_tracker.h"
+#include "runtime/train/step_metrics.h"
 
 namespace berth {
 namespace {
@@ -115,6 +117,7 @@ void check_dataset_fits(const TokenDataset& ds, const std::string& path, const R
 }
 
 Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(world) {
+  heap_baseline_ = heap_in_use_bytes();
   validate_config(cfg_);
   const std::string where = cfg_.source.empty() ? "config" : cfg_.source;
   BERTH_CHECK(!cfg_.data.train.empty(),
@@ -441,6 +444,13 @@ void Trainer::sync_and_update(double lr, StepStats* st) {
     st->grad_norm = global_norm(unique_sum_squares(layout, grads.data(), 0, n));
     opt_->step(params.data(), grads.data(), lr, st->grad_norm);
   }
+  if (grid_->shape().pp > 1 && (shard_.first() || shard_.last())) {
+    // The two copies of the tied wte had the same summed gradient, but reduced over dp×cp at
+    // different places of their buffers (different summation order with 3+ ranks): the first
+    // stage's weights are the ones both keep.
+    const ParamSpec& wte = layout.find("wte");
+    grid_->embed().broadcast(params.data() + wte.offset, size_t(wte.numel), DType::F32, 0);
+  }
 }
 
 StepStats Trainer::train_step(int64_t step) {
@@ -490,6 +500,7 @@ StepStats Trainer::train_step(int64_t step) {
               st.loss, step);
   sync_and_update(st.lr, &st);
   st.seconds = seconds_since(t0);
+  heap_peak_ = std::max(heap_peak_, heap_in_use_bytes());
   if (cfg_.debug.leak_mib_per_step > 0) {  // a deliberate leak, touched so it is resident
     leaked_.emplace_back(size_t(cfg_.debug.leak_mib_per_step * 1024 * 1024), char(1));
   }
@@ -578,6 +589,20 @@ std::vector<StepStats> Trainer::run() {
                ? fmt::format(" (optimizer moments: {} of {} parameters on this rank)",
                              opt_->range().size(), model_->layout().total)
                : std::string());
+
+  // The pre-flight plan of this config on this machine (berth plan), to set beside the measured
+  // figures at the end. A plan that cannot be made (an odd dataset header) is a notice only.
+  std::optional<Plan> plan;
+  try {
+    plan = make_plan(plan_input_from_config(cfg_, world_.size()), resolve_hardware_profile("cpu"));
+    const MemoryBreakdown& mine = plan->stage_memory[size_t(shard_.stage)];
+    log_info("plan ({}): {} per rank on stage {} (peak {} on stage {}), step {:.3f} s",
+             plan->hw.source == "built-in" ? plan->hw.name : plan->hw.source,
+             format_bytes(mine.total()), shard_.stage, format_bytes(plan->peak.total()),
+             plan->peak_stage, plan->step.total());
+  } catch (const Error& e) {
+    log_warn("no pre-flight plan for this run: {}", e.what());
+  }
 
   // metrics.jsonl: one JSON object per step, rewritten whole at the end via temporary + rename;
   // lines are also appended to a .partial file as the run goes so a live run can be followed.
@@ -687,6 +712,21 @@ std::vector<StepStats> Trainer::run() {
   }
   double seconds = 0;
   for (const StepStats& st : all) seconds += st.seconds;
+  if (plan) {  // predicted against measured: the rank that holds the most, the median step
+    const double held = held_bytes();
+    const double most = world_.all_reduce_value(held, ReduceOp::MAX);
+    const int64_t who = world_.all_reduce_value(held == most ? int64_t(world_.rank()) : int64_t(-1),
+                                                ReduceOp::MAX);
+    std::vector<double> walls;
+    for (size_t i = 1; i < all.size(); ++i) walls.push_back(all[i].seconds);
+    std::sort(walls.begin(), walls.end());
+    const double median = walls.empty() ? 0.0 : walls[walls.size() / 2];
+    log_info("plan vs measured: memory per rank predicted {} (peak stage {}), measured {} held by "
+             "rank {} (peak RSS {:.2f} GiB with the runtime) | step predicted {:.3f} s, measured "
+             "{:.3f} s (median)",
+             format_bytes(plan->peak.total()), plan->peak_stage, format_bytes(most), who,
+             host_peak_rss_gib(), plan->step.total(), median);
+  }
   log_info("done: steps {}..{} in {:.2f} s, final loss {:.4f} | metrics in {}", start_step_ + 1,
            start_step_ + int64_t(all.size()), seconds, all.empty() ? 0.0 : all.back().loss,
            metrics_path);

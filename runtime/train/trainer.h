@@ -2,8 +2,8 @@
 // evaluation, logging and the run directory (out_dir/name/ with config.toml and metrics.jsonl,
 // written by rank 0).
 //
-// Data parallelism: every rank holds the whole model; DP rank d reads its rows of each global
-// batch (StreamLoader shards), gradients are summed over dp×cp (bucketed all-reduce, or
+// Every rank holds its part of the model (a tp slice of a pipeline stage; docs/parallelism.md).
+// Data parallelism: DP rank d reads its rows of each global batch (StreamLoader shards), gradients are summed over dp×cp (bucketed all-reduce, or
 // reduce-scatter with ZeRO-1), and the loss is normalized per target token over the global batch
 // (sum and count reduced), so dp ranks with micro_batch_size B train exactly like one rank with
 // B·dp rows, up to floating-point summation order.
@@ -74,6 +74,9 @@ class Trainer {
   void set_fencing_token(std::optional<int64_t> token) { fencing_token_ = token; }
 
   int64_t start_step() const { return start_step_; }
+  // Bytes of heap this rank's trainer holds at most at the end of a step (heap in use then,
+  // minus before the trainer was constructed): the figure the plan's memory is checked against.
+  double held_bytes() const { return heap_peak_ - heap_baseline_; }
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
 
   // One optimizer step (used by run and by tests).
@@ -126,6 +129,7 @@ class Trainer {
   int64_t start_step_ = 0;
   std::vector<std::vector<char>> leaked_;  // debug.leak_mib_per_step
   std::optional<int64_t> fencing_token_;
+  double heap_baseline_ = 0, heap_peak_ = 0;
   Outcome outcome_ = Outcome::kFinished;
   std::string outcome_reason_;
 };

@@ -1,0 +1,541 @@
+#include "runtime/cluster/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/check.h"
+#include "runtime/core/clock.h"
+#include "runtime/core/fs.h"
+
+namespace berth {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// Layers of pipeline stage s of pp (the first L % pp stages get one more), as stage_layers.
+int64_t layers_of(int64_t L, int64_t pp, int64_t s) { return L / pp + (s < L % pp ? 1 : 0); }
+
+}  // namespace
+
+HardwareProfile builtin_profile(const std::string& name) {
+  HardwareProfile h;
+  h.name = name;
+  h.source = "built-in";
+  if (name == "a100") {  // A100 SXM 80 GB: 312 TFLOP/s bf16, NVLink 3, 200 Gb/s IB per GPU
+    h.peak_flops = 312e12;
+    h.mem_bandwidth = 2.0e12;
+    h.mem_capacity = 80.0 * kGiB;
+    h.intra_bandwidth = 240e9;
+    h.inter_bandwidth = 24e9;
+    h.latency_s = 20e-6;
+  } else if (name == "h100") {  // H100 SXM 80 GB: 989 TFLOP/s bf16 dense, NVLink 4, 400 Gb/s IB
+    h.peak_flops = 989e12;
+    h.mem_bandwidth = 3.35e12;
+    h.mem_capacity = 80.0 * kGiB;
+    h.intra_bandwidth = 360e9;
+    h.inter_bandwidth = 45e9;
+    h.latency_s = 15e-6;
+  } else if (name == "h200") {  // H200 SXM 141 GB: the H100's compute, HBM3e 4.8 TB/s
+    h.peak_flops = 989e12;
+    h.mem_bandwidth = 4.8e12;
+    h.mem_capacity = 141.0 * 1e9;
+    h.intra_bandwidth = 360e9;
+    h.inter_bandwidth = 45e9;
+    h.latency_s = 15e-6;
+  } else if (name == "cpu") {  // a guess for one rank of a server CPU; calibrate instead
+    h.source = "built-in guess (run `berth plan --calibrate` for this machine's figures)";
+    h.cpu = true;
+    h.peak_flops = 100e9;
+    h.matmul_efficiency = 1.0;
+    h.mem_bandwidth = 10e9;
+    h.mem_capacity = 16.0 * kGiB;
+    h.intra_bandwidth = 5e9;
+    h.inter_bandwidth = 1e9;
+    h.latency_s = 5e-6;
+    h.devices_per_node = 2;
+  } else {
+    BERTH_FAIL("unknown hardware profile '{}': use a100, h100, h200, cpu or a profile file written "
+               "by `berth plan --calibrate`",
+               name);
+  }
+  // The GEMM share of peak that Megatron-LM-class GPT training reaches on these parts.
+  if (!h.cpu) h.matmul_efficiency = 0.55;
+  return h;
+}
+
+std::string hardware_profile_json(const HardwareProfile& h) {
+  nlohmann::json rates = nlohmann::json::array();
+  for (const auto& [size, rate] : h.gemm_rates) rates.push_back({size, rate});
+  const nlohmann::json j = {{"format", "berth-hardware-profile"},
+                            {"name", h.name},
+                            {"source", h.source},
+                            {"cpu", h.cpu},
+                            {"peak_flops", h.peak_flops},
+                            {"matmul_efficiency", h.matmul_efficiency},
+                            {"gemm_rates", rates},
+                            {"mem_bandwidth", h.mem_bandwidth},
+                            {"mem_capacity", h.mem_capacity},
+                            {"intra_bandwidth", h.intra_bandwidth},
+                            {"inter_bandwidth", h.inter_bandwidth},
+                            {"latency_s", h.latency_s},
+                            {"devices_per_node", h.devices_per_node}};
+  return j.dump(2) + "\n";
+}
+
+HardwareProfile read_hardware_profile(const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(read_text_file(path), nullptr, false);
+  BERTH_CHECK(!j.is_discarded() && j.is_object() &&
+                  j.value("format", std::string()) == "berth-hardware-profile",
+              "'{}' is not a hardware profile (a JSON object with format "
+              "\"berth-hardware-profile\", as `berth plan --calibrate` writes)",
+              path);
+  static const char* kKeys[] = {"format", "name", "source", "cpu", "peak_flops",
+                                "matmul_efficiency", "gemm_rates", "mem_bandwidth",
+                                "mem_capacity", "intra_bandwidth", "inter_bandwidth",
+                                "latency_s", "devices_per_node"};
+  for (const auto& [key, value] : j.items()) {
+    BERTH_CHECK(std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) {
+                  return key == k;
+                }) != std::end(kKeys),
+                "'{}': unknown key '{}'", path, key);
+  }
+  HardwareProfile h;
+  auto number = [&](const char* key, double* out, bool positive) {
+    BERTH_CHECK(j.contains(key) && j[key].is_number(), "'{}': '{}' must be a number", path, key);
+    *out = j[key].get<double>();
+    BERTH_CHECK(std::isfinite(*out) && (positive ? *out > 0 : *out >= 0),
+                "'{}': '{}' must be {} 0, got {}", path, key, positive ? ">" : ">=", *out);
+  };
+  h.name = j.value("name", std::string("profile"));
+  h.source = j.value("source", path);
+  h.cpu = j.value("cpu", false);
+  number("peak_flops", &h.peak_flops, true);
+  number("matmul_efficiency", &h.matmul_efficiency, true);
+  number("mem_bandwidth", &h.mem_bandwidth, true);
+  number("mem_capacity", &h.mem_capacity, true);
+  number("intra_bandwidth", &h.intra_bandwidth, true);
+  number("inter_bandwidth", &h.inter_bandwidth, true);
+  number("latency_s", &h.latency_s, false);
+  double per_node = 0;
+  number("devices_per_node", &per_node, true);
+  h.devices_per_node = int(per_node);
+  if (j.contains("gemm_rates")) {
+    BERTH_CHECK(j["gemm_rates"].is_array(), "'{}': 'gemm_rates' must be a list of [size, FLOP/s]",
+                path);
+    for (const auto& r : j["gemm_rates"]) {
+      BERTH_CHECK(r.is_array() && r.size() == 2 && r[0].is_number() && r[1].is_number() &&
+                      r[0].get<double>() > 0 && r[1].get<double>() > 0,
+                  "'{}': every 'gemm_rates' entry must be [size > 0, FLOP/s > 0]", path);
+      h.gemm_rates.emplace_back(r[0].get<double>(), r[1].get<double>());
+    }
+    std::sort(h.gemm_rates.begin(), h.gemm_rates.end());
+  }
+  return h;
+}
+
+ParamCounts count_params(const PlanModel& m, const PlanLayout& l) {
+  const int64_t C = m.C, Vp = round_up(m.V, 128 * l.tp);
+  const int64_t per_layer = 12 * C * C + 13 * C;
+  ParamCounts p;
+  p.embedding = m.V * C + m.maxT * C;
+  p.total = p.embedding + m.L * per_layer + 2 * C;
+  p.padded = p.total + (Vp - m.V) * C;
+  for (int64_t s = 0; s < l.pp; ++s) {
+    int64_t n = layers_of(m.L, l.pp, s) * per_layer;
+    if (s == 0) n += Vp * C + m.maxT * C;
+    if (s == l.pp - 1) n += 2 * C + (l.pp > 1 ? Vp * C : 0);
+    p.per_stage.push_back(n);
+  }
+  return p;
+}
+
+double flops_per_token(const PlanModel& m, double T, double attn_sq_per_row, bool cpu) {
+  const double C = double(m.C), Vp = double(round_up(m.V, 128));
+  const double matmul = double(m.L) * 12.0 * C * C + Vp * C;  // linears + tied LM head
+  const double sq = attn_sq_per_row > 0 ? attn_sq_per_row : T * T;
+  // QKᵀ and attention·V: 2·2·C FLOPs per (query, key) pair and layer, ×3 for training.
+  const double attention = 12.0 * double(m.L) * C * sq / T;
+  return 6.0 * matmul + (cpu ? attention : attention / 2);
+}
+
+namespace {
+
+// One rank's memory on pipeline stage s (tp rank 0), and the activation slots it holds.
+MemoryBreakdown stage_memory(const PlanInput& in, const HardwareProfile& hw, int64_t s,
+                             double* slots_out) {
+  const PlanModel& m = in.model;
+  const PlanLayout& l = in.layout;
+  const double tp = double(l.tp), C = double(m.C), Cq = C / tp, F = 4 * C / tp;
+  const double NHl = double(m.NH) / tp, Vpl = double(round_up(m.V, 128 * l.tp)) / tp;
+  const double B = double(in.micro_batch_size), T = double(in.seq_len) / double(l.cp);
+  const double N = B * T;
+  const double Lk = double(layers_of(m.L, l.pp, s));
+  const bool first = s == 0, last = s == l.pp - 1;
+  // Parameters this rank holds (its tp slice of its stage).
+  double P = Lk * (4 * C + 3 * Cq * C + 3 * Cq + C * Cq + C + F * C + F + C * F + C);
+  if (first) P += Vpl * C + double(m.maxT) * C;
+  if (last) P += 2 * C + (l.pp > 1 ? Vpl * C : 0);
+  const double shards = l.zero == 1 ? double(l.dp * l.cp) : 1.0;
+  const double range = std::ceil(P / shards);
+  // Micro-batches in flight: 1F1B min(pp − s, M), AFAB M.
+  const double M = double(l.microbatches);
+  const double slots = l.pp == 1 ? 1.0 : (l.afab ? M : std::min(double(l.pp - s), M));
+  *slots_out = slots;
+  // Attention state per layer: the CPU kernels keep the probabilities (B·NH·T²) unless ring
+  // attention (cp > 1) keeps the log-sum-exp; flash attention (GPU) keeps the log-sum-exp.
+  const bool lse = l.cp > 1 || !hw.cpu;
+  const double att = lse ? N * NHl : B * NHl * T * T;
+  const double per_layer = 4 * N * C + 4 * N + 3 * N * Cq + N * Cq + att + 2 * N * F;
+  double per_slot = (Lk + 1) * N * C + Lk * per_layer;
+  if (last) per_slot += N * C + 4 * N + N * Vpl;
+  double workspace = 3 * N * C + 3 * N * Cq + N * Cq + N * F + (lse ? 0 : att);
+  if (!last) workspace += N * C;  // the gradient received from the next stage
+  if (l.cp > 1) workspace += 6 * N * Cq;
+  if (l.tp > 1 && last) workspace += 3 * N;  // vocabulary-parallel loss reductions
+  MemoryBreakdown mb;
+  const double act_bytes = hw.cpu ? 4 : 2;
+  if (hw.cpu) {  // fp32 everything
+    mb.params = 4 * P;
+    mb.grads = 4 * P;
+    mb.optimizer = 8 * range;
+  } else {  // bf16 weights, fp32 gradients, fp32 master weights and moments sharded with ZeRO
+    mb.params = 2 * P;
+    mb.grads = 4 * P;
+    mb.optimizer = 12 * range;
+  }
+  mb.activations = act_bytes * slots * per_slot;
+  mb.workspace = act_bytes * workspace;
+  if (l.zero == 1) mb.comm += 4 * range;  // the reduce-scatter's gradient shard
+  if (l.cp > 1) mb.comm += act_bytes * 4 * N * Cq;  // K/V blocks on the ring
+  // Batches: M micro-batches of tokens, targets, positions (int32), and their CP shards.
+  mb.data = in.data_bytes + 4 * M * (3 * B * double(in.seq_len) + B + 1) +
+            (l.cp > 1 ? 4 * M * 3 * N : 0);
+  return mb;
+}
+
+double gemm_rate(const HardwareProfile& hw, double M, double N, double K) {
+  if (hw.gemm_rates.empty()) return hw.peak_flops * hw.matmul_efficiency;
+  const double size = std::cbrt(std::max(1.0, M * N * K));
+  const auto& r = hw.gemm_rates;
+  if (size <= r.front().first) return r.front().second;
+  if (size >= r.back().first) return r.back().second;
+  for (size_t i = 1; i < r.size(); ++i) {
+    if (size <= r[i].first) {
+      const double t = std::log(size / r[i - 1].first) / std::log(r[i].first / r[i - 1].first);
+      return r[i - 1].second + t * (r[i].second - r[i - 1].second);
+    }
+  }
+  return r.back().second;
+}
+
+// Time of a GEMM of (M, N, K) and its two backward GEMMs.
+double linear_s(const HardwareProfile& hw, double M, double N, double K) {
+  return 3.0 * 2.0 * M * N * K / gemm_rate(hw, M, N, K);
+}
+
+// Ring all-reduce of `bytes` over g ranks at `bw` bytes/s.
+double all_reduce_s(double bytes, double g, double bw, double latency) {
+  if (g <= 1) return 0;
+  return 2.0 * (g - 1) / g * bytes / bw + 2.0 * (g - 1) * latency;
+}
+
+}  // namespace
+
+Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
+  const PlanModel& m = in.model;
+  const PlanLayout& l = in.layout;
+  BERTH_CHECK(m.L > 0 && m.NH > 0 && m.C > 0 && m.V > 0 && in.seq_len > 0 &&
+                  in.micro_batch_size > 0 && l.microbatches > 0,
+              "plan: the model and batch sizes must be positive");
+  Plan p;
+  p.input = in;
+  p.hw = hw;
+  p.params = count_params(m, l);
+  const double T = double(in.seq_len);
+  const double sq = in.attn_sq_per_row > 0 ? in.attn_sq_per_row : T * T;
+  p.flops_per_token = flops_per_token(m, T, sq, hw.cpu);
+  p.tokens_per_step = double(l.dp * l.microbatches * in.micro_batch_size) * T;
+  p.flops_per_step = p.flops_per_token * p.tokens_per_step;
+  p.flops_total = p.flops_per_step * double(in.steps);
+
+  // Feasibility of the layout itself.
+  std::string why;
+  if (m.NH % l.tp != 0) why = fmt::format("n_head ({}) is not divisible by tp ({})", m.NH, l.tp);
+  else if (l.pp > m.L) why = fmt::format("pp ({}) > n_layer ({})", l.pp, m.L);
+  else if (in.seq_len % (2 * l.cp) != 0 && l.cp > 1)
+    why = fmt::format("seq_len ({}) is not divisible by 2·cp ({})", in.seq_len, 2 * l.cp);
+
+  // Memory per stage; the peak is the largest.
+  for (int64_t s = 0; s < l.pp; ++s) {
+    double slots = 0;
+    p.stage_memory.push_back(stage_memory(in, hw, s, &slots));
+    if (s == 0 || p.stage_memory.back().total() > p.peak.total()) {
+      p.peak = p.stage_memory.back();
+      p.peak_stage = int(s);
+      p.activation_slots = slots;
+    }
+  }
+  {
+    const double full = double(p.params.padded), local = double(p.params.per_stage[0]) / l.tp;
+    p.checkpoint_gather_bytes = 4 * (4 * full + 2 * local);  // params, m, v, a repad copy; moments
+  }
+  if (why.empty() && p.peak.total() > hw.mem_capacity) {
+    why = fmt::format("stage {} needs {} per device, more than the {} of a device",
+                      p.peak_stage, format_bytes(p.peak.total()), format_bytes(hw.mem_capacity));
+  }
+
+  // Step time on the critical path: the slowest stage's micro-batch time × (M + pp − 1), plus
+  // the data-parallel gradient reduction and the optimizer.
+  const double B = double(in.micro_batch_size), Tl = T / double(l.cp), N = B * Tl;
+  const double C = double(m.C), tp = double(l.tp), NHl = double(m.NH) / tp;
+  const double HS = C / double(m.NH), Vpl = double(round_up(m.V, 128 * l.tp)) / tp;
+  const double act_bytes = hw.cpu ? 4 : 2;
+  const bool tp_intra = l.tp <= hw.devices_per_node;
+  const double tp_bw = tp_intra ? hw.intra_bandwidth : hw.inter_bandwidth;
+  const double cp_bw = l.tp * l.cp <= hw.devices_per_node ? hw.intra_bandwidth : hw.inter_bandwidth;
+  const double pp_bw = l.tp * l.cp * l.pp <= hw.devices_per_node ? hw.intra_bandwidth
+                                                                   : hw.inter_bandwidth;
+  const double dp_bw = l.world() <= hw.devices_per_node ? hw.intra_bandwidth : hw.inter_bandwidth;
+  double stage_max = 0, tp_max = 0, cp_max = 0;
+  for (int64_t s = 0; s < l.pp; ++s) {
+    const double Lk = double(layers_of(m.L, l.pp, s));
+    // GEMMs of one layer: qkv, attention out, MLP up and down; attention per (row, head).
+    double t = Lk * (linear_s(hw, N, 3 * C / tp, C) + linear_s(hw, N, C, C / tp) +
+                     linear_s(hw, N, 4 * C / tp, C) + linear_s(hw, N, C, 4 * C / tp));
+    // Attention matmuls: QKᵀ and P·V over the attended pairs (the row's Σ L², on this rank).
+    // Per (document, head) GEMMs of the typical document length Σ L² / T.
+    const double pairs = B * sq / double(l.cp) / (hw.cpu ? 1.0 : 2.0);
+    const double doc = sq / T;
+    t += Lk * 3.0 * 2.0 * 2.0 * pairs * HS * NHl / gemm_rate(hw, doc, doc, HS);
+    // Memory-bound ops of a layer, forward and backward (~3 passes over each tensor): the two
+    // LayerNorms, residuals, GELU, the softmax over the attention state.
+    const double elems = N * (8 * C + 8 * C / tp) + (hw.cpu ? B * NHl * Tl * Tl : 0.0);
+    t += Lk * 3.0 * act_bytes * elems / hw.mem_bandwidth;
+    if (s == l.pp - 1) t += linear_s(hw, N, Vpl, C) + 3.0 * act_bytes * N * Vpl / hw.mem_bandwidth;
+    // Tensor parallelism: 2 all-reduces of (N, C) per layer forward, 2 backward, and the
+    // embedding / LM head's.
+    const double tp_bytes = (4 * Lk + 2) * act_bytes * N * C;
+    const double tpc = all_reduce_s(tp_bytes / (4 * Lk + 2), tp, tp_bw, hw.latency_s) * (4 * Lk + 2);
+    // Context parallelism: K and V travel cp − 1 hops per layer forward, K, V, dK, dV backward.
+    const double cp_bytes = Lk * double(l.cp - 1) * 6.0 * act_bytes * N * C / tp;
+    const double cpc = l.cp > 1 ? cp_bytes / cp_bw + Lk * 3.0 * double(l.cp - 1) * hw.latency_s : 0;
+    if (t + tpc + cpc > stage_max + tp_max + cp_max) {
+      stage_max = t;
+      tp_max = tpc;
+      cp_max = cpc;
+      p.comm.tp = tp > 1 ? tp_bytes * double(l.microbatches) : 0;
+      p.comm.cp = cp_bytes * double(l.microbatches);
+    }
+  }
+  const double M = double(l.microbatches), pp = double(l.pp);
+  p.step.compute = stage_max * M;
+  p.step.tp_comm = tp_max * M;
+  p.step.cp_comm = cp_max * M;
+  p.step.bubble = (stage_max + tp_max + cp_max) * (pp - 1);
+  const double act_msg = act_bytes * N * C;
+  p.comm.pp = pp > 1 ? 2.0 * M * act_msg : 0;
+  p.step.pp_comm = pp > 1 ? 2.0 * M * (act_msg / pp_bw + hw.latency_s) : 0;
+  const double local_params = double(p.params.per_stage[size_t(p.peak_stage)]) / tp;
+  const double grad_bytes = 4.0 * local_params;
+  p.comm.dp = l.dp * l.cp > 1 ? 2.0 * double(l.dp * l.cp - 1) / double(l.dp * l.cp) * grad_bytes : 0;
+  p.step.dp_comm = all_reduce_s(grad_bytes, double(l.dp * l.cp), dp_bw, hw.latency_s);
+  const double shards = l.zero == 1 ? double(l.dp * l.cp) : 1.0;
+  p.step.optimizer = 28.0 * local_params / shards / hw.mem_bandwidth;  // AdamW: 7 fp32 passes
+  const double step_s = p.step.total();
+  p.tokens_per_s = p.tokens_per_step / step_s;
+  p.mfu = hw.peak_flops > 0 ? p.flops_per_token * p.tokens_per_s /
+                                  (hw.peak_flops * double(l.world()))
+                            : 0;
+  p.total_s = step_s * double(in.steps) + in.checkpoint_s * double(in.checkpoints);
+  p.device_hours = p.total_s / 3600.0 * double(l.world());
+  p.fits = why.empty();
+  p.why_not = why;
+  return p;
+}
+
+std::vector<LayoutChoice> rank_layouts(const PlanInput& in, const HardwareProfile& hw,
+                                       int64_t devices) {
+  std::vector<LayoutChoice> out;
+  const int64_t rows = in.layout.dp * in.layout.microbatches * in.micro_batch_size;
+  for (int64_t tp = 1; tp <= std::min<int64_t>(devices, hw.devices_per_node); tp *= 2) {
+    if (in.model.NH % tp != 0) continue;
+    for (int64_t pp = 1; pp <= std::min(devices / tp, in.model.L); pp *= 2) {
+      for (int64_t cp = 1; tp * pp * cp <= devices; cp *= 2) {
+        if (cp > 1 && in.seq_len % (2 * cp) != 0) break;
+        if (devices % (tp * pp * cp) != 0) continue;
+        const int64_t dp = devices / (tp * pp * cp);
+        if (rows % dp != 0) continue;  // the global batch must split over dp
+        const int64_t per_dp = rows / dp;
+        for (int64_t zero : {int64_t(0), int64_t(1)}) {
+          if (zero == 1 && dp * cp == 1) continue;
+          // The largest micro-batch that fits (fewest micro-batches), as a user would pick.
+          LayoutChoice best;
+          bool have = false;
+          for (int64_t micro = 1; micro <= per_dp; micro *= 2) {
+            if (per_dp % micro != 0) continue;
+            const int64_t mb = per_dp / micro;
+            if (pp > 1 && micro < pp && per_dp >= pp) continue;  // keep the bubble bounded
+            PlanInput x = in;
+            x.layout = PlanLayout{tp, pp, cp, dp, zero, micro, in.layout.afab};
+            x.micro_batch_size = mb;
+            LayoutChoice c{x.layout, mb, make_plan(x, hw)};
+            if (!have || (c.plan.fits && !best.plan.fits) ||
+                (c.plan.fits == best.plan.fits && c.plan.fits &&
+                 c.plan.tokens_per_s > best.plan.tokens_per_s)) {
+              best = c;
+              have = true;
+            }
+            if (c.plan.fits && pp == 1) break;  // more micro-batches only slow a fitting one
+          }
+          if (have) out.push_back(best);
+        }
+      }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const LayoutChoice& a, const LayoutChoice& b) {
+    if (a.plan.fits != b.plan.fits) return a.plan.fits;
+    return a.plan.tokens_per_s > b.plan.tokens_per_s;
+  });
+  return out;
+}
+
+int64_t smallest_fitting_devices(const PlanInput& in, const HardwareProfile& hw,
+                                 int64_t max_devices) {
+  for (int64_t n = 1; n <= max_devices; n *= 2) {
+    PlanInput x = in;
+    // Keep the global batch: rows = dp × M × B of the config, split as the layout allows.
+    for (const LayoutChoice& c : rank_layouts(x, hw, n)) {
+      if (c.plan.fits) return n;
+    }
+  }
+  return 0;
+}
+
+std::string format_bytes(double bytes) {
+  if (bytes >= kGiB) return fmt::format("{:.1f} GiB", bytes / kGiB);
+  if (bytes >= 1024.0 * 1024.0) return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0));
+  return fmt::format("{:.0f} KiB", bytes / 1024.0);
+}
+
+namespace {
+
+std::string si(double v, const char* unit) {
+  const char* prefix[] = {"", "k", "M", "G", "T", "P", "E"};
+  int i = 0;
+  while (std::fabs(v) >= 1000 && i < 6) {
+    v /= 1000;
+    ++i;
+  }
+  return fmt::format("{:.3g} {}{}", v, prefix[i], unit);
+}
+
+}  // namespace
+
+std::string format_plan(const Plan& p, double price) {
+  const PlanLayout& l = p.input.layout;
+  std::string s;
+  s += fmt::format("hardware: {} ({}): {} peak, {} memory per device\n", p.hw.name, p.hw.source,
+                   si(p.hw.peak_flops, "FLOP/s"), format_bytes(p.hw.mem_capacity));
+  s += fmt::format("parameters: {} ({:.2f} M; embeddings {}; padded as stored {})\n",
+                   p.params.total, double(p.params.total) / 1e6, p.params.embedding,
+                   p.params.padded);
+  for (size_t i = 0; i < p.params.per_stage.size() && l.pp > 1; ++i) {
+    s += fmt::format("  stage {}: {} parameters ({} per tp rank)\n", i, p.params.per_stage[i],
+                     p.params.per_stage[i] / l.tp);
+  }
+  s += fmt::format("FLOPs: {} per token, {} per step ({} tokens), {} for {} steps\n",
+                   si(p.flops_per_token, "FLOP"), si(p.flops_per_step, "FLOP"),
+                   int64_t(p.tokens_per_step), si(p.flops_total, "FLOP"), p.input.steps);
+  s += fmt::format("layout: tp={} pp={} cp={} dp={} ZeRO-{} microbatches={} micro_batch_size={} "
+                   "({} devices)\n",
+                   l.tp, l.pp, l.cp, l.dp, l.zero, l.microbatches, p.input.micro_batch_size,
+                   l.world());
+  s += "memory per rank:\n";
+  auto row = [&](const char* what, double v) { s += fmt::format("  {:<12} {:>10}\n", what, format_bytes(v)); };
+  row("parameters", p.peak.params);
+  row("gradients", p.peak.grads);
+  row("optimizer", p.peak.optimizer);
+  s += fmt::format("  {:<12} {:>10}  ({} micro-batch(es) in flight)\n", "activations",
+                   format_bytes(p.peak.activations), p.activation_slots);
+  row("workspace", p.peak.workspace);
+  row("comm", p.peak.comm);
+  row("data", p.peak.data);
+  s += fmt::format("  {:<12} {:>10}  peak on stage {} (of {}), capacity {}\n", "total",
+                   format_bytes(p.peak.total()), p.peak_stage, l.pp,
+                   format_bytes(p.hw.mem_capacity));
+  s += fmt::format("  a checkpoint save adds up to {} on rank 0 (whole tensors gathered)\n",
+                   format_bytes(p.checkpoint_gather_bytes));
+  s += fmt::format("communication per step and rank: tp {} | cp {} | pp {} | dp {}\n",
+                   format_bytes(p.comm.tp), format_bytes(p.comm.cp), format_bytes(p.comm.pp),
+                   format_bytes(p.comm.dp));
+  s += fmt::format("step: {:.3f} s = compute {:.3f} + tp {:.3f} + cp {:.3f} + pp {:.3f} + dp {:.3f} "
+                   "+ bubble {:.3f} + optimizer {:.3f} | {} tok/s | MFU {:.0f}%\n",
+                   p.step.total(), p.step.compute, p.step.tp_comm, p.step.cp_comm,
+                   p.step.pp_comm, p.step.dp_comm, p.step.bubble, p.step.optimizer,
+                   si(p.tokens_per_s, ""), 100 * p.mfu);
+  s += fmt::format("run: {} steps in {} ({:.1f} device-hours)", p.input.steps,
+                   format_duration(p.total_s), p.device_hours);
+  if (price > 0) s += fmt::format(", cost {:.2f} at {:.2f} per device-hour", p.device_hours * price, price);
+  s += "\n";
+  s += p.fits ? "fits\n" : fmt::format("does not fit: {}\n", p.why_not);
+  return s;
+}
+
+std::string plan_to_json(const Plan& p, double price, const std::vector<LayoutChoice>& layouts,
+                         int64_t smallest) {
+  using nlohmann::json;
+  auto mem = [](const MemoryBreakdown& m) {
+    return json{{"params", m.params},         {"grads", m.grads},
+                {"optimizer", m.optimizer},   {"activations", m.activations},
+                {"workspace", m.workspace},   {"comm", m.comm},
+                {"data", m.data},             {"total", m.total()}};
+  };
+  auto layout = [](const PlanLayout& l, int64_t mb) {
+    return json{{"tp", l.tp}, {"pp", l.pp}, {"cp", l.cp}, {"dp", l.dp}, {"zero", l.zero},
+                {"microbatches", l.microbatches}, {"micro_batch_size", mb}};
+  };
+  json j;
+  j["hardware"] = {{"name", p.hw.name}, {"source", p.hw.source}, {"peak_flops", p.hw.peak_flops},
+                   {"mem_capacity", p.hw.mem_capacity}};
+  j["params"] = {{"total", p.params.total}, {"embedding", p.params.embedding},
+                 {"padded", p.params.padded}, {"per_stage", p.params.per_stage}};
+  j["flops"] = {{"per_token", p.flops_per_token}, {"per_step", p.flops_per_step},
+                {"total", p.flops_total}};
+  j["layout"] = layout(p.input.layout, p.input.micro_batch_size);
+  j["memory"] = {{"peak", mem(p.peak)}, {"peak_stage", p.peak_stage},
+                 {"checkpoint_gather", p.checkpoint_gather_bytes},
+                 {"activation_slots", p.activation_slots}};
+  json stages = json::array();
+  for (const MemoryBreakdown& m : p.stage_memory) stages.push_back(mem(m));
+  j["memory"]["stages"] = stages;
+  j["comm_bytes_per_step"] = {{"tp", p.comm.tp}, {"cp", p.comm.cp}, {"pp", p.comm.pp},
+                              {"dp", p.comm.dp}};
+  j["step_s"] = {{"total", p.step.total()}, {"compute", p.step.compute},
+                 {"tp", p.step.tp_comm},      {"cp", p.step.cp_comm},
+                 {"pp", p.step.pp_comm},      {"dp", p.step.dp_comm},
+                 {"bubble", p.step.bubble},   {"optimizer", p.step.optimizer}};
+  j["tokens_per_s"] = p.tokens_per_s;
+  j["mfu"] = p.mfu;
+  j["total_s"] = p.total_s;
+  j["device_hours"] = p.device_hours;
+  if (price > 0) j["cost"] = p.device_hours * price;
+  j["fits"] = p.fits;
+  if (!p.fits) j["why_not"] = p.why_not;
+  json ranked = json::array();
+  for (const LayoutChoice& c : layouts) {
+    json r = layout(c.layout, c.micro_batch_size);
+    r["tokens_per_s"] = c.plan.tokens_per_s;
+    r["peak_memory"] = c.plan.peak.total();
+    r["fits"] = c.plan.fits;
+    if (!c.plan.fits) r["why_not"] = c.plan.why_not;
+    ranked.push_back(r);
+  }
+  j["layouts"] = ranked;
+  j["smallest_devices"] = smallest;
+  return j.dump(2);
+}
+
+}  // namespace berth

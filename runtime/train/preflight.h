@@ -1,0 +1,34 @@
+// The plan of a run config (runtime/cluster/plan.h) and the hardware profiles it is made for:
+// built-in GPU profiles, a calibrated profile of this machine, or a profile file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/cluster/plan.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/config/config.h"
+
+namespace berth {
+
+// The plan's input from a run config: model, batch, layout (parallel.dp = 0 is derived from
+// `world`), steps, checkpoints, the training and validation datasets' in-memory size (read from
+// their headers) and, for data.mode = "packed" with a packing plan on disk, the rows' Σ L².
+PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world);
+
+// Where `berth plan --calibrate` saves this host's profile by default:
+// $XDG_DATA_HOME/berth/profiles/<host>.json (~/.local/share/berth/profiles/<host>.json).
+std::string default_profile_path();
+
+// "a100" | "h100" | "h200" | "cpu" | a profile file. "cpu" is this host's calibrated profile when
+// one was saved at default_profile_path(), else the built-in guess.
+HardwareProfile resolve_hardware_profile(const std::string& spec);
+
+// Measures this machine with every rank of `world` running at once (so the figures are per rank
+// under the same sharing as a run with this many ranks): sgemm rates at sizes 64..1024, memory
+// bandwidth (a triad over 64 MiB), and the all-reduce bus bandwidth and latency between the ranks
+// (with one rank: a memory copy). Collective; rank 0's return value holds the slowest rank's
+// figures.
+HardwareProfile calibrate_profile(Communicator& world);
+
+}  // namespace berth
