@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -13,11 +14,14 @@
 #include "launcher/commands.h"
 #include "runtime/cluster/ledger.h"
 #include "runtime/cluster/nvml.h"
+#include "runtime/cluster/plan.h"
 #include "runtime/config/cluster_files.h"
+#include "runtime/config/config.h"
 #include "runtime/core/check.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/fs.h"
 #include "runtime/train/lease_keeper.h"
+#include "runtime/train/preflight.h"
 #include "runtime/train/step_metrics.h"
 
 #if BERTH_CUDA
@@ -79,6 +83,9 @@ void print_reservation(const Reservation& r) {
               r.owner.c_str(), r.priority, r.state.c_str(),
               r.model.empty() ? "any model" : r.model.c_str(),
               window_text(r.start, r.end).c_str(), devices_text(r.devices).c_str());
+  if (r.min_free_mem_bytes > 0) {
+    std::printf("  min free mem %s per device\n", format_bytes(double(r.min_free_mem_bytes)).c_str());
+  }
   if (r.chain_prev) std::printf("  follows reservation %lld\n", static_cast<long long>(r.chain_prev));
   if (r.preempted_by) {
     std::printf("  preempted by reservation %lld\n", static_cast<long long>(r.preempted_by));
@@ -216,6 +223,63 @@ std::string timeline_html(const std::vector<Device>& devs, const std::vector<Res
       html_escape(format_utc_minute(t0)), html_escape(format_utc_minute(t0 + span)), svg, rows);
 }
 
+// reserve --config: the devices, minimum free memory and duration a run config needs, from its
+// plan on the profile of --gpu (or of --model); explicit --gpus / --min-free-mem / --duration win.
+// Prints what it assumed.
+void size_from_plan(const std::string& config, std::string gpu, double margin, std::string* model,
+                    int64_t* gpus, std::string* min_free_mem, std::string* duration, FILE* out) {
+  const RunConfig cfg = load_config(config, {});
+  if (gpu.empty()) {
+    std::string m = *model;
+    for (char& c : m) c = char(std::tolower(static_cast<unsigned char>(c)));
+    BERTH_CHECK(m == "a100" || m == "h100" || m == "h200" || m == "cpu",
+                "reserve --config: say which hardware to plan for with --gpu a100|h100|h200|cpu|"
+                "FILE (or --model A100/H100/H200/cpu)");
+    gpu = m;
+  }
+  const HardwareProfile hw = resolve_hardware_profile(gpu);
+  const int64_t inner = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp;
+  int64_t devices = std::max<int64_t>(0, *gpus);
+  std::string how = "--gpus";
+  if (devices == 0 && cfg.parallel.dp > 0) {
+    devices = inner * cfg.parallel.dp;
+    how = "the config's layout";
+  }
+  if (devices == 0) {
+    PlanInput in = plan_input_from_config(cfg, inner);
+    devices = std::max<int64_t>(inner, smallest_fitting_devices(in, hw));
+    BERTH_CHECK(devices % inner == 0,
+                "the smallest device count that fits ({}) is not a multiple of tp·pp·cp = {}: "
+                "give --gpus", devices, inner);
+    how = "the smallest count that fits";
+  }
+  const Plan p = make_plan(plan_input_from_config(cfg, devices), hw);
+  BERTH_CHECK(p.input.layout.world() == devices,
+              "reserve --config: the config's layout uses {} devices, not {}: set parallel.dp = 0 "
+              "or --gpus {}", p.input.layout.world(), devices, p.input.layout.world());
+  BERTH_CHECK(p.fits, "reserve --config: {} does not fit {} x {}: {} (see berth plan {})", config,
+              devices, hw.name, p.why_not, config);
+  std::fprintf(out, "sized from %s on %s (%s):\n", config.c_str(), hw.name.c_str(), hw.source.c_str());
+  if (*gpus == -1) {
+    *gpus = devices;
+    std::fprintf(out, "  devices        %lld (%s)\n", static_cast<long long>(devices), how.c_str());
+  }
+  if (*min_free_mem == "0") {
+    const double bytes = std::ceil(p.peak.total() * 1.1 / (1024.0 * 1024.0)) * 1024.0 * 1024.0;
+    *min_free_mem = fmt::format("{}MiB", int64_t(bytes / (1024.0 * 1024.0)));
+    std::fprintf(out, "  min free mem   %s (predicted peak %s per rank + 10 %%)\n", min_free_mem->c_str(),
+                format_bytes(p.peak.total()).c_str());
+  }
+  if (duration->empty()) {
+    const int64_t minutes = int64_t(std::ceil(p.total_s * margin / 60.0));
+    *duration = fmt::format("{}m", std::max<int64_t>(1, minutes));
+    std::fprintf(out, "  duration       %s (predicted %s for %lld steps × margin %.2f)\n",
+                format_duration(double(std::max<int64_t>(1, minutes)) * 60).c_str(),
+                format_duration(p.total_s).c_str(), static_cast<long long>(cfg.train.steps),
+                margin);
+  }
+}
+
 }  // namespace
 
 void register_ledger_commands(CLI::App& app) {
@@ -304,20 +368,30 @@ void register_ledger_commands(CLI::App& app) {
   {
     struct Args {
       LedgerArgs l;
-      int64_t gpus = 0;
+      int64_t gpus = -1;  // -1: not given
       std::string model, min_free_mem = "0", duration, start = "earliest", priority = "P3", name,
                   key;
       bool preempt = false, allow_split = false, print_id = false;
+      std::string config, gpu;  // --config: size the booking from the plan
+      double margin = 1.25;
     };
     auto a = std::make_shared<Args>();
     CLI::App* cmd = app.add_subcommand("reserve", "Book devices for a window");
     cmd->add_flag("--print-id", a->print_id,
                   "On success print only the reservation id (for batch scripts)");
     add_ledger_option(cmd, &a->l);
-    cmd->add_option("--gpus", a->gpus, "Number of devices")->required();
+    cmd->add_option("--gpus", a->gpus, "Number of devices (with --config: from the plan)");
+    cmd->add_option("--config", a->config,
+                    "Size the booking from this run config's plan (berth plan): devices, minimum "
+                    "free memory (peak + 10 %) and duration (predicted time × --margin)");
+    cmd->add_option("--gpu", a->gpu, "Hardware profile for --config (default: from --model: "
+                                     "a100, h100, h200 or cpu)");
+    cmd->add_option("--margin", a->margin, "Duration margin over the predicted time for --config")
+        ->check(CLI::Range(1.0, 10.0));
     cmd->add_option("--model", a->model, "Device model (e.g. H100, cpu); default: any");
     cmd->add_option("--min-free-mem", a->min_free_mem, "Minimum memory per device, e.g. 75GiB");
-    cmd->add_option("--duration", a->duration, "Length of the window, e.g. 72h, 1h30m")->required();
+    cmd->add_option("--duration", a->duration, "Length of the window, e.g. 72h, 1h30m (with "
+                                                "--config: from the plan)");
     cmd->add_option("--start", a->start, "Start (2026-12-03T08:00Z) or 'earliest' (default)");
     cmd->add_option("--priority", a->priority, "P0 (highest) .. P3 (lowest, default)");
     cmd->add_option("--name", a->name, "A name for the booking");
@@ -326,6 +400,13 @@ void register_ledger_commands(CLI::App& app) {
     cmd->add_flag("--preempt", a->preempt, "Take lower-priority bookings' devices (if allowed)");
     cmd->add_flag("--allow-split", a->allow_split, "Book more than 7 days as chained segments");
     cmd->callback([a] {
+      // What the plan assumed goes to stderr under --json, so stdout stays one JSON document.
+      if (!a->config.empty()) size_from_plan(a->config, a->gpu, a->margin, &a->model, &a->gpus,
+                                             &a->min_free_mem, &a->duration,
+                                             a->l.json ? stderr : stdout);
+      BERTH_CHECK(a->gpus != -1, "reserve needs --gpus N (or --config CONFIG to size the booking)");
+      BERTH_CHECK(!a->duration.empty(),
+                  "reserve needs --duration (e.g. 72h), or --config CONFIG to size it");
       ReserveRequest q;
       q.count = a->gpus;
       q.model = a->model;

@@ -17,6 +17,7 @@ void register_data_commands(CLI::App& app);  // berth data import|info
 void register_model_commands(CLI::App& app);  // berth model import|export
 void register_pack_command(CLI::App& app);  // berth pack --data D.h5 --seq-len T --out PLAN.h5
 void register_eta_commands(CLI::App& app);  // berth eta replay|bench (progress prediction)
+void register_plan_command(CLI::App& app);  // berth plan CONFIG | --calibrate
 // berth devices [register] | reserve | reservations | reservation show | cancel | extend | timeline
 void register_ledger_commands(CLI::App& app);
 

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   berth::register_model_commands(app);
   berth::register_pack_command(app);
   berth::register_eta_commands(app);
+  berth::register_plan_command(app);
   berth::register_ledger_commands(app);
 
   int code = 0;

@@ -67,8 +67,12 @@ HardwareProfile builtin_profile(const std::string& name) {
 }
 
 std::string hardware_profile_json(const HardwareProfile& h) {
-  nlohmann::json rates = nlohmann::json::array();
-  for (const auto& [size, rate] : h.gemm_rates) rates.push_back({size, rate});
+  auto pairs = [](const std::vector<std::pair<double, double>>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& [x, y] : v) a.push_back({x, y});
+    return a;
+  };
+  const nlohmann::json rates = pairs(h.gemm_rates);
   const nlohmann::json j = {{"format", "berth-hardware-profile"},
                             {"name", h.name},
                             {"source", h.source},
@@ -77,6 +81,14 @@ std::string hardware_profile_json(const HardwareProfile& h) {
                             {"matmul_efficiency", h.matmul_efficiency},
                             {"gemm_rates", rates},
                             {"mem_bandwidth", h.mem_bandwidth},
+                            {"attention_rates", pairs(h.attention_rates)},
+                            {"block_attention_rate", h.block_attention_rate},
+                            {"layernorm_s", h.layernorm_s},
+                            {"gelu_s", h.gelu_s},
+                            {"residual_s", h.residual_s},
+                            {"crossentropy_s", h.crossentropy_s},
+                            {"adamw_s", h.adamw_s},
+                            {"grad_pass_s", h.grad_pass_s},
                             {"mem_capacity", h.mem_capacity},
                             {"intra_bandwidth", h.intra_bandwidth},
                             {"inter_bandwidth", h.inter_bandwidth},
@@ -95,7 +107,9 @@ HardwareProfile read_hardware_profile(const std::string& path) {
   static const char* kKeys[] = {"format", "name", "source", "cpu", "peak_flops",
                                 "matmul_efficiency", "gemm_rates", "mem_bandwidth",
                                 "mem_capacity", "intra_bandwidth", "inter_bandwidth",
-                                "latency_s", "devices_per_node"};
+                                "latency_s", "devices_per_node", "attention_rates",
+                                "block_attention_rate", "layernorm_s", "gelu_s", "residual_s",
+                                "crossentropy_s", "adamw_s", "grad_pass_s"};
   for (const auto& [key, value] : j.items()) {
     BERTH_CHECK(std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) {
                   return key == k;
@@ -122,16 +136,25 @@ HardwareProfile read_hardware_profile(const std::string& path) {
   double per_node = 0;
   number("devices_per_node", &per_node, true);
   h.devices_per_node = int(per_node);
-  if (j.contains("gemm_rates")) {
-    BERTH_CHECK(j["gemm_rates"].is_array(), "'{}': 'gemm_rates' must be a list of [size, FLOP/s]",
-                path);
-    for (const auto& r : j["gemm_rates"]) {
+  auto table = [&](const char* key, std::vector<std::pair<double, double>>* out) {
+    if (!j.contains(key)) return;
+    BERTH_CHECK(j[key].is_array(), "'{}': '{}' must be a list of [size, FLOP/s]", path, key);
+    for (const auto& r : j[key]) {
       BERTH_CHECK(r.is_array() && r.size() == 2 && r[0].is_number() && r[1].is_number() &&
                       r[0].get<double>() > 0 && r[1].get<double>() > 0,
-                  "'{}': every 'gemm_rates' entry must be [size > 0, FLOP/s > 0]", path);
-      h.gemm_rates.emplace_back(r[0].get<double>(), r[1].get<double>());
+                  "'{}': every '{}' entry must be [size > 0, FLOP/s > 0]", path, key);
+      out->emplace_back(r[0].get<double>(), r[1].get<double>());
     }
-    std::sort(h.gemm_rates.begin(), h.gemm_rates.end());
+    std::sort(out->begin(), out->end());
+  };
+  table("gemm_rates", &h.gemm_rates);
+  table("attention_rates", &h.attention_rates);
+  for (auto [key, field] :
+       {std::pair{"block_attention_rate", &h.block_attention_rate},
+        {"layernorm_s", &h.layernorm_s}, {"gelu_s", &h.gelu_s}, {"residual_s", &h.residual_s},
+        {"crossentropy_s", &h.crossentropy_s}, {"adamw_s", &h.adamw_s},
+        {"grad_pass_s", &h.grad_pass_s}}) {
+    if (j.contains(key)) number(key, field, false);
   }
   return h;
 }
@@ -154,7 +177,8 @@ ParamCounts count_params(const PlanModel& m, const PlanLayout& l) {
 
 double flops_per_token(const PlanModel& m, double T, double attn_sq_per_row, bool cpu) {
   const double C = double(m.C), Vp = double(round_up(m.V, 128));
-  const double matmul = double(m.L) * 12.0 * C * C + Vp * C;  // linears + tied LM head
+  // Every non-embedding parameter (as the trainer's MFU counts them) and the tied LM head.
+  const double matmul = double(m.L) * (12.0 * C * C + 13.0 * C) + 2.0 * C + Vp * C;
   const double sq = attn_sq_per_row > 0 ? attn_sq_per_row : T * T;
   // QKᵀ and attention·V: 2·2·C FLOPs per (query, key) pair and layer, ×3 for training.
   const double attention = 12.0 * double(m.L) * C * sq / T;
@@ -188,7 +212,7 @@ MemoryBreakdown stage_memory(const PlanInput& in, const HardwareProfile& hw, int
   // attention (cp > 1) keeps the log-sum-exp; flash attention (GPU) keeps the log-sum-exp.
   const bool lse = l.cp > 1 || !hw.cpu;
   const double att = lse ? N * NHl : B * NHl * T * T;
-  const double per_layer = 4 * N * C + 4 * N + 3 * N * Cq + N * Cq + att + 2 * N * F;
+  const double per_layer = 3 * N * C + 4 * N + 3 * N * Cq + N * Cq + att + 2 * N * F;
   double per_slot = (Lk + 1) * N * C + Lk * per_layer;
   if (last) per_slot += N * C + 4 * N + N * Vpl;
   double workspace = 3 * N * C + 3 * N * Cq + N * Cq + N * F + (lse ? 0 : att);
@@ -216,19 +240,28 @@ MemoryBreakdown stage_memory(const PlanInput& in, const HardwareProfile& hw, int
   return mb;
 }
 
-double gemm_rate(const HardwareProfile& hw, double M, double N, double K) {
-  if (hw.gemm_rates.empty()) return hw.peak_flops * hw.matmul_efficiency;
-  const double size = std::cbrt(std::max(1.0, M * N * K));
-  const auto& r = hw.gemm_rates;
-  if (size <= r.front().first) return r.front().second;
-  if (size >= r.back().first) return r.back().second;
+// A measured table (ascending x → rate), interpolated in log x; clamped at its ends.
+double interpolate(const std::vector<std::pair<double, double>>& r, double x) {
+  if (x <= r.front().first) return r.front().second;
+  if (x >= r.back().first) return r.back().second;
   for (size_t i = 1; i < r.size(); ++i) {
-    if (size <= r[i].first) {
-      const double t = std::log(size / r[i - 1].first) / std::log(r[i].first / r[i - 1].first);
+    if (x <= r[i].first) {
+      const double t = std::log(x / r[i - 1].first) / std::log(r[i].first / r[i - 1].first);
       return r[i - 1].second + t * (r[i].second - r[i - 1].second);
     }
   }
   return r.back().second;
+}
+
+double gemm_rate(const HardwareProfile& hw, double M, double N, double K) {
+  if (hw.gemm_rates.empty()) return hw.peak_flops * hw.matmul_efficiency;
+  return interpolate(hw.gemm_rates, std::cbrt(std::max(1.0, M * N * K)));
+}
+
+// Seconds per element (forward + backward) of a memory-bound op that moves `bytes` per element:
+// the calibrated figure, else bytes over the memory bandwidth.
+double per_elem(double measured, double bytes, const HardwareProfile& hw) {
+  return measured > 0 ? measured : bytes / hw.mem_bandwidth;
 }
 
 // Time of a GEMM of (M, N, K) and its two backward GEMMs.
@@ -299,22 +332,38 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   const double pp_bw = l.tp * l.cp * l.pp <= hw.devices_per_node ? hw.intra_bandwidth
                                                                    : hw.inter_bandwidth;
   const double dp_bw = l.world() <= hw.devices_per_node ? hw.intra_bandwidth : hw.inter_bandwidth;
+  // Seconds per element of the memory-bound ops, forward + backward (bf16/fp32 passes).
+  const double a = act_bytes;
+  const double t_ln = per_elem(hw.layernorm_s, 6 * a, hw);
+  const double t_gelu = per_elem(hw.gelu_s, 5 * a, hw);
+  const double t_res = per_elem(hw.residual_s, 3 * a, hw);
+  const double t_ce = per_elem(hw.crossentropy_s, 4 * a, hw);
+  // Attention FLOPs of one micro-batch and layer on this rank: QKᵀ and P·V over the attended
+  // (query, key) pairs, ×3 for training; the CPU kernels compute whole blocks.
+  const double doc = sq / T;  // the typical document length
+  const double pairs = B * sq / double(l.cp) / (hw.cpu ? 1.0 : 2.0);
+  const double attn_flops = 3.0 * 2.0 * 2.0 * pairs * HS * NHl;
+  double attn_rate = hw.peak_flops * hw.matmul_efficiency;
+  if (l.cp > 1 && hw.block_attention_rate > 0) {
+    attn_rate = hw.block_attention_rate;  // the ring's block kernel
+  } else if (!hw.attention_rates.empty()) {
+    attn_rate = interpolate(hw.attention_rates, doc);
+  } else if (!hw.gemm_rates.empty()) {
+    attn_rate = gemm_rate(hw, doc, doc, HS);
+  }
   double stage_max = 0, tp_max = 0, cp_max = 0;
   for (int64_t s = 0; s < l.pp; ++s) {
     const double Lk = double(layers_of(m.L, l.pp, s));
-    // GEMMs of one layer: qkv, attention out, MLP up and down; attention per (row, head).
+    // GEMMs of one layer: qkv, attention out, MLP up and down (each with its two backward ones).
     double t = Lk * (linear_s(hw, N, 3 * C / tp, C) + linear_s(hw, N, C, C / tp) +
                      linear_s(hw, N, 4 * C / tp, C) + linear_s(hw, N, C, 4 * C / tp));
-    // Attention matmuls: QKᵀ and P·V over the attended pairs (the row's Σ L², on this rank).
-    // Per (document, head) GEMMs of the typical document length Σ L² / T.
-    const double pairs = B * sq / double(l.cp) / (hw.cpu ? 1.0 : 2.0);
-    const double doc = sq / T;
-    t += Lk * 3.0 * 2.0 * 2.0 * pairs * HS * NHl / gemm_rate(hw, doc, doc, HS);
-    // Memory-bound ops of a layer, forward and backward (~3 passes over each tensor): the two
-    // LayerNorms, residuals, GELU, the softmax over the attention state.
-    const double elems = N * (8 * C + 8 * C / tp) + (hw.cpu ? B * NHl * Tl * Tl : 0.0);
-    t += Lk * 3.0 * act_bytes * elems / hw.mem_bandwidth;
-    if (s == l.pp - 1) t += linear_s(hw, N, Vpl, C) + 3.0 * act_bytes * N * Vpl / hw.mem_bandwidth;
+    t += Lk * attn_flops / attn_rate;
+    // Memory-bound ops of a layer: two LayerNorms and two residual adds over (N, C), GELU over
+    // this rank's (N, 4C/tp).
+    t += Lk * (2 * N * C * (t_ln + t_res) + N * 4 * C / tp * t_gelu);
+    if (s == l.pp - 1) {  // LM head and loss over this rank's vocabulary columns, final LayerNorm
+      t += linear_s(hw, N, Vpl, C) + N * Vpl * t_ce + N * C * t_ln;
+    }
     // Tensor parallelism: 2 all-reduces of (N, C) per layer forward, 2 backward, and the
     // embedding / LM head's.
     const double tp_bytes = (4 * Lk + 2) * act_bytes * N * C;
@@ -343,7 +392,9 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   p.comm.dp = l.dp * l.cp > 1 ? 2.0 * double(l.dp * l.cp - 1) / double(l.dp * l.cp) * grad_bytes : 0;
   p.step.dp_comm = all_reduce_s(grad_bytes, double(l.dp * l.cp), dp_bw, hw.latency_s);
   const double shards = l.zero == 1 ? double(l.dp * l.cp) : 1.0;
-  p.step.optimizer = 28.0 * local_params / shards / hw.mem_bandwidth;  // AdamW: 7 fp32 passes
+  // AdamW over this rank's shard (7 fp32 passes), and the gradient norm and zeroing over all.
+  p.step.optimizer = local_params / shards * per_elem(hw.adamw_s, 28, hw) +
+                     local_params * per_elem(hw.grad_pass_s, 8, hw);
   const double step_s = p.step.total();
   p.tokens_per_s = p.tokens_per_step / step_s;
   p.mfu = hw.peak_flops > 0 ? p.flops_per_token * p.tokens_per_s /
@@ -423,9 +474,9 @@ std::string format_bytes(double bytes) {
 namespace {
 
 std::string si(double v, const char* unit) {
-  const char* prefix[] = {"", "k", "M", "G", "T", "P", "E"};
+  const char* prefix[] = {"", "k", "M", "G", "T", "P", "E", "Z", "Y"};
   int i = 0;
-  while (std::fabs(v) >= 1000 && i < 6) {
+  while (std::fabs(v) >= 1000 && i < 8) {
     v /= 1000;
     ++i;
   }
@@ -439,9 +490,10 @@ std::string format_plan(const Plan& p, double price) {
   std::string s;
   s += fmt::format("hardware: {} ({}): {} peak, {} memory per device\n", p.hw.name, p.hw.source,
                    si(p.hw.peak_flops, "FLOP/s"), format_bytes(p.hw.mem_capacity));
-  s += fmt::format("parameters: {} ({:.2f} M; embeddings {}; padded as stored {})\n",
-                   p.params.total, double(p.params.total) / 1e6, p.params.embedding,
-                   p.params.padded);
+  const double n = double(p.params.total);
+  s += fmt::format("parameters: {} ({}; embeddings {}; padded as stored {})\n", p.params.total,
+                   n >= 1e9 ? fmt::format("{:.2f} B", n / 1e9) : fmt::format("{:.2f} M", n / 1e6),
+                   p.params.embedding, p.params.padded);
   for (size_t i = 0; i < p.params.per_stage.size() && l.pp > 1; ++i) {
     s += fmt::format("  stage {}: {} parameters ({} per tp rank)\n", i, p.params.per_stage[i],
                      p.params.per_stage[i] / l.tp);
@@ -480,6 +532,7 @@ std::string format_plan(const Plan& p, double price) {
                    format_duration(p.total_s), p.device_hours);
   if (price > 0) s += fmt::format(", cost {:.2f} at {:.2f} per device-hour", p.device_hours * price, price);
   s += "\n";
+  for (const std::string& note : p.input.notes) s += fmt::format("note: {}\n", note);
   s += p.fits ? "fits\n" : fmt::format("does not fit: {}\n", p.why_not);
   return s;
 }
@@ -524,6 +577,7 @@ std::string plan_to_json(const Plan& p, double price, const std::vector<LayoutCh
   if (price > 0) j["cost"] = p.device_hours * price;
   j["fits"] = p.fits;
   if (!p.fits) j["why_not"] = p.why_not;
+  j["notes"] = p.input.notes;
   json ranked = json::array();
   for (const LayoutChoice& c : layouts) {
     json r = layout(c.layout, c.micro_batch_size);

@@ -23,6 +23,14 @@ struct HardwareProfile {
   // used instead of peak × efficiency (interpolated in log size).
   std::vector<std::pair<double, double>> gemm_rates;
   double mem_bandwidth = 0;         // bytes/s per device, for memory-bound ops
+  // Measured rates of berth's own CPU kernels (calibrated profiles; 0 / empty = derive from the
+  // figures above): causal attention forward + backward by sequence length → FLOP/s, the ring
+  // attention block kernel's FLOP/s, and seconds per element (forward + backward) of the
+  // memory-bound ops.
+  std::vector<std::pair<double, double>> attention_rates;
+  double block_attention_rate = 0;
+  double layernorm_s = 0, gelu_s = 0, residual_s = 0, crossentropy_s = 0, adamw_s = 0;
+  double grad_pass_s = 0;  // per parameter and step: zeroing the gradients and their norm
   double mem_capacity = 0;          // bytes per device
   double intra_bandwidth = 0;       // bytes/s per device between devices of one node (ring bus bw)
   double inter_bandwidth = 0;       // bytes/s per device between nodes
@@ -60,6 +68,7 @@ struct PlanInput {
   double data_bytes = 0;      // the token datasets a rank holds in memory (berth loads them whole)
   double checkpoint_s = 0;    // time of one checkpoint save (0 = none)
   int64_t checkpoints = 0;    // saves during the run
+  std::vector<std::string> notes;  // what the input could not account for, printed with the plan
 };
 
 // Parameter counts. `total` counts the real vocabulary (GPT-2 124M: 124,439,808 at V = 50257);
@@ -70,7 +79,7 @@ struct ParamCounts {
 };
 ParamCounts count_params(const PlanModel& m, const PlanLayout& l);
 
-// Model FLOPs per token of training (forward + backward): 6 × (matmul parameters + LM head)
+// Model FLOPs per token of training (forward + backward): 6 × (non-embedding parameters + LM head)
 // plus attention 12·L·C·(Σ L²)/T (the CPU kernels compute whole L×L blocks; the GPU kernels skip
 // the masked half, so 6 instead of 12 there). Per step and per run multiply by the tokens.
 double flops_per_token(const PlanModel& m, double seq_len, double attn_sq_per_row, bool cpu);

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/ops.h"
 #include "packing/plan_cache.h"
 #include "runtime/core/check.h"
 #include "runtime/core/clock.h"
@@ -55,6 +57,11 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
   const int64_t T = cfg.data.seq_len;
   for (const std::string& path : {cfg.data.train, cfg.data.val}) {
     if (path.empty()) continue;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
+      in.notes.push_back(fmt::format("dataset {} not found: its memory is not counted", path));
+      continue;
+    }
     const TokenDatasetShape shape = read_token_dataset_shape(path);
     // The tokens, offsets and mask, and the loader's shuffled window order (int64 each).
     in.data_bytes += shape.memory_bytes() + 8.0 * double(std::max<int64_t>(0, (shape.n_tokens - 1) / T));
@@ -104,21 +111,34 @@ HardwareProfile calibrate_profile(Communicator& world) {
   const int threads = omp_get_max_threads();
   h.source = fmt::format("berth plan --calibrate on {} at {} ({} rank(s), {} OpenMP thread(s) each)",
                          host_name(), format_utc_minute(unix_now()), world.size(), threads);
-  // GEMM rates: C = A·Bᵀ at a cube of each size, every rank at once; the slowest rank's rate.
-  for (int n : {64, 128, 256, 512, 1024}) {
-    std::vector<float> a(size_t(n) * size_t(n), 0.5f), b(a), c(a);
-    cpu::gemm(false, true, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);  // warm-up
-    const double flops = 2.0 * double(n) * n * n;
-    const int reps = std::max(3, int(2e9 / flops));
+  // berth's own kernels, timed as they run in a step (every rank at once, the slowest rank).
+  auto slowest_s = [&](auto&& body, int reps) {
+    body();  // warm-up
     world.barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < reps; ++r) {
-      cpu::gemm(false, true, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-    }
-    const double mine = flops * reps / seconds_since(t0);
-    const double slowest = -world.all_reduce_value(-mine, ReduceOp::MAX);
-    h.gemm_rates.emplace_back(double(n), slowest);
-    h.peak_flops = std::max(h.peak_flops, slowest);
+    for (int r = 0; r < reps; ++r) body();
+    return world.all_reduce_value(seconds_since(t0) / reps, ReduceOp::MAX);
+  };
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  // Linear layers: berth's matmul forward + backward (the GEMMs y = x·Wᵀ + b, dx = dy·W,
+  // dW += dyᵀ·x and the bias sums) at N = IC = OC = n: 6n³ FLOPs.
+  for (int n : {64, 128, 256, 512, 1024}) {
+    const size_t e = size_t(n) * size_t(n);
+    const std::vector<float> x = random(e), w = random(e), b = random(size_t(n)), dy = random(e);
+    std::vector<float> y(e), dx(e), dw(e), db(static_cast<size_t>(n));
+    const double flops = 6.0 * double(n) * n * n;
+    const double t = slowest_s([&] {
+      cpu::matmul_forward(y.data(), x.data(), w.data(), b.data(), n, n, n);
+      cpu::matmul_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), n, n, n);
+    }, std::max(3, int(3e9 / flops)));
+    h.gemm_rates.emplace_back(double(n), flops / t);
+    h.peak_flops = std::max(h.peak_flops, flops / t);
   }
   h.matmul_efficiency = 1.0;
   // Memory bandwidth: a[i] = b[i] + s·c[i] over 3 × 64 MiB (12 bytes per element moved).
@@ -136,6 +156,76 @@ HardwareProfile calibrate_profile(Communicator& world) {
     volatile float sink = a[n / 2];  // the stores are observed
     (void)sink;
     h.mem_bandwidth = -world.all_reduce_value(-bw, ReduceOp::MAX);
+  }
+  {  // causal attention, forward + backward, one sequence of T tokens, 4 heads of 64
+    const int C = 256, NH = 4;
+    for (int T : {64, 256, 1024}) {
+      const std::vector<float> qkv = random(size_t(T) * 3 * C), dout = random(size_t(T) * C);
+      std::vector<float> out(size_t(T) * C), att(size_t(NH) * T * T), datt(att.size()),
+          dqkv(qkv.size());
+      const int32_t cu[2] = {0, T};
+      const double t = slowest_s([&] {
+        cpu::attention_forward(out.data(), att.data(), qkv.data(), cu, 1, C, NH);
+        cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), cu,
+                                1, C, NH);
+      }, std::max(2, int(2e8 / (12.0 * T * T * C))));
+      h.attention_rates.emplace_back(double(T), 12.0 * T * T * C / t);
+    }
+  }
+  {  // the ring attention block kernel: 256 queries against 256 earlier keys, 4 heads of 64
+    const int C = 256, NH = 4, n = 256;
+    const std::vector<float> q = random(size_t(n) * C), k = random(q.size()), v = random(q.size()),
+                             dout = random(q.size());
+    std::vector<float> out(q.size()), lse(size_t(n) * NH), dq(q.size()), dk(q.size()), dv(q.size());
+    std::vector<int32_t> seq(static_cast<size_t>(n), 0), qpos(static_cast<size_t>(n)),
+        kpos(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) qpos[size_t(i)] = n + i, kpos[size_t(i)] = i;
+    const double t = slowest_s([&] {
+      cpu::attention_block_forward(out.data(), lse.data(), q.data(), k.data(), v.data(),
+                                   seq.data(), qpos.data(), seq.data(), kpos.data(), n, n, C, NH);
+      cpu::attention_block_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(),
+                                    lse.data(), q.data(), k.data(), v.data(), seq.data(),
+                                    qpos.data(), seq.data(), kpos.data(), n, n, C, NH);
+    }, 3);
+    h.block_attention_rate = 12.0 * n * n * C / t;
+  }
+  {  // memory-bound ops, seconds per element of forward + backward
+    const int N = 4096, C = 256;
+    const size_t e = size_t(N) * C;
+    const std::vector<float> x = random(e), d = random(e), w = random(size_t(C)), b = random(size_t(C));
+    const size_t n_rows = static_cast<size_t>(N), n_cols = static_cast<size_t>(C);
+    std::vector<float> y(e), dx(e), mean(n_rows), rstd(n_rows), dw(n_cols), db(n_cols);
+    h.layernorm_s = slowest_s([&] {
+      cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+      cpu::layernorm_backward(dx.data(), dw.data(), db.data(), d.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), N, C);
+    }, 5) / double(e);
+    h.gelu_s = slowest_s([&] {
+      cpu::gelu_forward(y.data(), x.data(), int64_t(e));
+      cpu::gelu_backward(dx.data(), x.data(), d.data(), int64_t(e));
+    }, 5) / double(e);
+    h.residual_s = slowest_s([&] { cpu::residual_forward(y.data(), x.data(), d.data(), int64_t(e)); },
+                             5) / double(e);
+    const int V = 8192, rows = 512;
+    const std::vector<float> logits = random(size_t(rows) * V);
+    std::vector<float> losses(static_cast<size_t>(rows)), dlogits(logits.size());
+    std::vector<int32_t> targets(static_cast<size_t>(rows));
+    for (int i = 0; i < rows; ++i) targets[size_t(i)] = (i * 131) % V;
+    h.crossentropy_s = slowest_s([&] {
+      cpu::crossentropy_forward(losses.data(), logits.data(), targets.data(), rows, V, V);
+      cpu::crossentropy_backward(dlogits.data(), logits.data(), targets.data(), 1.f / rows, rows, V,
+                                 V);
+    }, 5) / double(logits.size());
+    std::vector<float> p = random(e), g = random(e), m(e, 0.f), v2(e, 0.f);
+    h.grad_pass_s = slowest_s([&] {
+      std::fill(g.begin(), g.end(), 0.f);
+      volatile double sq = cpu::sum_squares(p.data(), int64_t(e));
+      (void)sq;
+    }, 5) / double(e);
+    h.adamw_s = slowest_s([&] {
+      cpu::adamw_update(p.data(), g.data(), m.data(), v2.data(), int64_t(e), 1e-3f, 0.9f, 0.95f,
+                        1e-8f, 0.1f, 1.f, 1);
+    }, 5) / double(e);
   }
   // Communication: all-reduce of 16 MiB (bus bandwidth 2(n−1)/n × bytes / time) and of 1 float
   // (latency, per step of the ring's 2(n−1)).

@@ -282,6 +282,27 @@ expect_error "train_collides_with_earlier_checkpoints" \
   "already holds checkpoints of an earlier run" "" \
   train_tiny collide --set "run.out_dir=$tmp/runs"
 
+# ---- berth plan ----------------------------------------------------------------------------------
+expect_error "plan_without_config" "needs a CONFIG (or --calibrate)" "" "$BERTH" plan
+expect_error "plan_unknown_profile" "unknown hardware profile 'v100'" "" \
+  "$BERTH" plan "$TINY_TOML" --gpu v100
+echo '{"format": "berth-hardware-profile", "peak_flops": 1e12}' > "$tmp/short_profile.json"
+expect_error "plan_profile_missing_a_figure" "'matmul_efficiency' must be a number" "" \
+  "$BERTH" plan "$TINY_TOML" --gpu "$tmp/short_profile.json"
+expect_error "plan_layout_not_matching_gpus" "does not use --gpus 3" "" \
+  "$BERTH" plan "$TINY_TOML" --gpus 3 --set parallel.dp=2
+expect_error "plan_negative_price" "--price-per-gpu-hour must be >= 0" "" \
+  "$BERTH" plan "$TINY_TOML" --price-per-gpu-hour -1
+"$BERTH" plan "$TINY_TOML" --gpus 2 --gpu h100 --price-per-gpu-hour 3 >"$log" 2>&1
+why=""
+grep -q "^parameters: 842624 " "$log" || why+=" no parameter count"
+grep -q "^fits" "$log" || why+=" not 'fits'"
+grep -q "smallest device count with a layout that fits: 1" "$log" || why+=" no smallest count"
+report "plan_tiny_on_two_h100" "$why"
+"$BERTH" plan "$TINY_TOML" --gpus 2 --json >"$log" 2>&1
+report "plan_json_parses" "$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); \
+assert d['params']['total'] == 842624 and d['layouts']" "$log" 2>&1 | tail -1)"
+
 # ---- summary -------------------------------------------------------------------------------------
 
 echo "$passed passed, $failed failed"

@@ -127,6 +127,25 @@ check "the stale holder's late commit is refused (rc $rc)" $?
 [ ! -e "$ck/step-00000030" ] && [ -e "$ck/step-00000040" ]
 check "only the new holder's checkpoint is in the directory" $?
 
+# ---- reserve --config: the booking sized from the run config's plan -----------------------------
+"$berth" cancel "$id4" > /dev/null 2>&1
+"$berth" reserve --config "$cfg" --gpu cpu --json > "$tmp/sized.json" 2> "$tmp/sized.log"
+rc=$?
+id5=$(booked_id < "$tmp/sized.json" 2>/dev/null)
+[ $rc -eq 0 ] && grep -q "sized from .*tiny.toml on cpu" "$tmp/sized.log" && \
+  grep -q "devices        1 (the smallest count that fits)" "$tmp/sized.log" && \
+  grep -q "min free mem   .*MiB (predicted peak .* per rank + 10 %)" "$tmp/sized.log" && \
+  grep -q "duration       .*(predicted .* for 300 steps × margin 1.25)" "$tmp/sized.log" && [ -n "$id5" ]
+check "reserve --config sizes the booking from the plan and says what it assumed (rc $rc)" $?
+"$berth" reservation show "$id5" > "$tmp/sized_show.log" 2>&1
+grep -q "min free" "$tmp/sized_show.log"
+check "the sized booking carries its minimum free memory" $?
+"$berth" cancel "$id5" > /dev/null 2>&1
+"$berth" reserve --config "$cfg" --json > "$tmp/noprof.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "say which hardware to plan for with --gpu" "$tmp/noprof.log"
+check "reserve --config without a profile asks for --gpu (rc $rc)" $?
+
 [ $fail -ne 0 ] && tail -n 20 "$tmp"/*.log; [ $fail -ne 0 ] && grep -h "error|refused" "$tmp"/s1.log
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

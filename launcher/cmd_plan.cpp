@@ -1,0 +1,132 @@
+// `berth plan CONFIG [--gpus N] [--gpu h100|h200|a100|cpu|FILE] [--price-per-gpu-hour X] [--json]`
+// and `berth plan --calibrate [--out FILE]` (docs/plan.md).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "launcher/commands.h"
+#include "runtime/cluster/plan.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/config/config.h"
+#include "runtime/core/check.h"
+#include "runtime/core/fs.h"
+#include "runtime/core/log.h"
+#include "runtime/train/preflight.h"
+
+namespace berth {
+namespace {
+
+struct PlanArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  int64_t gpus = 0;
+  std::string gpu = "cpu";
+  double price = 0;
+  bool json = false;
+  bool calibrate = false;
+  std::string out;
+};
+
+void calibrate(const PlanArgs& a) {
+  std::unique_ptr<Communicator> world = make_mpi_world();
+  const HardwareProfile h = calibrate_profile(*world);
+  if (world->rank() != 0) return;
+  const std::string path = a.out.empty() ? default_profile_path() : a.out;
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  write_file_atomic(path, hardware_profile_json(h));
+  std::printf("calibrated %s: sgemm", h.source.c_str());
+  for (const auto& [size, rate] : h.gemm_rates) std::printf(" %.0f³ %.1f GFLOP/s", size, rate / 1e9);
+  std::printf("\n  memory bandwidth %.1f GB/s, all-reduce bus bandwidth %.2f GB/s, latency %.1f µs, "
+              "%d rank(s) per host, %s per rank\nsaved %s (use it with --gpu cpu or --gpu %s)\n",
+              h.mem_bandwidth / 1e9, h.intra_bandwidth / 1e9, h.latency_s * 1e6,
+              h.devices_per_node, format_bytes(h.mem_capacity).c_str(), path.c_str(),
+              path.c_str());
+}
+
+void plan(const PlanArgs& a) {
+  BERTH_CHECK(!a.config.empty(), "berth plan needs a CONFIG (or --calibrate)");
+  BERTH_CHECK(a.price >= 0, "--price-per-gpu-hour must be >= 0, got {}", a.price);
+  const RunConfig cfg = load_config(a.config, a.overrides);
+  const HardwareProfile hw = resolve_hardware_profile(a.gpu);
+  // The config's layout; with --gpus, dp = 0 is derived from it.
+  const int64_t inner = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp;
+  const int64_t devices = a.gpus > 0 ? a.gpus
+                          : cfg.parallel.dp > 0 ? inner * cfg.parallel.dp
+                                                : inner;
+  const PlanInput in = plan_input_from_config(cfg, devices);
+  BERTH_CHECK(in.layout.world() == devices,
+              "the config's layout tp·pp·cp·dp = {}·{}·{}·{} = {} does not use --gpus {}: set "
+              "parallel.dp = 0 to derive it, or plan for {} devices",
+              in.layout.tp, in.layout.pp, in.layout.cp, in.layout.dp, in.layout.world(), devices,
+              in.layout.world());
+  const Plan p = make_plan(in, hw);
+  const std::vector<LayoutChoice> ranked = rank_layouts(in, hw, devices);
+  const int64_t smallest = smallest_fitting_devices(in, hw);
+  if (a.json) {
+    std::printf("%s\n", plan_to_json(p, a.price, ranked, smallest).c_str());
+    return;
+  }
+  std::printf("plan for %s on %lld x %s\n%s", a.config.c_str(), static_cast<long long>(devices),
+              hw.name.c_str(), format_plan(p, a.price).c_str());
+  std::printf("\nlayouts of %lld devices (global batch %lld rows), fastest first:\n",
+              static_cast<long long>(devices),
+              static_cast<long long>(in.layout.dp * in.layout.microbatches * in.micro_batch_size));
+  std::printf("  %3s %3s %3s %4s %4s %5s %5s | %12s | %10s | %s\n", "tp", "pp", "cp", "dp", "zero",
+              "micro", "mbs", "tokens/s", "peak mem", "");
+  int shown_fit = 0, shown_bad = 0;
+  for (const LayoutChoice& c : ranked) {
+    if (c.plan.fits ? shown_fit++ >= 8 : shown_bad++ >= 6) continue;
+    const PlanLayout& l = c.layout;
+    std::printf("  %3lld %3lld %3lld %4lld %4lld %5lld %5lld | %12.0f | %10s | %s\n",
+                static_cast<long long>(l.tp), static_cast<long long>(l.pp),
+                static_cast<long long>(l.cp), static_cast<long long>(l.dp),
+                static_cast<long long>(l.zero), static_cast<long long>(l.microbatches),
+                static_cast<long long>(c.micro_batch_size), c.plan.tokens_per_s,
+                format_bytes(c.plan.peak.total()).c_str(),
+                c.plan.fits ? "fits" : ("rejected: " + c.plan.why_not).c_str());
+  }
+  if (ranked.empty()) std::printf("  (none: the global batch does not split over %lld devices)\n",
+                                  static_cast<long long>(devices));
+  if (smallest > 0) {
+    std::printf("smallest device count with a layout that fits: %lld\n",
+                static_cast<long long>(smallest));
+  } else {
+    std::printf("no layout of up to 65536 devices fits this config's memory\n");
+  }
+}
+
+}  // namespace
+
+void register_plan_command(CLI::App& app) {
+  auto a = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Estimate parameters, FLOPs, per-rank memory, step time and cost of a config, and "
+              "rank the parallel layouts that fit; or --calibrate this machine");
+  cmd->add_option("config", a->config, "Run config (TOML)");
+  cmd->add_option("--set", a->overrides, "Override a config value (repeatable)")
+      ->type_name("KEY=VALUE");
+  cmd->add_option("--gpus", a->gpus, "Devices to plan for (default: the config's layout)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--gpu", a->gpu,
+                  "Hardware profile: a100, h100, h200, cpu (this host's calibrated profile, else "
+                  "a guess) or a profile file")
+      ->type_name("NAME|FILE");
+  cmd->add_option("--price-per-gpu-hour", a->price, "Price of one device-hour, for the cost");
+  cmd->add_flag("--json", a->json, "Print the plan as JSON");
+  cmd->add_flag("--calibrate", a->calibrate,
+                "Measure this machine's GEMM rate, memory and MPI bandwidth (run it under mpirun "
+                "with the ranks per host you will train with) and save a profile");
+  cmd->add_option("--out", a->out, "Where --calibrate saves the profile (default: "
+                                   "~/.local/share/berth/profiles/<host>.json)");
+  cmd->callback([a]() {
+    if (a->calibrate) {
+      calibrate(*a);
+    } else {
+      plan(*a);
+    }
+  });
+}
+
+}  // namespace berth

@@ -1,0 +1,166 @@
+// The plan's formulas against hand-computed cases and against the model itself: GPT-2 124M's
+// parameter count, FLOPs per token equal to the trainer's, activation bytes equal to what GPT
+// allocates for each pipeline stage and schedule, communication volumes, the bubble, layout
+// ranking with reasons, and profile files.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "runtime/cluster/plan.h"
+#include "runtime/core/check.h"
+#include "runtime/model/gpt.h"
+#include "runtime/model/gpt_config.h"
+#include "tests/expect_error.h"
+
+namespace berth {
+namespace {
+
+PlanInput small(int64_t L, int64_t NH, int64_t C, int64_t V, int64_t T, int64_t B) {
+  PlanInput in;
+  in.model = PlanModel{L, NH, C, V, T};
+  in.seq_len = T;
+  in.micro_batch_size = B;
+  in.steps = 100;
+  return in;
+}
+
+TEST(Plan, Gpt2SmallHasTheKnownParameterCount) {
+  const PlanModel m{12, 12, 768, 50257, 1024};
+  const ParamCounts p = count_params(m, PlanLayout{});
+  EXPECT_EQ(p.total, 124439808);  // GPT-2 124M with the real vocabulary
+  EXPECT_EQ(p.embedding, 50257 * 768 + 1024 * 768);
+  EXPECT_EQ(p.padded, 124439808 + (50304 - 50257) * 768);  // Vp = 50304 as stored
+  EXPECT_EQ(p.per_stage.size(), 1u);
+  // Over 4 stages: every layer once, the tied head's copy on the last stage.
+  const ParamCounts s = count_params(m, PlanLayout{1, 4, 1, 1, 0, 4});
+  int64_t sum = 0;
+  for (int64_t x : s.per_stage) sum += x;
+  EXPECT_EQ(sum, p.padded + 50304 * 768);
+  EXPECT_EQ(s.per_stage[1], 3 * (12 * 768 * 768 + 13 * 768));
+}
+
+TEST(Plan, FlopsPerTokenAreTheTrainersAndHalveAttentionOnGpus) {
+  const PlanModel m{12, 12, 768, 50257, 1024};
+  const GPTConfig g = make_gpt_config(12, 12, 768, 50257, 1024);
+  EXPECT_DOUBLE_EQ(flops_per_token(m, 1024, 0, true), gpt_flops_per_token(g, 1024));
+  // 6 · (12·12·768² + 12·13·768 + 2·768 + 50304·768) + 12·12·768·1024 by hand:
+  const double matmul = 12.0 * (12 * 768.0 * 768 + 13 * 768) + 2 * 768 + 50304.0 * 768;
+  EXPECT_DOUBLE_EQ(flops_per_token(m, 1024, 0, true), 6 * matmul + 12.0 * 12 * 768 * 1024);
+  EXPECT_DOUBLE_EQ(flops_per_token(m, 1024, 0, false), 6 * matmul + 6.0 * 12 * 768 * 1024);
+  // Packed rows of 4 documents of 256: Σ L² = 4·256² instead of 1024².
+  EXPECT_DOUBLE_EQ(flops_per_token(m, 1024, 4 * 256.0 * 256, true),
+                   6 * matmul + 12.0 * 12 * 768 * 256);
+}
+
+TEST(Plan, ActivationsAreWhatTheModelAllocates) {
+  // CPU profile: activations + workspace of each stage = GPT's own count, for 1F1B and AFAB.
+  const HardwareProfile cpu = builtin_profile("cpu");
+  for (int64_t pp : {1, 2, 3}) {
+    for (bool afab : {false, true}) {
+      PlanInput in = small(3, 4, 32, 100, 16, 2);
+      in.layout = PlanLayout{1, pp, 1, 1, 0, 4, afab};
+      const Plan p = make_plan(in, cpu);
+      ASSERT_EQ(p.stage_memory.size(), size_t(pp));
+      for (int64_t s = 0; s < pp; ++s) {
+        const int slots = pp == 1 ? 1 : (afab ? 4 : int(std::min<int64_t>(pp - s, 4)));
+        const GPTConfig g = make_gpt_config(3, 4, 32, 100, 16);
+        GPT<float> model(g, 2, 16, ModelShard{1, 0, int(pp), int(s)}, nullptr, slots);
+        const MemoryBreakdown& m = p.stage_memory[size_t(s)];
+        EXPECT_DOUBLE_EQ(m.activations + m.workspace, double(model.activation_bytes()))
+            << "pp " << pp << " stage " << s << (afab ? " afab" : " 1f1b");
+        EXPECT_DOUBLE_EQ(m.params, double(model.param_bytes())) << "pp " << pp << " stage " << s;
+        EXPECT_DOUBLE_EQ(m.grads, m.params);
+        EXPECT_DOUBLE_EQ(m.optimizer, 2 * m.params);  // AdamW m and v, fp32, ZeRO-0
+      }
+    }
+  }
+}
+
+TEST(Plan, ZeroShardsTheMomentsAndDataParallelMovesTheRingVolume) {
+  PlanInput in = small(2, 2, 64, 100, 32, 2);
+  in.layout = PlanLayout{1, 1, 1, 4, 1, 1};
+  const Plan p = make_plan(in, builtin_profile("cpu"));
+  const double P = double(count_params(in.model, in.layout).per_stage[0]);
+  EXPECT_DOUBLE_EQ(p.peak.optimizer, 8 * std::ceil(P / 4));
+  EXPECT_DOUBLE_EQ(p.peak.comm, 4 * std::ceil(P / 4));  // the reduce-scatter's shard
+  EXPECT_DOUBLE_EQ(p.comm.dp, 2.0 * 3 / 4 * 4 * P);     // 2(n−1)/n × gradient bytes
+  EXPECT_EQ(p.comm.tp, 0);
+  EXPECT_EQ(p.comm.pp, 0);
+}
+
+TEST(Plan, TheBubbleIsThePipelineTheory) {
+  // Equal stages: bubble / (compute + tp + cp + bubble) = (pp − 1)/(M + pp − 1).
+  for (int64_t pp : {2, 4}) {
+    for (int64_t M : {1, 4, 8}) {
+      PlanInput in = small(8, 4, 64, 100, 32, 2);
+      in.layout = PlanLayout{1, pp, 1, 1, 0, M};
+      const Plan p = make_plan(in, builtin_profile("h100"));
+      const double pipe = p.step.compute + p.step.tp_comm + p.step.cp_comm + p.step.bubble;
+      EXPECT_NEAR(p.step.bubble / pipe, double(pp - 1) / double(M + pp - 1), 1e-12)
+          << "pp " << pp << " M " << M;
+      EXPECT_DOUBLE_EQ(p.comm.pp, 2.0 * double(M) * 2 * 2 * 32 * 64);  // bf16 (N, C) each way
+    }
+  }
+}
+
+TEST(Plan, LayoutsAreRankedAndRejectionsSayWhy) {
+  // GPT-2 124M, global batch 64 × 1024 on 8 H100s.
+  PlanInput in = small(12, 12, 768, 50257, 1024, 8);
+  in.layout = PlanLayout{1, 1, 1, 8, 0, 1};
+  const std::vector<LayoutChoice> ranked = rank_layouts(in, builtin_profile("h100"), 8);
+  ASSERT_FALSE(ranked.empty());
+  EXPECT_TRUE(ranked.front().plan.fits);
+  for (size_t i = 1; i < ranked.size(); ++i) {
+    if (ranked[i].plan.fits && ranked[i - 1].plan.fits) {
+      EXPECT_GE(ranked[i - 1].plan.tokens_per_s, ranked[i].plan.tokens_per_s);
+    }
+  }
+  for (const LayoutChoice& c : ranked) {
+    EXPECT_EQ(c.layout.world(), 8);
+    EXPECT_EQ(c.layout.dp * c.layout.microbatches * c.micro_batch_size, 64) << "global batch kept";
+    EXPECT_EQ(in.model.NH % c.layout.tp, 0);
+  }
+  // A 1-device plan of a model too large for it says so and names the stage and sizes.
+  PlanInput big = small(48, 64, 8192, 50257, 2048, 1);
+  const Plan p = make_plan(big, builtin_profile("h100"));
+  EXPECT_FALSE(p.fits);
+  EXPECT_NE(p.why_not.find("more than the 80.0 GiB of a device"), std::string::npos) << p.why_not;
+  EXPECT_EQ(smallest_fitting_devices(in, builtin_profile("h100")), 1);
+  const int64_t n = smallest_fitting_devices(big, builtin_profile("h100"));
+  EXPECT_GT(n, 1);
+  const std::vector<LayoutChoice> at_n = rank_layouts(big, builtin_profile("h100"), n);
+  EXPECT_TRUE(std::any_of(at_n.begin(), at_n.end(), [](const LayoutChoice& c) { return c.plan.fits; }));
+  const std::vector<LayoutChoice> below = rank_layouts(big, builtin_profile("h100"), n / 2);
+  EXPECT_TRUE(std::none_of(below.begin(), below.end(), [](const LayoutChoice& c) { return c.plan.fits; }));
+  test::expect_error([] { builtin_profile("v100"); }, {"unknown hardware profile 'v100'"});
+}
+
+TEST(Plan, ProfileFilesRoundTripAndBadOnesAreNamed) {
+  const std::string dir = ::testing::TempDir() + "berth_plan_profile";
+  std::filesystem::create_directories(dir);
+  HardwareProfile h = builtin_profile("cpu");
+  h.name = "host";
+  h.gemm_rates = {{64, 20e9}, {512, 90e9}};
+  const std::string path = dir + "/p.json";
+  std::ofstream(path) << hardware_profile_json(h);
+  const HardwareProfile r = read_hardware_profile(path);
+  EXPECT_EQ(r.name, "host");
+  EXPECT_TRUE(r.cpu);
+  ASSERT_EQ(r.gemm_rates.size(), 2u);
+  EXPECT_DOUBLE_EQ(r.gemm_rates[1].second, 90e9);
+  EXPECT_DOUBLE_EQ(r.mem_bandwidth, h.mem_bandwidth);
+  std::ofstream(dir + "/bad.json") << "{\"format\": \"berth-hardware-profile\", \"peak_flops\": -1}";
+  test::expect_error([&] { read_hardware_profile(dir + "/bad.json"); },
+                     {"'peak_flops' must be > 0, got -1"});
+  std::ofstream(dir + "/other.json") << "{\"a\": 1}";
+  test::expect_error([&] { read_hardware_profile(dir + "/other.json"); },
+                     {"is not a hardware profile"});
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace berth
