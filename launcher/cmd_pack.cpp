@@ -22,6 +22,7 @@ struct PackArgs {
   int64_t window = 1000;
   uint64_t seed = 0;
   bool drop_long = false;
+  int64_t align = 1;
 };
 
 void run_pack(const PackArgs& a) {
@@ -31,6 +32,7 @@ void run_pack(const PackArgs& a) {
   o.window = a.window;
   o.seed = a.seed;
   o.long_docs = a.drop_long ? LongDocs::DROP : LongDocs::SPLIT;
+  o.align = a.align;
   const TokenDataset ds = read_token_dataset(a.data);
   const std::vector<int64_t> lengths = doc_lengths_from_offsets(ds.doc_offsets);
   const auto t0 = std::chrono::steady_clock::now();
@@ -61,6 +63,11 @@ void register_pack_command(CLI::App& app) {
       ->capture_default_str();
   pack->add_option("--seed", args->seed, "Seed of the document order")->capture_default_str();
   pack->add_flag("--drop-long", args->drop_long, "Drop documents longer than T (default: split)");
+  pack->add_option("--align", args->align,
+                   "Pad every piece to a multiple of this many tokens (2·cp for training with "
+                   "parallel.cp; must divide --seq-len)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   pack->add_option("--out", args->out, "Output plan (.h5)")->required();
   pack->callback([args]() { run_pack(*args); });
 }

@@ -40,9 +40,14 @@ CpShard cp_shard(const PackedBatch& b, int cp, int rank) {
 }
 
 void cp_local_batch(const PackedBatch& batch, int cp, int rank, PackedBatch* local) {
-  BERTH_CHECK(batch.T % (2 * cp) == 0 && batch.n_seqs() == batch.B,
-              "context parallelism needs one sequence per row of a length divisible by 2·cp = {} "
-              "(got {} sequences in {} rows of {})",
+  bool aligned = batch.T % (2 * cp) == 0;
+  for (int s = 0; s < batch.n_seqs() && aligned; ++s) {
+    aligned = (batch.cu_seqlens[size_t(s) + 1] - batch.cu_seqlens[size_t(s)]) % (2 * cp) == 0;
+  }
+  BERTH_CHECK(aligned,
+              "context parallelism needs every sequence of a row to be a multiple of 2·cp = {} "
+              "tokens long (stream rows of such a length, or rows packed with align 2·cp); got "
+              "{} sequences in {} rows of {}",
               2 * cp, batch.n_seqs(), batch.B, batch.T);
   CpShard sh = cp_shard(batch, cp, rank);
   local->B = batch.B;

@@ -29,8 +29,9 @@ struct CpShard {
 CpShard cp_shard(const PackedBatch& batch, int cp, int rank);
 
 // Writes this rank's shard of `batch` into `local` as a batch the model consumes: B rows of
-// T/cp tokens (requires one sequence per row and T divisible by 2·cp, the stream layout), global
-// positions, cu_seqlens at the local pieces.
+// T/cp tokens, global positions, cu_seqlens at the local pieces. Requires every sequence to be a
+// multiple of 2·cp long (then nothing is padded and each row splits exactly): stream rows with T
+// divisible by 2·cp, or packed rows built with PackOptions::align = 2·cp.
 void cp_local_batch(const PackedBatch& batch, int cp, int rank, PackedBatch* local);
 
 // The padded length of a sequence of `length` tokens: the next multiple of 2·cp.

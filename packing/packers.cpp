@@ -177,16 +177,29 @@ PackPlan pack_documents(const std::vector<int64_t>& doc_lengths, const PackOptio
                 "balanced packing needs alpha >= 0, beta >= 0, not both 0 (got alpha {}, beta {})",
                 options.alpha, options.beta);
   }
+  BERTH_CHECK(options.align >= 1 && options.seq_len % options.align == 0,
+              "packing align must be >= 1 and divide seq_len {}, got {}", options.seq_len,
+              options.align);
   PackPlan plan;
   plan.options = options;
   plan.row_offsets.push_back(0);
-  const std::vector<Piece> pieces = make_pieces(doc_lengths, options);
+  std::vector<Piece> pieces = make_pieces(doc_lengths, options);
+  // Aligned: pack the pieces by their padded lengths, then give them back their own.
+  const int64_t a = options.align;
+  if (a > 1) {
+    for (Piece& p : pieces) p.length = (p.length + a - 1) / a * a;
+  }
   plan.pieces.reserve(pieces.size());
   switch (options.algorithm) {
     case PackAlgorithm::PADDED: pack_padded(pieces, &plan); break;
     case PackAlgorithm::NEXT_FIT: pack_next_fit(pieces, options.seq_len, &plan); break;
     case PackAlgorithm::BFD: pack_best_fit(pieces, options, false, &plan); break;
     case PackAlgorithm::BALANCED: pack_best_fit(pieces, options, true, &plan); break;
+  }
+  if (a > 1) {
+    for (Piece& p : plan.pieces) {
+      p.length = std::min(options.seq_len, doc_lengths[size_t(p.doc)] - p.start);
+    }
   }
   return plan;
 }

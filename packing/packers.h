@@ -33,6 +33,10 @@ struct PackOptions {
   LongDocs long_docs = LongDocs::SPLIT;
   uint64_t seed = 0;
   double alpha = 1.0, beta = 0.0;  // BALANCED cost per piece: alpha·L + beta·L²
+  // Every piece takes a multiple of `align` slots of its row: its tokens, then padding (no
+  // targets) up to the multiple. Context parallelism packs with align = 2·cp, so every sequence
+  // of a row splits into 2·cp equal chunks. seq_len must be a multiple of align.
+  int64_t align = 1;
 };
 
 struct Piece {

@@ -108,6 +108,7 @@ void write_hdf5(const std::string& tmp, const std::string& path, const PackPlan&
   write_string_attr(f, "long_docs", long_docs_name(o.long_docs), path);
   write_scalar_attr(f, "alpha", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &o.alpha, path);
   write_scalar_attr(f, "beta", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &o.beta, path);
+  write_scalar_attr(f, "align", H5T_STD_I64LE, H5T_NATIVE_INT64, &o.align, path);
 
   write_i64_dataset(f, "row_offsets", plan.row_offsets, path);
   std::vector<int64_t> col(plan.pieces.size());
@@ -228,6 +229,13 @@ PackPlan read_hdf5(const std::string& path, std::string* key) {
   o.long_docs = long_docs == "drop" ? LongDocs::DROP : LongDocs::SPLIT;
   o.alpha = read_num_attr<double>(f, "alpha", H5T_FLOAT, H5T_NATIVE_DOUBLE, path);
   o.beta = read_num_attr<double>(f, "beta", H5T_FLOAT, H5T_NATIVE_DOUBLE, path);
+  // Plans written before the attribute existed are unaligned.
+  o.align = H5Aexists(f, "align") > 0
+                ? read_num_attr<int64_t>(f, "align", H5T_INTEGER, H5T_NATIVE_INT64, path)
+                : 1;
+  BERTH_CHECK(o.align >= 1 && o.seq_len % o.align == 0,
+              "'{}': attribute align is {}, which does not divide seq_len {}; {}", path, o.align,
+              o.seq_len, kPackHint);
 
   plan.row_offsets = read_i64_dataset(f, "row_offsets", path);
   const std::vector<int64_t> doc = read_i64_dataset(f, "piece_doc", path);
@@ -270,6 +278,7 @@ std::string plan_key(const std::vector<uint64_t>& doc_offsets, const PackOptions
   h.u64(o.seed);
   h.f64(o.alpha);
   h.f64(o.beta);
+  if (o.align != 1) h.u64(uint64_t(o.align));  // (absent for 1: older keys stay valid)
   h.u64(doc_offsets.size());
   for (const uint64_t off : doc_offsets) h.u64(off);
   return fmt::format("{:016x}", h.h);

@@ -86,5 +86,34 @@ TEST(CpShard, ShortSequencesArePaddedToOneTokenPerChunk) {
   EXPECT_THROW(cp_shard(b, 2, 2), Error);
 }
 
+TEST(CpShard, LocalBatchesOfAlignedPackedRowsSplitExactly) {
+  // Rows packed with align 2·cp: every sequence (and the row's tail padding) is a multiple of
+  // 2·cp long, so each rank gets exactly T/cp tokens per row and the shards reassemble the rows.
+  for (int cp : {2, 4}) {
+    const int a = 2 * cp;
+    const PackedBatch b = batch_of({{3 * a, 5 * a, 64 - 8 * a}, {a, 64 - a}, {64}});
+    std::vector<int> seen(b.tokens.size() + 2, 0);
+    for (int r = 0; r < cp; ++r) {
+      PackedBatch local;
+      cp_local_batch(b, cp, r, &local);
+      ASSERT_EQ(local.T, 64 / cp);
+      ASSERT_EQ(local.B, 3);
+      ASSERT_EQ(int(local.tokens.size()), 3 * 64 / cp) << "no padding added";
+      for (int32_t t : local.tokens) seen[size_t(t)]++;
+    }
+    for (size_t t = 1; t <= b.tokens.size(); ++t) EXPECT_EQ(seen[t], 1) << "token " << t;
+  }
+  // A sequence that is not a multiple of 2·cp is refused with what to do.
+  PackedBatch unaligned = batch_of({{10, 54}});
+  PackedBatch local;
+  try {
+    cp_local_batch(unaligned, 2, 0, &local);
+    ADD_FAILURE() << "accepted a 10-token sequence at cp 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rows packed with align 2·cp"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace berth

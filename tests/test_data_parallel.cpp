@@ -40,6 +40,14 @@ class DataParallelTest : public ::testing::Test {
     if (world().rank() == 0) {
       std::filesystem::create_directories(dir_);
       write_token_dataset((dir_ / "train.h5").string(), test::rule_dataset(64, 50, 3));
+      // Documents of 2..40 tokens for packed rows (long ones split at seq_len).
+      TokenDataset varied = test::rule_dataset(0, 0, 0);
+      for (int d = 0; d < 300; ++d) {
+        const TokenDataset one = test::rule_dataset(1, 1 + (d * 7) % 39, uint32_t(d + 1));
+        varied.tokens.insert(varied.tokens.end(), one.tokens.begin(), one.tokens.end());
+        varied.doc_offsets.push_back(varied.tokens.size());
+      }
+      write_token_dataset((dir_ / "varied.h5").string(), varied);
     }
     world().barrier();
   }
@@ -154,6 +162,25 @@ TEST_F(DataParallelTest, ContextParallelMatchesOneRank) {
   c.parallel.cp = n;
   const Run ref = reference(2, 1);
   expect_same_training(train(c, world()), ref, "cp, ZeRO-1");
+}
+
+TEST_F(DataParallelTest, PackedRowsUnderContextParallelMatchOneRank) {
+  // data.mode = "packed": every document padded to a multiple of 2·cp inside its row (pack_align
+  // automatic), so the zigzag split is exact; one rank trains the same aligned rows.
+  const int n = world().size();
+  RunConfig c = config(2, 1, 1, 2);
+  c.data.train = (dir_ / "varied.h5").string();
+  c.data.mode = "packed";
+  c.parallel.cp = n;
+  c.run.name = "packed cp";
+  RunConfig one = config(2, 1, 0, 2);
+  one.data.train = c.data.train;
+  one.data.mode = "packed";
+  one.data.pack_align = 2 * n;
+  one.run.name = "packed one rank";
+  std::unique_ptr<Communicator> self = world().split(world().rank(), 0);
+  const Run ref = train(one, *self);
+  expect_same_training(train(c, world()), ref, "packed rows, cp, ZeRO-1, 2 micro-batches");
 }
 
 TEST_F(DataParallelTest, ContextTimesDataParallelMatchesOneRank) {

@@ -134,6 +134,31 @@ TEST(Packers, EveryAlgorithmCoversEveryTokenOrDropsExactlyTheLongOnes) {
   }
 }
 
+TEST(Packers, AlignedPiecesTakeWholeMultiplesOfTheirRow) {
+  // Context parallelism packs with align = 2·cp: each piece's padded length fits its row, the
+  // pieces keep their own lengths, and every token is still covered once.
+  const std::vector<int64_t> lengths = lognormal_lengths(5000, 3);
+  for (const PackAlgorithm a : kAll) {
+    for (int64_t align : {int64_t(4), int64_t(8)}) {
+      PackOptions o = opts(a);
+      o.align = align;
+      SCOPED_TRACE(pack_algorithm_name(a) + " align " + std::to_string(align));
+      const PackPlan plan = pack_documents(lengths, o);
+      expect_valid(plan, lengths);
+      for (int64_t r = 0; r < plan.n_rows(); ++r) {
+        int64_t slots = 0;
+        for (int64_t k = plan.row_offsets[size_t(r)]; k < plan.row_offsets[size_t(r) + 1]; ++k) {
+          slots += (plan.pieces[size_t(k)].length + align - 1) / align * align;
+        }
+        ASSERT_LE(slots, kT) << "row " << r;
+      }
+    }
+  }
+  PackOptions bad = opts(PackAlgorithm::BFD);
+  bad.align = 3;  // does not divide seq_len
+  EXPECT_THROW(pack_documents(lengths, bad), Error);
+}
+
 TEST(Packers, RejectsBadOptions) {
   expect_error([] { pack_documents({1, 2}, opts(PackAlgorithm::BFD, 0)); }, {"seq_len"});
   PackOptions o = opts(PackAlgorithm::BFD);
@@ -291,6 +316,7 @@ TEST_F(PlanFileTest, RoundTrip) {
   o.window = 77;
   o.long_docs = LongDocs::DROP;
   o.beta = 0.25;
+  o.align = 8;
   const PackPlan plan = pack_documents(lengths, o);
   const std::string key = plan_key(offsets_of(lengths), o);
   EXPECT_EQ(key.size(), 16u);
@@ -305,6 +331,7 @@ TEST_F(PlanFileTest, RoundTrip) {
   EXPECT_EQ(back.options.seed, 0xfedcba9876543210ull);
   EXPECT_EQ(back.options.long_docs, LongDocs::DROP);
   EXPECT_EQ(back.options.beta, 0.25);
+  EXPECT_EQ(back.options.align, 8);
   EXPECT_EQ(plan_key(offsets_of(lengths), back.options), key);
 }
 
@@ -314,7 +341,7 @@ TEST_F(PlanFileTest, KeyChangesWithDataAndEveryOption) {
   const std::string k = plan_key(off, o);
   EXPECT_EQ(k, plan_key(off, o));
   EXPECT_NE(k, plan_key({0, 5, 10, 20}, o));
-  std::vector<PackOptions> variants(7, o);
+  std::vector<PackOptions> variants(8, o);
   variants[0].seq_len = 2048;
   variants[1].algorithm = PackAlgorithm::NEXT_FIT;
   variants[2].window = 999;
@@ -322,6 +349,7 @@ TEST_F(PlanFileTest, KeyChangesWithDataAndEveryOption) {
   variants[4].seed = 1;
   variants[5].alpha = 2.0;
   variants[6].beta = 0.5;
+  variants[7].align = 4;
   for (const PackOptions& v : variants) EXPECT_NE(k, plan_key(off, v));
 }
 

@@ -54,6 +54,7 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(data, shuffle),
     BERTH_CONFIG_FIELD(data, pack_algorithm),
     BERTH_CONFIG_FIELD(data, pack_window),
+    BERTH_CONFIG_FIELD(data, pack_align),
     BERTH_CONFIG_FIELD(data, long_docs),
     BERTH_CONFIG_FIELD(data, pack_plan),
     BERTH_CONFIG_FIELD(train, micro_batch_size),
@@ -416,6 +417,12 @@ void validate_config(const RunConfig& cfg) {
     BERTH_FAIL("{}: unknown data.pack_algorithm {}; use \"bfd\", \"next_fit\" or \"balanced\" "
                "(one document per row is data.mode = \"padded\")",
                w, quote_toml(a));
+  }
+  if (cfg.data.pack_align < 0 || (cfg.data.pack_align > 0 &&
+                                   cfg.data.seq_len % cfg.data.pack_align != 0)) {
+    BERTH_FAIL("{}: data.pack_align must be 0 (automatic: 2·cp) or a divisor of data.seq_len "
+               "({}), got {}",
+               w, cfg.data.seq_len, cfg.data.pack_align);
   }
   if (cfg.data.pack_window <= 0) {
     BERTH_FAIL("{}: data.pack_window must be > 0, got {}", w, cfg.data.pack_window);

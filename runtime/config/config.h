@@ -37,6 +37,7 @@ struct DataSection {
   bool shuffle = false;
   std::string pack_algorithm = "bfd";  // mode "packed": "bfd" | "next_fit" | "balanced"
   int64_t pack_window = 1000;          // BFD window, in document pieces
+  int64_t pack_align = 0;              // pieces padded to a multiple of this; 0 = 2·cp (1 without CP)
   std::string long_docs = "split";     // documents longer than seq_len: "split" | "drop"
   std::string pack_plan;  // plan file for data.train ("" = <train>.plan-<algorithm>-T<seq_len>.h5)
 };

@@ -24,6 +24,7 @@ void fill_packed_rows(const TokenDataset& ds, const PackPlan& plan,
   b->max_seqlen = 0;
   const int32_t pad_token = ds.eot_token >= 0 ? int32_t(ds.eot_token) : 0;
   const bool masked = !ds.loss_mask.empty();
+  const int64_t align = plan.options.align;
   for (int r = 0; r < B; r++) {
     const int64_t row = rows[size_t(r)];
     BERTH_CHECK(row >= 0 && row < plan.n_rows(), "plan row {} outside [0, {})", row, plan.n_rows());
@@ -31,8 +32,9 @@ void fill_packed_rows(const TokenDataset& ds, const PackPlan& plan,
     int pos = 0;
     for (int64_t p = plan.row_offsets[size_t(row)]; p < plan.row_offsets[size_t(row) + 1]; p++) {
       const Piece& piece = plan.pieces[size_t(p)];
+      const int64_t slots = (piece.length + align - 1) / align * align;  // padded to align
       BERTH_CHECK(piece.doc >= 0 && piece.doc < ds.n_docs() && piece.length > 0 &&
-                      pos + piece.length <= T,
+                      pos + slots <= T,
                   "packing plan does not fit this dataset (piece doc {} start {} length {}); the "
                   "plan is stale: delete it to rebuild",
                   piece.doc, piece.start, piece.length);
@@ -53,7 +55,16 @@ void fill_packed_rows(const TokenDataset& ds, const PackPlan& plan,
         if (target >= 0 && masked && ds.loss_mask[at + 1] == 0) target = -1;
         b->targets[i] = target;
       }
-      pos += int(piece.length);
+      // Padding to the alignment belongs to the piece's sequence: after its tokens (so causal
+      // attention keeps the real tokens from seeing it), positions continuing, no targets.
+      for (int64_t j = piece.length; j < slots; j++) {
+        const size_t i = size_t(base + pos + j);
+        b->tokens[i] = pad_token;
+        b->positions[i] = int32_t(j);
+        b->targets[i] = -1;
+      }
+      b->max_seqlen = std::max<int32_t>(b->max_seqlen, int32_t(slots));
+      pos += int(slots);
     }
     if (pos < T) {  // padding: one sequence of its own that predicts nothing
       b->cu_seqlens.push_back(base + pos);

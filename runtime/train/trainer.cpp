@@ -149,6 +149,19 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
   }
   schedule_ = parse_lr_schedule(cfg_.train.lr_schedule);
   const int B = int(cfg_.train.micro_batch_size), T = int(cfg_.data.seq_len);
+  // Context parallelism: each rank runs the model on its zigzag half-chunks of every row.
+  const int cp = shape.cp;
+  if (cp > 1) {
+    BERTH_CHECK(T % (2 * cp) == 0,
+                "{}: parallel.cp = {} needs data.seq_len divisible by 2·cp = {} (got {}): each "
+                "row splits into 2·cp chunks",
+                where, cp, 2 * cp, T);
+    BERTH_CHECK(cfg_.data.mode == "stream" || cfg_.data.pack_align == 0 ||
+                    cfg_.data.pack_align % (2 * cp) == 0,
+                "{}: data.pack_align = {} with parallel.cp = {}: it must be a multiple of 2·cp = "
+                "{} (or 0 for automatic)",
+                where, cfg_.data.pack_align, cp, 2 * cp);
+  }
   train_ds_ = read_token_dataset(cfg_.data.train);
   check_dataset_fits(train_ds_, cfg_.data.train, cfg_);
   loader_ = make_loader(&train_ds_, cfg_.data.train, cfg_.data.pack_plan, cfg_.data.shuffle,
@@ -159,15 +172,6 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
     val_loader_ = make_loader(&val_ds_, cfg_.data.val, "", false, 0);
   }
 
-  // Context parallelism: each rank runs the model on its zigzag half-chunks of every row.
-  const int cp = shape.cp;
-  if (cp > 1) {
-    BERTH_CHECK(cfg_.data.mode == "stream" && T % (2 * cp) == 0,
-                "{}: parallel.cp = {} needs data.mode = \"stream\" and data.seq_len divisible by "
-                "2·cp = {} (got mode \"{}\", seq_len {}); packed rows under CP are not supported "
-                "yet",
-                where, cp, 2 * cp, cfg_.data.mode, T);
-  }
   model_ = std::make_unique<GPT<float>>(gcfg_, B, T / cp, shard_, &grid_->tp(),
                                         max_in_flight(train_actions_));
   model_->init_weights(uint64_t(cfg_.run.seed));
@@ -229,9 +233,15 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
   o.window = cfg_.data.pack_window;
   o.long_docs = cfg_.data.long_docs == "drop" ? LongDocs::DROP : LongDocs::SPLIT;
   o.seed = uint64_t(cfg_.run.seed);
+  // Under context parallelism every document takes a multiple of 2·cp slots, so the zigzag split
+  // of each row is exact (docs/parallelism.md).
+  o.align = cfg_.data.pack_align > 0 ? cfg_.data.pack_align : 2 * int64_t(grid_->shape().cp);
+  if (grid_->shape().cp == 1 && cfg_.data.pack_align == 0) o.align = 1;
   const std::string cache =
-      plan_path.empty() ? fmt::format("{}.plan-{}-T{}.h5", path, pack_algorithm_name(o.algorithm), T)
-                        : plan_path;
+      plan_path.empty()
+          ? fmt::format("{}.plan-{}-T{}{}.h5", path, pack_algorithm_name(o.algorithm), T,
+                        o.align > 1 ? fmt::format("-a{}", o.align) : std::string())
+          : plan_path;
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<int64_t> lengths = document_lengths(*ds);
   PackPlan plan;

@@ -79,6 +79,11 @@ timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" 
 check "mpirun -np 2 with parallel.cp = 2 trains" $?
 grep -q "layout: dp=1 tp=1 pp=1 cp=2 (2 ranks)" "$tmp/cp2.log"
 check "the cp = 2 layout is logged" $?
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=cppacked \
+    --set parallel.cp=2 --set data.mode=packed > "$tmp/cppacked.log" 2>&1
+check "packed rows train with parallel.cp = 2 (documents aligned to 2·cp = 4)" $?
+[ -f "$tmp/d.h5.plan-bfd-T16-a4.h5" ]
+check "the aligned plan is cached apart from the unaligned one" $?
 timeout 60 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=cpbad \
     --set parallel.cp=2 --set data.seq_len=14 > "$tmp/cpbad.log" 2>&1
 rc=$?
