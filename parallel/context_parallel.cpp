@@ -16,8 +16,11 @@ struct Block {
   std::vector<int32_t> seq, pos;
 };
 
-// Sends `b` to the next rank and receives the previous rank's block into `next`, in one group.
-void pass_on(Communicator& cp, const Block& b, Block* next, bool with_kv, bool with_grads) {
+// Sends `b` to the next rank and receives the previous rank's block into `next`, in one group:
+// K and V (with their sequence ids and positions) and/or their gradients. With `async` the group
+// is only posted (Communicator::group_end_async); the caller computes, then calls cp.wait().
+void pass_on(Communicator& cp, const Block& b, Block* next, bool with_kv, bool with_grads,
+             bool async) {
   const int to = (cp.rank() + 1) % cp.size(), from = (cp.rank() - 1 + cp.size()) % cp.size();
   cp.group_begin();
   if (with_kv) {
@@ -36,7 +39,11 @@ void pass_on(Communicator& cp, const Block& b, Block* next, bool with_kv, bool w
     cp.recv(next->dk.data(), next->dk.size(), DType::F32, from);
     cp.recv(next->dv.data(), next->dv.size(), DType::F32, from);
   }
-  cp.group_end();
+  if (async) {
+    cp.group_end_async();
+  } else {
+    cp.group_end();
+  }
 }
 
 Block local_block(const float* k, const float* v, const int32_t* seq, const int32_t* pos, int n,
@@ -67,18 +74,25 @@ void check_same_n([[maybe_unused]] Communicator& cp, [[maybe_unused]] int n) {
 
 void ring_attention_forward(Communicator& cp, float* out, float* lse, const float* q,
                             const float* k, const float* v, const int32_t* seq,
-                            const int32_t* pos, int n, int C, int NH) {
+                            const int32_t* pos, int n, int C, int NH, bool overlap) {
   check_same_n(cp, n);
   Block cur = local_block(k, v, seq, pos, n, C, false), next = cur;
   std::fill(out, out + int64_t(n) * C, 0.f);
   std::fill(lse, lse + int64_t(n) * NH, -std::numeric_limits<float>::infinity());
   std::vector<float> ob(size_t(n) * size_t(C)), lb(size_t(n) * size_t(NH));
   for (int t = 0; t < cp.size(); ++t) {
+    // The next block travels while this one is computed (with `overlap`).
+    const bool more = t + 1 < cp.size();
+    if (more && overlap) pass_on(cp, cur, &next, true, false, true);
     cpu::attention_block_forward(ob.data(), lb.data(), q, cur.k.data(), cur.v.data(), seq, pos,
                                  cur.seq.data(), cur.pos.data(), n, n, C, NH);
     cpu::attention_lse_merge(out, lse, ob.data(), lb.data(), n, C, NH);
-    if (t + 1 < cp.size()) {
-      pass_on(cp, cur, &next, true, false);
+    if (more) {
+      if (overlap) {
+        cp.wait();
+      } else {
+        pass_on(cp, cur, &next, true, false, false);
+      }
       std::swap(cur, next);
     }
   }
@@ -87,18 +101,26 @@ void ring_attention_forward(Communicator& cp, float* out, float* lse, const floa
 void ring_attention_backward(Communicator& cp, float* dq, float* dk, float* dv, const float* dout,
                              const float* out, const float* lse, const float* q, const float* k,
                              const float* v, const int32_t* seq, const int32_t* pos, int n, int C,
-                             int NH) {
+                             int NH, bool overlap) {
   check_same_n(cp, n);
   Block cur = local_block(k, v, seq, pos, n, C, true), next = cur;
   std::fill(dq, dq + int64_t(n) * C, 0.f);
   for (int t = 0; t < cp.size(); ++t) {
+    // K and V of the next block travel while this block's gradients are computed (with
+    // `overlap`); dK and dV follow once computed. After cp passes each block's gradients are back
+    // at its owner; the last pass carries only the gradients.
+    const bool more_kv = cp.size() > 1 && t + 1 < cp.size();
+    if (more_kv && overlap) pass_on(cp, cur, &next, true, false, true);
     cpu::attention_block_backward(dq, cur.dk.data(), cur.dv.data(), dout, out, lse, q,
                                   cur.k.data(), cur.v.data(), seq, pos, cur.seq.data(),
                                   cur.pos.data(), n, n, C, NH);
     if (cp.size() > 1) {
-      // After cp passes each block's gradients are back at its owner; the last pass carries only
-      // the gradients.
-      pass_on(cp, cur, &next, t + 1 < cp.size(), true);
+      if (overlap) {
+        cp.wait();
+        pass_on(cp, cur, &next, false, true, false);
+      } else {
+        pass_on(cp, cur, &next, more_kv, true, false);
+      }
       std::swap(cur, next);
     }
   }

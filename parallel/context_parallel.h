@@ -4,7 +4,9 @@
 // attends its queries to the block it holds (kernels/ops.h attention_block_forward, masked by
 // sequence and global position), merges the partial result by its log-sum-exp, and passes the
 // block on with one grouped send/recv. Backward: dQ accumulates locally; dK and dV travel with
-// their block and are back at its owner after cp steps.
+// their block and are back at its owner after cp steps. With `overlap` the next block's transfer
+// is posted before the current block is computed and completed after it (group_end_async /
+// wait); in backward that covers K and V, while dK and dV go once computed.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +19,12 @@ namespace berth {
 // `cp`; every rank must hold the same n.
 void ring_attention_forward(Communicator& cp, float* out, float* lse, const float* q,
                             const float* k, const float* v, const int32_t* seq,
-                            const int32_t* pos, int n, int C, int NH);
+                            const int32_t* pos, int n, int C, int NH, bool overlap = true);
 
 // dq, dk, dv (n, C) overwritten, given the forward's out and lse and dout. Collective.
 void ring_attention_backward(Communicator& cp, float* dq, float* dk, float* dv, const float* dout,
                              const float* out, const float* lse, const float* q, const float* k,
                              const float* v, const int32_t* seq, const int32_t* pos, int n, int C,
-                             int NH);
+                             int NH, bool overlap = true);
 
 }  // namespace berth

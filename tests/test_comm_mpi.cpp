@@ -355,6 +355,32 @@ TEST(CommMpi, RingExchangeInAGroup) {
   expect_same(in, want, fmt::format("ring recv from {} np={}", prev, n));
 }
 
+// An asynchronous group: posted, computation runs on other buffers, wait() completes it; a
+// collective or another group while it is in flight is an error naming wait().
+TEST(CommMpi, AsyncGroupCompletesAtWaitAndGuardsItsWindow) {
+  Communicator& c = world();
+  const int r = c.rank(), n = c.size(), next = (r + 1) % n, prev = (r - 1 + n) % n;
+  const size_t count = size_t{1} << 18;
+  std::vector<float> out(count, float(r)), in(count, -1.f), other(count, 0.f);
+  c.group_begin();
+  c.send(out.data(), count, DType::F32, next);
+  c.recv(in.data(), count, DType::F32, prev);
+  c.group_end_async();
+  for (size_t i = 0; i < count; ++i) other[i] = float(i) * 0.5f;  // "computation"
+  std::string msg;
+  try {
+    c.barrier();
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("call wait() first"), std::string::npos) << msg;
+  EXPECT_THROW(c.group_begin(), Error);
+  c.wait();
+  expect_same(in, std::vector<float>(count, float(prev)), "async ring recv");
+  c.wait();  // nothing in flight: a no-op
+  c.barrier();
+}
+
 // Several messages to one peer in one group arrive in the order they were posted, and recvs
 // posted before their sends (in call order) also work.
 TEST(CommMpi, GroupKeepsOrderPerPeer) {

@@ -82,6 +82,13 @@ class Communicator {
   // Point-to-point to/from `peer` (a rank of this group). See group_begin/group_end above.
   virtual void group_begin() = 0;
   virtual void group_end() = 0;
+  // Like group_end, but returns once the group's transfers are posted, so computation can run
+  // while they are in flight; wait() completes them. The group's buffers must stay untouched (sent
+  // ones unwritten, received ones unread) until wait() returns. One group in flight at a time, and
+  // no other call on this communicator in between. (NCCL: the group on its stream, wait = the
+  // event.) The default completes at once.
+  virtual void group_end_async() { group_end(); }
+  virtual void wait() {}
   virtual void send(const void* buf, size_t count, DType dtype, int peer) = 0;
   virtual void recv(void* buf, size_t count, DType dtype, int peer) = 0;
 

@@ -227,6 +227,8 @@ class MpiCommunicator final : public Communicator {
   // ---- point-to-point --------------------------------------------------------------------------
 
   void group_begin() override {
+    BERTH_CHECK(in_flight_.empty(), "group_begin while an asynchronous group is in flight: call "
+                "wait() first");
     BERTH_CHECK(!in_group_,
                 "group_begin inside an open group (nested groups are not supported); "
                 "call group_end first");
@@ -240,6 +242,23 @@ class MpiCommunicator final : public Communicator {
     std::vector<P2pOp> ops;
     ops.swap(pending_);
     run_p2p(ops);
+  }
+
+  void group_end_async() override {
+    const CallTimer timer(&stats_.seconds);
+    BERTH_CHECK(in_group_, "group_end_async without a matching group_begin");
+    in_group_ = false;
+    std::vector<P2pOp> ops;
+    ops.swap(pending_);
+    in_flight_ = post_p2p(ops);
+  }
+
+  void wait() override {
+    const CallTimer timer(&stats_.seconds);
+    if (in_flight_.empty()) return;
+    std::vector<MPI_Request> reqs;
+    reqs.swap(in_flight_);
+    MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
   }
 
   void send(const void* buf, size_t count, DType dtype, int peer) override {
@@ -292,6 +311,8 @@ class MpiCommunicator final : public Communicator {
   };
 
   void not_in_group(const char* what) const {
+    BERTH_CHECK(in_flight_.empty(),
+                "{} while an asynchronous group is in flight: call wait() first", what);
     BERTH_CHECK(!in_group_,
                 "{} inside group_begin/group_end: only send/recv may be grouped on the "
                 "MPI communicator; call group_end first",
@@ -330,11 +351,19 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // Posts every recv, then every send (each chunked to the count limit, chunks in order so they
-  // match the peer's chunks by MPI's non-overtaking rule), then waits for all of them.
+  // Posts every recv, then every send and waits for all of them.
   void run_p2p(const std::vector<P2pOp>& ops) {
-    if (ops.empty()) return;
+    std::vector<MPI_Request> reqs = post_p2p(ops);
+    if (reqs.empty()) return;
+    MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+  }
+
+  // Posts every recv, then every send (each chunked to the count limit, chunks in order so they
+  // match the peer's chunks by MPI's non-overtaking rule); returns their requests.
+  std::vector<MPI_Request> post_p2p(const std::vector<P2pOp>& ops) {
+    BERTH_CHECK(in_flight_.empty(), "a group posted while another is in flight: call wait() first");
     std::vector<MPI_Request> reqs;
+    if (ops.empty()) return reqs;
     try {
       for (bool sends : {false, true}) {
         for (const P2pOp& op : ops) {
@@ -363,7 +392,7 @@ class MpiCommunicator final : public Communicator {
       }
       throw;
     }
-    MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+    return reqs;
   }
 
   static constexpr int kTag = 0x6265;  // "be"; one tag: order within a peer pair is FIFO
@@ -373,6 +402,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   bool in_group_ = false;
   std::vector<P2pOp> pending_;
+  std::vector<MPI_Request> in_flight_;  // an asynchronous group's requests until wait()
 };
 
 void require_mpi(const char* what) {
