@@ -51,7 +51,7 @@ struct Builder {
 
 }  // namespace
 
-std::vector<PipeAction> schedule_afab(int pp, int stage, int microbatches) {
+std::vector<PipeAction> schedule_forward_only(int pp, int stage, int microbatches) {
   check_args(pp, stage, microbatches);
   Builder b{pp, stage, {}};
   for (int m = 0; m < microbatches; ++m) {
@@ -59,6 +59,12 @@ std::vector<PipeAction> schedule_afab(int pp, int stage, int microbatches) {
     b.forward(m);
     b.send_forward(m);
   }
+  return b.out;
+}
+
+std::vector<PipeAction> schedule_afab(int pp, int stage, int microbatches) {
+  // All forwards (the forward-only list), then all backwards.
+  Builder b{pp, stage, schedule_forward_only(pp, stage, microbatches)};
   for (int m = 0; m < microbatches; ++m) {
     b.recv_backward(m);
     b.backward(m);
@@ -91,17 +97,6 @@ std::vector<PipeAction> schedule_1f1b(int pp, int stage, int microbatches) {
     b.recv_backward(m);
     b.backward(m);
     b.send_backward(m);
-  }
-  return b.out;
-}
-
-std::vector<PipeAction> schedule_forward_only(int pp, int stage, int microbatches) {
-  check_args(pp, stage, microbatches);
-  Builder b{pp, stage, {}};
-  for (int m = 0; m < microbatches; ++m) {
-    b.recv_forward(m);
-    b.forward(m);
-    b.send_forward(m);
   }
   return b.out;
 }

@@ -49,11 +49,8 @@ const std::vector<Layout> kMatrix = {{2, 1, 1, 1}, {1, 2, 1, 1}, {1, 4, 1, 1}, {
 class ModelParallelTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    int64_t pid = world().rank() == 0 ? int64_t(::getpid()) : 0;
-    world().broadcast(&pid, 1, DType::I64, 0);
-    dir_ = std::filesystem::path(::testing::TempDir()) / ("berth_mp_" + std::to_string(pid));
+    dir_ = test::shared_temp_dir(::testing::TempDir(), "berth_mp_");
     if (world().rank() == 0) {
-      std::filesystem::create_directories(dir_);
       write_token_dataset((dir_ / "train.h5").string(), test::rule_dataset(64, 50, 3));
       write_token_dataset((dir_ / "val.h5").string(), test::rule_dataset(16, 50, 4));
     }

@@ -35,11 +35,8 @@ struct Case {
 class PlanMemoryTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    int64_t pid = world().rank() == 0 ? int64_t(::getpid()) : 0;
-    world().broadcast(&pid, 1, DType::I64, 0);
-    dir_ = std::filesystem::path(::testing::TempDir()) / ("berth_planmem_" + std::to_string(pid));
+    dir_ = test::shared_temp_dir(::testing::TempDir(), "berth_planmem_");
     if (world().rank() == 0) {
-      std::filesystem::create_directories(dir_);
       write_token_dataset((dir_ / "train.h5").string(), test::rule_dataset(64, 200, 5));
     }
     world().barrier();
