@@ -74,6 +74,9 @@ class PlanMemoryTest : public ::testing::Test {
 std::filesystem::path PlanMemoryTest::dir_;
 
 TEST_F(PlanMemoryTest, PredictedPerRankMemoryIsWithinTenPercentOfWhatTheTrainerHolds) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the heap measurement (glibc mallinfo2) does not see AddressSanitizer's allocator";
+#endif
   const int n = world().size();
   const std::vector<Case> cases = {
       {1, 1, 1, 1, 0, 1, "1f1b"}, {1, 1, 1, 1, 0, 2, "1f1b"},  // 1 rank

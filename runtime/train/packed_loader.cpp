@@ -114,4 +114,25 @@ void PackedLoader::next(PackedBatch* batch) {
   rows_ += int64_t(shard_.count) * B_;
 }
 
+PackOptions pack_options(const RunConfig& cfg, int cp) {
+  PackOptions o;
+  o.seq_len = cfg.data.seq_len;
+  o.algorithm = cfg.data.mode == "padded" ? PackAlgorithm::PADDED
+                                           : parse_pack_algorithm(cfg.data.pack_algorithm);
+  o.window = cfg.data.pack_window;
+  o.long_docs = cfg.data.long_docs == "drop" ? LongDocs::DROP : LongDocs::SPLIT;
+  o.seed = uint64_t(cfg.run.seed);
+  // Under context parallelism every document takes a multiple of 2·cp slots, so the zigzag split
+  // of each row is exact (docs/parallelism.md).
+  o.align = cfg.data.pack_align > 0 ? cfg.data.pack_align : (cp > 1 ? 2 * int64_t(cp) : 1);
+  return o;
+}
+
+std::string packed_plan_path(const RunConfig& cfg, const std::string& data_path,
+                             const PackOptions& o) {
+  if (data_path == cfg.data.train && !cfg.data.pack_plan.empty()) return cfg.data.pack_plan;
+  return fmt::format("{}.plan-{}-T{}{}.h5", data_path, pack_algorithm_name(o.algorithm),
+                     o.seq_len, o.align > 1 ? fmt::format("-a{}", o.align) : std::string());
+}
+
 }  // namespace berth

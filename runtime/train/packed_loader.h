@@ -17,6 +17,7 @@
 
 #include "packing/packed_batch.h"
 #include "packing/packers.h"
+#include "runtime/config/config.h"
 #include "runtime/io/token_dataset.h"
 #include "runtime/train/data_loader.h"
 
@@ -55,5 +56,14 @@ class PackedLoader : public BatchSource {
 
 // Document lengths of a dataset (pack_documents' input).
 std::vector<int64_t> document_lengths(const TokenDataset& ds);
+
+// The packing options of a run config (data.mode "packed" or "padded") for `cp` context-parallel
+// ranks: algorithm, window, long documents, seed, and the alignment (data.pack_align; automatic:
+// 2·cp under context parallelism, else 1).
+PackOptions pack_options(const RunConfig& cfg, int cp);
+// Where the plan of `data_path` is cached: data.pack_plan for the training data when set, else
+// <data_path>.plan-<algorithm>-T<seq_len>[-a<align>].h5.
+std::string packed_plan_path(const RunConfig& cfg, const std::string& data_path,
+                             const PackOptions& o);
 
 }  // namespace berth

@@ -17,6 +17,7 @@
 #include "runtime/core/clock.h"
 #include "runtime/core/log.h"
 #include "runtime/io/token_dataset.h"
+#include "runtime/train/packed_loader.h"
 #include "runtime/train/step_metrics.h"
 
 namespace berth {
@@ -67,10 +68,8 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
     in.data_bytes += shape.memory_bytes() + 8.0 * double(std::max<int64_t>(0, (shape.n_tokens - 1) / T));
   }
   if (cfg.data.mode == "packed" && !cfg.data.train.empty()) {
-    const std::string plan = !cfg.data.pack_plan.empty()
-                                 ? cfg.data.pack_plan
-                                 : fmt::format("{}.plan-{}-T{}.h5", cfg.data.train,
-                                               cfg.data.pack_algorithm, T);
+    const std::string plan =
+        packed_plan_path(cfg, cfg.data.train, pack_options(cfg, int(cfg.parallel.cp)));
     std::error_code ec;
     if (std::filesystem::exists(plan, ec)) in.attn_sq_per_row = packed_attn_sq(plan);
   }

@@ -226,22 +226,8 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
   // offsets and every packing option; a matching plan is reused, a stale one rebuilt. Rank 0
   // builds or checks it; the others read it (or, where the cache cannot be written, pack the
   // same plan themselves: it is a pure function of the lengths and options).
-  PackOptions o;
-  o.seq_len = T;
-  o.algorithm = cfg_.data.mode == "padded" ? PackAlgorithm::PADDED
-                                            : parse_pack_algorithm(cfg_.data.pack_algorithm);
-  o.window = cfg_.data.pack_window;
-  o.long_docs = cfg_.data.long_docs == "drop" ? LongDocs::DROP : LongDocs::SPLIT;
-  o.seed = uint64_t(cfg_.run.seed);
-  // Under context parallelism every document takes a multiple of 2·cp slots, so the zigzag split
-  // of each row is exact (docs/parallelism.md).
-  o.align = cfg_.data.pack_align > 0 ? cfg_.data.pack_align : 2 * int64_t(grid_->shape().cp);
-  if (grid_->shape().cp == 1 && cfg_.data.pack_align == 0) o.align = 1;
-  const std::string cache =
-      plan_path.empty()
-          ? fmt::format("{}.plan-{}-T{}{}.h5", path, pack_algorithm_name(o.algorithm), T,
-                        o.align > 1 ? fmt::format("-a{}", o.align) : std::string())
-          : plan_path;
+  const PackOptions o = pack_options(cfg_, grid_->shape().cp);
+  const std::string cache = plan_path.empty() ? packed_plan_path(cfg_, path, o) : plan_path;
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<int64_t> lengths = document_lengths(*ds);
   PackPlan plan;
