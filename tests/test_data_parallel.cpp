@@ -18,6 +18,7 @@
 #include "runtime/io/token_dataset.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/trainer.h"
+#include "tests/equivalence.h"
 #include "tests/mpi_world.h"
 #include "tests/synthetic_data.h"
 #include "tests/tolerance.h"
@@ -76,17 +77,8 @@ class DataParallelTest : public ::testing::Test {
     return c;
   }
 
-  struct Run {
-    std::vector<double> losses;
-    std::vector<float> params;
-  };
-  static Run train(const RunConfig& cfg, Communicator& comm) {
-    Trainer t(cfg, comm);
-    Run r;
-    for (int64_t s = 0; s < cfg.train.steps; s++) r.losses.push_back(t.train_step(s).loss);
-    r.params = t.model().params();
-    return r;
-  }
+  using Run = test::TrainedRun;
+  static Run train(const RunConfig& cfg, Communicator& comm) { return test::train_run(cfg, comm); }
 
   // One rank with every row of the global batch, on a communicator of this rank alone.
   static Run reference(int64_t rows, int64_t micro) {
@@ -94,39 +86,8 @@ class DataParallelTest : public ::testing::Test {
     return train(config(rows * micro, 1, 0, 1), *self);
   }
 
-  // The key part of every attn.c_attn.bias gets a gradient that is exactly zero in exact
-  // arithmetic (softmax is invariant to adding q·b_k to a whole row of scores), so in fp32 it is
-  // rounding noise, which AdamW normalizes into O(lr) steps: those values depend on summation order
-  // and on nothing else, and are left out of the comparison (they cannot change any loss).
-  static void drop_key_bias(const RunConfig& c, std::vector<double>* p) {
-    const GPTConfig g = make_gpt_config(c.model.n_layer, c.model.n_head, c.model.d_model,
-                                        c.model.vocab_size, c.model.max_seq_len);
-    const ParamLayout layout = gpt_param_layout(g);
-    for (int l = 0; l < g.L; l++) {
-      const ParamSpec& b = layout.find("h." + std::to_string(l) + ".attn.c_attn.bias");
-      for (int64_t i = g.C; i < 2 * g.C; i++) (*p)[size_t(b.offset + i)] = 0;
-    }
-  }
-
   static void expect_same_training(const Run& got, const Run& ref, const char* what) {
-    ASSERT_EQ(got.losses.size(), ref.losses.size());
-    test::expect_close(got.losses.data(), ref.losses.data(), int64_t(ref.losses.size()),
-                       test::kDataParallelLoss, what);
-    std::vector<double> a(got.params.begin(), got.params.end());
-    std::vector<double> b(ref.params.begin(), ref.params.end());
-    ASSERT_EQ(a.size(), b.size());
-    const RunConfig c = config(1, 1, 0, 1);
-    drop_key_bias(c, &a);
-    drop_key_bias(c, &b);
-    double diff2 = 0, ref2 = 0;
-    for (size_t i = 0; i < a.size(); i++) {
-      diff2 += (a[i] - b[i]) * (a[i] - b[i]);
-      ref2 += b[i] * b[i];
-    }
-    const double rel_l2 = std::sqrt(diff2 / ref2);
-    if (std::getenv("BERTH_TOL_REPORT") != nullptr) std::printf("[tol] %s params rel L2 %.2g\n", what, rel_l2);
-    EXPECT_LE(rel_l2, test::kDataParallelParamsL2) << what << ": ||params − reference|| / ||reference||";
-    test::expect_close(a.data(), b.data(), int64_t(b.size()), test::kDataParallelParams, what);
+    test::expect_same_training(got, ref, config(1, 1, 0, 1), what);
   }
 
   static std::filesystem::path dir_;

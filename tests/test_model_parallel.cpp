@@ -21,6 +21,7 @@
 #include "runtime/io/token_dataset.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/trainer.h"
+#include "tests/equivalence.h"
 #include "tests/mpi_world.h"
 #include "tests/synthetic_data.h"
 #include "tests/tolerance.h"
@@ -89,17 +90,8 @@ class ModelParallelTest : public ::testing::Test {
     return c;
   }
 
-  struct Run {
-    std::vector<double> losses;
-    std::vector<float> params;  // full, on rank 0 of the run's communicator
-  };
-  static Run train(const RunConfig& cfg, Communicator& comm) {
-    Trainer t(cfg, comm);
-    Run r;
-    for (int64_t s = 0; s < cfg.train.steps; s++) r.losses.push_back(t.train_step(s).loss);
-    r.params = t.full_params();
-    return r;
-  }
+  using Run = test::TrainedRun;
+  static Run train(const RunConfig& cfg, Communicator& comm) { return test::train_run(cfg, comm); }
 
   // One rank with every row of the global batch (dp · micro · B rows in one micro-batch), trained
   // on rank 0 only (the others wait at the next collective), once per batch shape.
@@ -113,47 +105,14 @@ class ModelParallelTest : public ::testing::Test {
     if (world().rank() == 0) {
       RunConfig c = config({1, 1, 1, 1}, rows, 1);
       c.run.name = "reference " + std::to_string(rows);
-      r = train(c, *self);
+      r = test::train_run(c, *self);
     }
     return cache.emplace(rows, std::move(r)).first->second;
   }
 
-  // attn.c_attn.bias's key part gets an exactly-zero gradient in exact arithmetic (see
-  // test_data_parallel.cpp): rounding noise only, left out of the parameter comparison.
-  static void drop_key_bias(std::vector<double>* p) {
-    const RunConfig c = config({1, 1, 1, 1}, 1, 1);
-    const GPTConfig g = make_gpt_config(c.model.n_layer, c.model.n_head, c.model.d_model,
-                                        c.model.vocab_size, c.model.max_seq_len);
-    const ParamLayout layout = gpt_param_layout(g);
-    for (int l = 0; l < g.L; l++) {
-      const ParamSpec& b = layout.find("h." + std::to_string(l) + ".attn.c_attn.bias");
-      for (int64_t i = g.C; i < 2 * g.C; i++) (*p)[size_t(b.offset + i)] = 0;
-    }
-  }
-
-  // On rank 0: losses to 1e-5 relative, parameters within the data-parallel tolerances.
+  // On rank 0 (where the reference is): losses and the whole model's parameters.
   static void expect_same_training(const Run& got, const Run& ref, const std::string& what) {
-    if (world().rank() != 0) return;
-    ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
-    test::expect_close(got.losses.data(), ref.losses.data(), int64_t(ref.losses.size()),
-                       test::kDataParallelLoss, what.c_str());
-    std::vector<double> a(got.params.begin(), got.params.end());
-    std::vector<double> b(ref.params.begin(), ref.params.end());
-    ASSERT_EQ(a.size(), b.size()) << what << ": full parameter count";
-    drop_key_bias(&a);
-    drop_key_bias(&b);
-    double diff2 = 0, ref2 = 0;
-    for (size_t i = 0; i < a.size(); i++) {
-      diff2 += (a[i] - b[i]) * (a[i] - b[i]);
-      ref2 += b[i] * b[i];
-    }
-    const double rel_l2 = std::sqrt(diff2 / ref2);
-    if (std::getenv("BERTH_TOL_REPORT") != nullptr) {
-      std::printf("[tol] %s params rel L2 %.2g\n", what.c_str(), rel_l2);
-    }
-    EXPECT_LE(rel_l2, test::kDataParallelParamsL2) << what << ": ||params − ref|| / ||ref||";
-    test::expect_close(a.data(), b.data(), int64_t(b.size()), test::kDataParallelParams,
-                       what.c_str());
+    test::expect_same_training(got, ref, config({1, 1, 1, 1}, 1, 1), what);
   }
 
   static std::filesystem::path dir_;

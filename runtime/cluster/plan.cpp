@@ -21,48 +21,46 @@ int64_t layers_of(int64_t L, int64_t pp, int64_t s) { return L / pp + (s < L % p
 }  // namespace
 
 HardwareProfile builtin_profile(const std::string& name) {
+  // Vendor figures: dense bf16 peak, HBM bandwidth, capacity, per-GPU NVLink and InfiniBand bus
+  // bandwidth (A100 SXM: NVLink 3, 200 Gb/s IB; H100/H200 SXM: NVLink 4, 400 Gb/s IB), latency.
+  struct Row {
+    const char* name;
+    double peak, mem_bw, capacity, intra, inter, latency;
+  };
+  static const Row kGpus[] = {
+      {"a100", 312e12, 2.0e12, 80.0 * kGiB, 240e9, 24e9, 20e-6},
+      {"h100", 989e12, 3.35e12, 80.0 * kGiB, 360e9, 45e9, 15e-6},
+      {"h200", 989e12, 4.8e12, 141.0 * 1e9, 360e9, 45e9, 15e-6},
+  };
   HardwareProfile h;
   h.name = name;
   h.source = "built-in";
-  if (name == "a100") {  // A100 SXM 80 GB: 312 TFLOP/s bf16, NVLink 3, 200 Gb/s IB per GPU
-    h.peak_flops = 312e12;
-    h.mem_bandwidth = 2.0e12;
-    h.mem_capacity = 80.0 * kGiB;
-    h.intra_bandwidth = 240e9;
-    h.inter_bandwidth = 24e9;
-    h.latency_s = 20e-6;
-  } else if (name == "h100") {  // H100 SXM 80 GB: 989 TFLOP/s bf16 dense, NVLink 4, 400 Gb/s IB
-    h.peak_flops = 989e12;
-    h.mem_bandwidth = 3.35e12;
-    h.mem_capacity = 80.0 * kGiB;
-    h.intra_bandwidth = 360e9;
-    h.inter_bandwidth = 45e9;
-    h.latency_s = 15e-6;
-  } else if (name == "h200") {  // H200 SXM 141 GB: the H100's compute, HBM3e 4.8 TB/s
-    h.peak_flops = 989e12;
-    h.mem_bandwidth = 4.8e12;
-    h.mem_capacity = 141.0 * 1e9;
-    h.intra_bandwidth = 360e9;
-    h.inter_bandwidth = 45e9;
-    h.latency_s = 15e-6;
-  } else if (name == "cpu") {  // a guess for one rank of a server CPU; calibrate instead
-    h.source = "built-in guess (run `berth plan --calibrate` for this machine's figures)";
-    h.cpu = true;
-    h.peak_flops = 100e9;
-    h.matmul_efficiency = 1.0;
-    h.mem_bandwidth = 10e9;
-    h.mem_capacity = 16.0 * kGiB;
-    h.intra_bandwidth = 5e9;
-    h.inter_bandwidth = 1e9;
-    h.latency_s = 5e-6;
-    h.devices_per_node = 2;
-  } else {
-    BERTH_FAIL("unknown hardware profile '{}': use a100, h100, h200, cpu or a profile file written "
-               "by `berth plan --calibrate`",
-               name);
+  for (const Row& r : kGpus) {
+    if (name != r.name) continue;
+    h.peak_flops = r.peak;
+    h.mem_bandwidth = r.mem_bw;
+    h.mem_capacity = r.capacity;
+    h.intra_bandwidth = r.intra;
+    h.inter_bandwidth = r.inter;
+    h.latency_s = r.latency;
+    h.matmul_efficiency = 0.55;  // an assumed GEMM share of peak, not measured here
+    return h;
   }
-  // The GEMM share of peak that Megatron-LM-class GPT training reaches on these parts.
-  if (!h.cpu) h.matmul_efficiency = 0.55;
+  BERTH_CHECK(name == "cpu",
+              "unknown hardware profile '{}': use a100, h100, h200, cpu or a profile file "
+              "written by `berth plan --calibrate`",
+              name);
+  // A guess for one rank of a server CPU; `berth plan --calibrate` measures the real one.
+  h.source = "built-in guess (run `berth plan --calibrate` for this machine's figures)";
+  h.cpu = true;
+  h.peak_flops = 100e9;
+  h.matmul_efficiency = 1.0;
+  h.mem_bandwidth = 10e9;
+  h.mem_capacity = 16.0 * kGiB;
+  h.intra_bandwidth = 5e9;
+  h.inter_bandwidth = 1e9;
+  h.latency_s = 5e-6;
+  h.devices_per_node = 2;
   return h;
 }
 
@@ -400,7 +398,7 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   p.mfu = hw.peak_flops > 0 ? p.flops_per_token * p.tokens_per_s /
                                   (hw.peak_flops * double(l.world()))
                             : 0;
-  p.total_s = step_s * double(in.steps) + in.checkpoint_s * double(in.checkpoints);
+  p.total_s = step_s * double(in.steps);
   p.device_hours = p.total_s / 3600.0 * double(l.world());
   p.fits = why.empty();
   p.why_not = why;
@@ -456,9 +454,7 @@ std::vector<LayoutChoice> rank_layouts(const PlanInput& in, const HardwareProfil
 int64_t smallest_fitting_devices(const PlanInput& in, const HardwareProfile& hw,
                                  int64_t max_devices) {
   for (int64_t n = 1; n <= max_devices; n *= 2) {
-    PlanInput x = in;
-    // Keep the global batch: rows = dp × M × B of the config, split as the layout allows.
-    for (const LayoutChoice& c : rank_layouts(x, hw, n)) {
+    for (const LayoutChoice& c : rank_layouts(in, hw, n)) {
       if (c.plan.fits) return n;
     }
   }

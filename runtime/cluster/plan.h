@@ -66,8 +66,6 @@ struct PlanInput {
   // (T² for one sequence per row, the default when 0).
   double attn_sq_per_row = 0;
   double data_bytes = 0;      // the token datasets a rank holds in memory (berth loads them whole)
-  double checkpoint_s = 0;    // time of one checkpoint save (0 = none)
-  int64_t checkpoints = 0;    // saves during the run
   std::vector<std::string> notes;  // what the input could not account for, printed with the plan
 };
 
@@ -114,7 +112,7 @@ struct Plan {
   CommVolume comm;
   StepTime step;
   double tokens_per_s = 0, mfu = 0;
-  double total_s = 0;        // train.steps steps + checkpoints
+  double total_s = 0;        // train.steps steps (checkpoint and evaluation pauses not included)
   double device_hours = 0;
   bool fits = false;
   std::string why_not;       // "" when it fits

@@ -184,6 +184,16 @@ void split_qkv(const float* qkv, int N, int C, std::vector<float>* q, std::vecto
   }
 }
 
+// The sequence id of every token of `batch` (ring attention masks by it).
+void sequence_ids(const PackedBatch& batch, std::vector<int32_t>* ids) {
+  ids->resize(size_t(batch.N()));
+  for (int s = 0; s < batch.n_seqs(); ++s) {
+    for (int i = batch.cu_seqlens[size_t(s)]; i < batch.cu_seqlens[size_t(s) + 1]; ++i) {
+      (*ids)[size_t(i)] = s;
+    }
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -211,12 +221,7 @@ void GPT<T>::attention_fwd(LayerActs& a, const PackedBatch& batch) {
   const int N = batch.N(), S = batch.n_seqs();
   if constexpr (std::is_same_v<T, float>) {
     if (cp_ != nullptr) {
-      cp_seq_.resize(size_t(N));
-      for (int s = 0; s < S; ++s) {
-        for (int i = batch.cu_seqlens[size_t(s)]; i < batch.cu_seqlens[size_t(s) + 1]; ++i) {
-          cp_seq_[size_t(i)] = s;
-        }
-      }
+      sequence_ids(batch, &cp_seq_);
       split_qkv(a.qkv.data(), N, Cq_, &cp_q_, &cp_k_, &cp_v_);
       // a.att (sized for B·T² probabilities) keeps the log-sum-exp (N × NH) instead.
       ring_attention_forward(*cp_, a.atty.data(), a.att.data(), cp_q_.data(), cp_k_.data(),
@@ -233,12 +238,7 @@ void GPT<T>::attention_bwd(LayerActs& a, const PackedBatch& batch) {
   const int N = batch.N(), S = batch.n_seqs(), C = Cq_;
   if constexpr (std::is_same_v<T, float>) {
     if (cp_ != nullptr) {
-      cp_seq_.resize(size_t(N));  // this micro-batch's (another may have run forward since)
-      for (int s = 0; s < S; ++s) {
-        for (int i = batch.cu_seqlens[size_t(s)]; i < batch.cu_seqlens[size_t(s) + 1]; ++i) {
-          cp_seq_[size_t(i)] = s;
-        }
-      }
+      sequence_ids(batch, &cp_seq_);  // this micro-batch's (another may have run forward since)
       split_qkv(a.qkv.data(), N, C, &cp_q_, &cp_k_, &cp_v_);
       for (auto* v : {&cp_dq_, &cp_dk_, &cp_dv_}) v->resize(size_t(N) * size_t(C));
       ring_attention_backward(*cp_, cp_dq_.data(), cp_dk_.data(), cp_dv_.data(), datty_.data(),

@@ -73,8 +73,6 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
     std::error_code ec;
     if (std::filesystem::exists(plan, ec)) in.attn_sq_per_row = packed_attn_sq(plan);
   }
-  if (cfg.checkpoint.interval > 0) in.checkpoints = (in.steps - 1) / cfg.checkpoint.interval;
-  if (cfg.checkpoint.final) in.checkpoints += 1;
   return in;
 }
 

@@ -12,7 +12,7 @@
 namespace berth {
 
 // The plan's input from a run config: model, batch, layout (parallel.dp = 0 is derived from
-// `world`), steps, checkpoints, the training and validation datasets' in-memory size (read from
+// `world`), steps, the training and validation datasets' in-memory size (read from
 // their headers) and, for data.mode = "packed" with a packing plan on disk, the rows' Σ L².
 PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world);
 

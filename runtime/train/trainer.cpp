@@ -164,12 +164,11 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
   }
   train_ds_ = read_token_dataset(cfg_.data.train);
   check_dataset_fits(train_ds_, cfg_.data.train, cfg_);
-  loader_ = make_loader(&train_ds_, cfg_.data.train, cfg_.data.pack_plan, cfg_.data.shuffle,
-                        uint64_t(cfg_.run.seed));
+  loader_ = make_loader(&train_ds_, cfg_.data.train, cfg_.data.shuffle, uint64_t(cfg_.run.seed));
   if (!cfg_.data.val.empty()) {
     val_ds_ = read_token_dataset(cfg_.data.val);
     check_dataset_fits(val_ds_, cfg_.data.val, cfg_);
-    val_loader_ = make_loader(&val_ds_, cfg_.data.val, "", false, 0);
+    val_loader_ = make_loader(&val_ds_, cfg_.data.val, false, 0);
   }
 
   model_ = std::make_unique<GPT<float>>(gcfg_, B, T / cp, shard_, &grid_->tp(),
@@ -210,8 +209,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
 }
 
 std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const std::string& path,
-                                                  const std::string& plan_path, bool shuffle,
-                                                  uint64_t seed) {
+                                                  bool shuffle, uint64_t seed) {
   const int B = int(cfg_.train.micro_batch_size), T = int(cfg_.data.seq_len);
   const StreamLoader::Shard shard{grid_->coord().dp, grid_->shape().dp};
   if (cfg_.data.mode == "stream") {
@@ -227,7 +225,7 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
   // builds or checks it; the others read it (or, where the cache cannot be written, pack the
   // same plan themselves: it is a pure function of the lengths and options).
   const PackOptions o = pack_options(cfg_, grid_->shape().cp);
-  const std::string cache = plan_path.empty() ? packed_plan_path(cfg_, path, o) : plan_path;
+  const std::string cache = packed_plan_path(cfg_, path, o);
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<int64_t> lengths = document_lengths(*ds);
   PackPlan plan;
@@ -496,7 +494,11 @@ StepStats Trainer::train_step(int64_t step) {
               st.loss, step);
   sync_and_update(st.lr, &st);
   st.seconds = seconds_since(t0);
-  heap_peak_ = std::max(heap_peak_, heap_in_use_bytes());
+  // A step allocates nothing once the first ones have run, so the held heap is sampled (mallinfo2
+  // walks the allocator's bins: tens of µs) after the first two and every progress interval.
+  if (++steps_run_ <= 2 || step % cfg_.progress.interval == 0) {
+    heap_peak_ = std::max(heap_peak_, heap_in_use_bytes());
+  }
   if (cfg_.debug.leak_mib_per_step > 0) {  // a deliberate leak, touched so it is resident
     leaked_.emplace_back(size_t(cfg_.debug.leak_mib_per_step * 1024 * 1024), char(1));
   }
@@ -586,18 +588,21 @@ std::vector<StepStats> Trainer::run() {
                              opt_->range().size(), model_->layout().total)
                : std::string());
 
-  // The pre-flight plan of this config on this machine (berth plan), to set beside the measured
-  // figures at the end. A plan that cannot be made (an odd dataset header) is a notice only.
+  // The pre-flight plan of this config on this machine (berth plan), made and logged by rank 0
+  // (it reads the datasets' headers), to set beside the measured figures at the end. A plan that
+  // cannot be made is a notice only.
   std::optional<Plan> plan;
-  try {
-    plan = make_plan(plan_input_from_config(cfg_, world_.size()), resolve_hardware_profile("cpu"));
-    const MemoryBreakdown& mine = plan->stage_memory[size_t(shard_.stage)];
-    log_info("plan ({}): {} per rank on stage {} (peak {} on stage {}), step {:.3f} s",
-             plan->hw.source == "built-in" ? plan->hw.name : plan->hw.source,
-             format_bytes(mine.total()), shard_.stage, format_bytes(plan->peak.total()),
-             plan->peak_stage, plan->step.total());
-  } catch (const Error& e) {
-    log_warn("no pre-flight plan for this run: {}", e.what());
+  if (writer) {
+    try {
+      plan = make_plan(plan_input_from_config(cfg_, world_.size()),
+                       resolve_hardware_profile("cpu"));
+      log_info("plan ({}): {} per rank on stage 0, peak {} on stage {}, step {:.3f} s",
+               plan->hw.source == "built-in" ? plan->hw.name : plan->hw.source,
+               format_bytes(plan->stage_memory.front().total()), format_bytes(plan->peak.total()),
+               plan->peak_stage, plan->step.total());
+    } catch (const Error& e) {
+      log_warn("no pre-flight plan for this run: {}", e.what());
+    }
   }
 
   // metrics.jsonl: one JSON object per step, rewritten whole at the end via temporary + rename;
@@ -708,20 +713,22 @@ std::vector<StepStats> Trainer::run() {
   }
   double seconds = 0;
   for (const StepStats& st : all) seconds += st.seconds;
-  if (plan) {  // predicted against measured: the rank that holds the most, the median step
+  {  // measured (every rank takes part) against predicted (rank 0's plan)
     const double held = held_bytes();
     const double most = world_.all_reduce_value(held, ReduceOp::MAX);
     const int64_t who = world_.all_reduce_value(held == most ? int64_t(world_.rank()) : int64_t(-1),
                                                 ReduceOp::MAX);
-    std::vector<double> walls;
-    for (size_t i = 1; i < all.size(); ++i) walls.push_back(all[i].seconds);
-    std::sort(walls.begin(), walls.end());
-    const double median = walls.empty() ? 0.0 : walls[walls.size() / 2];
-    log_info("plan vs measured: memory per rank predicted {} (peak stage {}), measured {} held by "
-             "rank {} (peak RSS {:.2f} GiB with the runtime) | step predicted {:.3f} s, measured "
-             "{:.3f} s (median)",
-             format_bytes(plan->peak.total()), plan->peak_stage, format_bytes(most), who,
-             host_peak_rss_gib(), plan->step.total(), median);
+    if (plan) {
+      std::vector<double> walls;
+      for (size_t i = 1; i < all.size(); ++i) walls.push_back(all[i].seconds);
+      std::sort(walls.begin(), walls.end());
+      const double median = walls.empty() ? 0.0 : walls[walls.size() / 2];
+      log_info("plan vs measured: memory per rank predicted {} (peak stage {}), measured {} held "
+               "by rank {} (peak RSS {:.2f} GiB with the runtime) | step predicted {:.3f} s, "
+               "measured {:.3f} s (median)",
+               format_bytes(plan->peak.total()), plan->peak_stage, format_bytes(most), who,
+               host_peak_rss_gib(), plan->step.total(), median);
+    }
   }
   log_info("done: steps {}..{} in {:.2f} s, final loss {:.4f} | metrics in {}", start_step_ + 1,
            start_step_ + int64_t(all.size()), seconds, all.empty() ? 0.0 : all.back().loss,

@@ -75,7 +75,8 @@ class Trainer {
 
   int64_t start_step() const { return start_step_; }
   // Bytes of heap this rank's trainer holds at most at the end of a step (heap in use then,
-  // minus before the trainer was constructed): the figure the plan's memory is checked against.
+  // minus before the trainer was constructed; sampled after its first two steps and every
+  // progress.interval-th): the figure the plan's memory is checked against.
   double held_bytes() const { return heap_peak_ - heap_baseline_; }
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
 
@@ -112,9 +113,9 @@ class Trainer {
   TokenDataset train_ds_, val_ds_;
   std::unique_ptr<GPT<float>> model_;
   std::unique_ptr<AdamW> opt_;
+  // The training or validation data's loader (packed modes: its plan, packed_plan_path).
   std::unique_ptr<BatchSource> make_loader(const TokenDataset* ds, const std::string& path,
-                                           const std::string& plan_path, bool shuffle,
-                                           uint64_t seed);
+                                           bool shuffle, uint64_t seed);
 
   std::unique_ptr<BatchSource> loader_, val_loader_;
   std::string data_summary_;  // how the training data is laid out, logged at start
@@ -130,6 +131,7 @@ class Trainer {
   std::vector<std::vector<char>> leaked_;  // debug.leak_mib_per_step
   std::optional<int64_t> fencing_token_;
   double heap_baseline_ = 0, heap_peak_ = 0;
+  int64_t steps_run_ = 0;  // train_step calls of this trainer
   Outcome outcome_ = Outcome::kFinished;
   std::string outcome_reason_;
 };
