@@ -233,6 +233,27 @@ TEST(Progress, SlowDriftIsFollowedWithoutOvershoot) {
   EXPECT_LT(p.total_s, truth * 1.015);
 }
 
+TEST(Progress, SlowDriftIsFollowedEarly) {
+  // At 25 % a 20 % drift has moved the rate by 5 %, under one noise sigma: no window sees it, the
+  // line over every step since the warm-up does.
+  const auto f = steady_facts(4000);
+  Synth s;
+  s.noise_rel = 0.06;
+  s.drift_rel = 0.20;
+  const auto rows = synth_trace(f, s);
+  const double truth = total_of(rows);
+  // a level-only predictor at 25 % is ~6 % short (rate 1.05 now, 1.125 on average ahead)
+  EXPECT_LT(ape(predict_at(f, rows, 0.25).total_s, truth), 0.015);
+  // and no trend is seen in the same noise without drift
+  Synth flat;
+  flat.noise_rel = 0.06;
+  for (uint32_t seed = 1; seed <= 5; ++seed) {
+    flat.seed = seed;
+    const auto plain = synth_trace(f, flat);
+    EXPECT_LT(ape(predict_at(f, plain, 0.25).total_s, total_of(plain)), 0.005) << seed;
+  }
+}
+
 TEST(Progress, LevelShiftIsNotExtrapolatedAsATrend) {
   const auto f = steady_facts(4000);
   Synth s;

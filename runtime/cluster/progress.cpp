@@ -24,6 +24,10 @@ constexpr double kStallFactor = 1.5;
 constexpr double kExcessPriorSteps = 200.0;  // unplanned overhead rate shrunk toward 0 by 200 steps
 // Priors for the extra cost of a checkpoint / eval step before one was seen, in median step times.
 constexpr double kCkptPriorSteps = 100.0;
+// Drift is followed when its slope is kDriftT standard errors from 0 over the whole span and
+// kDriftHalfT over each half.
+constexpr double kDriftT = 4.0;
+constexpr double kDriftHalfT = 1.5;
 constexpr double kEvalPriorSteps = 50.0;
 
 bool is_warmup_event(const std::string& e) {
@@ -199,6 +203,15 @@ Prediction ProgressPredictor::predict() const {
   const double cv =
       wrates.size() > 1 ? std::sqrt(sq / static_cast<double>(wrates.size() - 1)) / base : 0.0;
 
+  // The span of steady steps at the current level (where a drift is looked for): since the
+  // warm-up, or the level shift the window restarted at, and within the schedule entry in force.
+  size_t from = wbegin > begin && rate.size() - wbegin < static_cast<size_t>(window)
+                    ? wbegin  // the window restarted at a level shift
+                    : begin;
+  // a config-announced change of seq_len or batch moves the rate per cost unit a little (the cost
+  // model is not exact): the line starts at the entry now in force
+  const int64_t entry_from = schedule_at(facts_, last_step).from_step;
+  while (from < rate.size() && records_[normal[from]].step - 1 < entry_from) ++from;
   // Fill: observed tokens vs the schedule's tokens_per_step (variable-length batches).
   double fill = 0.0;
   for (size_t k = wbegin; k < rate.size(); ++k) {
@@ -259,40 +272,50 @@ Prediction ProgressPredictor::predict() const {
   const double unplanned_rate = (unplanned - (unplanned_n <= 1 ? unplanned_max : 0.0)) /
                                 (static_cast<double>(post_steps) + kExcessPriorSteps);
 
-  // Slow drift: medians of three consecutive blocks of recent normal steps; a trend is followed
-  // only when both differences agree in sign, are well above the noise of a block median and are of
-  // similar size (a single level shift is not a trend). The extrapolated rate is capped at ±25 %.
+  // Slow drift (a rate that creeps, e.g. fragmentation or a warming straggler): a least-squares
+  // line through the winsorized rates of every normal step since the warm-up (or since the level
+  // shift the window restarted at). It is followed only when its slope is far outside its
+  // standard error and both halves of that span slope the same way on their own: a single level
+  // shift leaves one half flat, a periodic slowdown (late-epoch data waits) does not line up. The
+  // extrapolated rate is capped at ±25 %.
   double slope = 0.0, center = static_cast<double>(last_step);
   {
-    const int64_t w3 = std::min<int64_t>(window, n_post / 3);
-    if (w3 >= kMinWindow) {
-      double m[3], c[3];
-      for (int k = 0; k < 3; ++k) {
-        const size_t hi = rate.size() - static_cast<size_t>((2 - k) * w3),
-                     lo = hi - static_cast<size_t>(w3);
-        m[k] = median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(lo),
-                                             rate.begin() + static_cast<std::ptrdiff_t>(hi)));
-        c[k] = 0.5 * static_cast<double>(records_[normal[lo]].step + records_[normal[hi - 1]].step);
+    auto fit = [&](size_t lo, size_t hi, double* se) {  // OLS slope of clipped rate on step
+      const double n = static_cast<double>(hi - lo);
+      double sx = 0, sy = 0;
+      for (size_t k = lo; k < hi; ++k) {
+        sx += static_cast<double>(records_[normal[k]].step);
+        sy += std::clamp(rate[k], clip_lo, clip_hi);
       }
-      const double se = 1.25 * std::max(mad, 0.002 * med) / std::sqrt(static_cast<double>(w3));
-      const double d1 = m[1] - m[0], d2 = m[2] - m[1];
-      const bool agree =
-          d1 * d2 > 0 && std::fabs(d1) > 2 * se && std::fabs(d2) > 2 * se &&
-          std::min(std::fabs(d1), std::fabs(d2)) >= 0.33 * std::max(std::fabs(d1), std::fabs(d2));
-      if (agree && c[2] > c[0]) {
-        // a shift that already completed leaves the newest block flat: require the trend inside it
-        // too
-        const double sl = (m[2] - m[0]) / (c[2] - c[0]);
-        const size_t mid = rate.size() - static_cast<size_t>(w3 / 2),
-                     lo = rate.size() - static_cast<size_t>(w3);
-        const double h1 =
-            median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(lo),
-                                          rate.begin() + static_cast<std::ptrdiff_t>(mid)));
-        const double h2 = median_of(
-            std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(mid), rate.end()));
-        const double expect = sl * 0.5 * (c[2] - c[1]);
-        if ((h2 - h1) * expect > 0 && std::fabs(h2 - h1) >= 0.33 * std::fabs(expect)) slope = sl;
+      const double mx = sx / n, my = sy / n;
+      double sxx = 0, sxy = 0;
+      for (size_t k = lo; k < hi; ++k) {
+        const double dx = static_cast<double>(records_[normal[k]].step) - mx;
+        sxx += dx * dx;
+        sxy += dx * (std::clamp(rate[k], clip_lo, clip_hi) - my);
       }
+      if (sxx <= 0 || n < 3) {
+        *se = 0;
+        return 0.0;
+      }
+      const double b = sxy / sxx;
+      double rss = 0;
+      for (size_t k = lo; k < hi; ++k) {
+        const double e = std::clamp(rate[k], clip_lo, clip_hi) - my -
+                         b * (static_cast<double>(records_[normal[k]].step) - mx);
+        rss += e * e;
+      }
+      *se = std::sqrt(rss / (n - 2) / sxx);
+      return b;
+    };
+    if (rate.size() - from >= static_cast<size_t>(4 * kMinWindow)) {
+      const size_t mid = from + (rate.size() - from) / 2;
+      double se = 0, se1 = 0, se2 = 0;
+      const double sl = fit(from, rate.size(), &se);
+      const double s1 = fit(from, mid, &se1), s2 = fit(mid, rate.size(), &se2);
+      if (std::fabs(sl) > kDriftT * se && s1 * sl > 0 && s2 * sl > 0 &&
+          std::fabs(s1) > kDriftHalfT * se1 && std::fabs(s2) > kDriftHalfT * se2)
+        slope = sl;
     }
     // the base (winsorized window mean) sits at the middle of its window
     center =
