@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "packing/cp_shard.h"
 #include "parallel/context_parallel.h"
 #include "runtime/comm/communicator.h"
@@ -64,9 +65,9 @@ int main(int argc, char** argv) {
         group->barrier();
         group->reset_stats();
         const auto t0 = std::chrono::steady_clock::now();
-        ring_attention_forward(*group, out.data(), lse.data(), q.data(), k.data(), v.data(),
+        ring_attention_forward(cpu_backend(), *group, out.data(), lse.data(), q.data(), k.data(), v.data(),
                                seq.data(), sh.positions.data(), n, C, NH, overlap);
-        ring_attention_backward(*group, dq.data(), dk.data(), dv.data(), dout.data(), out.data(),
+        ring_attention_backward(cpu_backend(), *group, dq.data(), dk.data(), dv.data(), dout.data(), out.data(),
                                 lse.data(), q.data(), k.data(), v.data(), seq.data(),
                                 sh.positions.data(), n, C, NH, overlap);
         const double wall =

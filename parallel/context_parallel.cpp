@@ -4,16 +4,22 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/ops.h"
 #include "runtime/core/check.h"
 
 namespace berth {
 namespace {
 
-// The block a rank holds while it travels the ring.
+// The block a rank holds while it travels the ring, in the backend's memory.
 struct Block {
-  std::vector<float> k, v, dk, dv;
-  std::vector<int32_t> seq, pos;
+  DeviceBuffer<float> k, v, dk, dv;
+  DeviceBuffer<int32_t> seq, pos;
+  Block(Backend& be, int n, int C, bool grads)
+      : k(be, int64_t(n) * C),
+        v(be, int64_t(n) * C),
+        dk(be, grads ? int64_t(n) * C : 0),
+        dv(be, grads ? int64_t(n) * C : 0),
+        seq(be, n),
+        pos(be, n) {}
 };
 
 // Sends `b` to the next rank and receives the previous rank's block into `next`, in one group:
@@ -46,13 +52,15 @@ void pass_on(Communicator& cp, const Block& b, Block* next, bool with_kv, bool w
   }
 }
 
-Block local_block(const float* k, const float* v, const int32_t* seq, const int32_t* pos, int n,
-                  int C, bool grads) {
-  const size_t nc = size_t(n) * size_t(C);
-  Block b{std::vector<float>(k, k + nc), std::vector<float>(v, v + nc), {}, {},
-          std::vector<int32_t>(seq, seq + n), std::vector<int32_t>(pos, pos + n)};
-  if (grads) b.dk.assign(nc, 0.f), b.dv.assign(nc, 0.f);
-  return b;
+// This rank's own block (a copy: the ring overwrites what it holds), gradients zeroed.
+void load_local(Backend& be, Block* b, const float* k, const float* v, const int32_t* seq,
+                const int32_t* pos) {
+  be.copy(b->k.data(), k, b->k.bytes());
+  be.copy(b->v.data(), v, b->v.bytes());
+  be.copy(b->seq.data(), seq, b->seq.bytes());
+  be.copy(b->pos.data(), pos, b->pos.bytes());
+  be.zero(b->dk.data(), b->dk.bytes());
+  be.zero(b->dv.data(), b->dv.bytes());
 }
 
 // Debug builds check that every cp rank holds the same number of tokens (cp_local_batch makes
@@ -72,21 +80,23 @@ void check_same_n([[maybe_unused]] Communicator& cp, [[maybe_unused]] int n) {
 
 }  // namespace
 
-void ring_attention_forward(Communicator& cp, float* out, float* lse, const float* q,
-                            const float* k, const float* v, const int32_t* seq,
+void ring_attention_forward(Backend& be, Communicator& cp, float* out, float* lse,
+                            const float* q, const float* k, const float* v, const int32_t* seq,
                             const int32_t* pos, int n, int C, int NH, bool overlap) {
   check_same_n(cp, n);
-  Block cur = local_block(k, v, seq, pos, n, C, false), next = cur;
-  std::fill(out, out + int64_t(n) * C, 0.f);
-  std::fill(lse, lse + int64_t(n) * NH, -std::numeric_limits<float>::infinity());
-  std::vector<float> ob(size_t(n) * size_t(C)), lb(size_t(n) * size_t(NH));
+  Block cur(be, n, C, false), next(be, n, C, false);
+  load_local(be, &cur, k, v, seq, pos);
+  be.zero(out, size_t(n) * size_t(C) * sizeof(float));
+  be.fill(lse, int64_t(n) * NH, -std::numeric_limits<float>::infinity());
+  DeviceBuffer<float> ob(be, int64_t(n) * C), lb(be, int64_t(n) * NH);
   for (int t = 0; t < cp.size(); ++t) {
-    // The next block travels while this one is computed (with `overlap`).
+    // The next block travels while this one is computed (with `overlap`). A stream-ordered
+    // backend finishes the block before its buffers go on the wire.
     const bool more = t + 1 < cp.size();
     if (more && overlap) pass_on(cp, cur, &next, true, false, true);
-    cpu::attention_block_forward(ob.data(), lb.data(), q, cur.k.data(), cur.v.data(), seq, pos,
-                                 cur.seq.data(), cur.pos.data(), n, n, C, NH);
-    cpu::attention_lse_merge(out, lse, ob.data(), lb.data(), n, C, NH);
+    be.attention_block_forward(ob.data(), lb.data(), q, cur.k.data(), cur.v.data(), seq, pos,
+                               cur.seq.data(), cur.pos.data(), n, n, C, NH);
+    be.attention_lse_merge(out, lse, ob.data(), lb.data(), n, C, NH);
     if (more) {
       if (overlap) {
         cp.wait();
@@ -98,22 +108,23 @@ void ring_attention_forward(Communicator& cp, float* out, float* lse, const floa
   }
 }
 
-void ring_attention_backward(Communicator& cp, float* dq, float* dk, float* dv, const float* dout,
-                             const float* out, const float* lse, const float* q, const float* k,
-                             const float* v, const int32_t* seq, const int32_t* pos, int n, int C,
-                             int NH, bool overlap) {
+void ring_attention_backward(Backend& be, Communicator& cp, float* dq, float* dk, float* dv,
+                             const float* dout, const float* out, const float* lse,
+                             const float* q, const float* k, const float* v, const int32_t* seq,
+                             const int32_t* pos, int n, int C, int NH, bool overlap) {
   check_same_n(cp, n);
-  Block cur = local_block(k, v, seq, pos, n, C, true), next = cur;
-  std::fill(dq, dq + int64_t(n) * C, 0.f);
+  Block cur(be, n, C, true), next(be, n, C, true);
+  load_local(be, &cur, k, v, seq, pos);
+  be.zero(dq, size_t(n) * size_t(C) * sizeof(float));
   for (int t = 0; t < cp.size(); ++t) {
     // K and V of the next block travel while this block's gradients are computed (with
     // `overlap`); dK and dV follow once computed. After cp passes each block's gradients are back
     // at its owner; the last pass carries only the gradients.
     const bool more_kv = cp.size() > 1 && t + 1 < cp.size();
     if (more_kv && overlap) pass_on(cp, cur, &next, true, false, true);
-    cpu::attention_block_backward(dq, cur.dk.data(), cur.dv.data(), dout, out, lse, q,
-                                  cur.k.data(), cur.v.data(), seq, pos, cur.seq.data(),
-                                  cur.pos.data(), n, n, C, NH);
+    be.attention_block_backward(dq, cur.dk.data(), cur.dv.data(), dout, out, lse, q,
+                                cur.k.data(), cur.v.data(), seq, pos, cur.seq.data(),
+                                cur.pos.data(), n, n, C, NH);
     if (cp.size() > 1) {
       if (overlap) {
         cp.wait();
@@ -124,8 +135,8 @@ void ring_attention_backward(Communicator& cp, float* dq, float* dk, float* dv, 
       std::swap(cur, next);
     }
   }
-  std::copy(cur.dk.begin(), cur.dk.end(), dk);
-  std::copy(cur.dv.begin(), cur.dv.end(), dv);
+  be.copy(dk, cur.dk.data(), cur.dk.bytes());
+  be.copy(dv, cur.dv.data(), cur.dv.bytes());
 }
 
 }  // namespace berth

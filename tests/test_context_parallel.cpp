@@ -6,11 +6,14 @@
 
 #include <cmath>
 #include <random>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "packing/cp_shard.h"
 #include "parallel/context_parallel.h"
+#include "tests/host_items_backend.h"
 #include "tests/mpi_world.h"
 #include "tests/tolerance.h"
 
@@ -19,7 +22,7 @@ namespace {
 
 constexpr int NH = 2, C = 32, HS = C / NH;
 
-void run_case(const std::vector<int>& lengths) {
+void run_case(Backend& be, const std::vector<int>& lengths) {
   Communicator& cp = test::world();
   // One row holding the documents; token id = global index, so shards map back to rows.
   PackedBatch b;
@@ -68,11 +71,27 @@ void run_case(const std::vector<int>& lengths) {
       }
     }
   }
+  // The ring runs in the backend's memory.
+  auto up = [&](const auto& h) {
+    DeviceBuffer<typename std::decay_t<decltype(h)>::value_type> d(be, int64_t(h.size()));
+    be.upload(d.data(), h.data(), d.bytes());
+    return d;
+  };
+  auto d_q = up(q), d_k = up(k), d_v = up(v), d_do = up(dol);
+  auto d_seq = up(seq), d_pos = up(sh.positions);
+  DeviceBuffer<float> d_o(be, int64_t(nc)), d_lse(be, int64_t(n) * NH), d_dq(be, int64_t(nc)),
+      d_dk(be, int64_t(nc)), d_dv(be, int64_t(nc));
+  ring_attention_forward(be, cp, d_o.data(), d_lse.data(), d_q.data(), d_k.data(), d_v.data(),
+                         d_seq.data(), d_pos.data(), n, C, NH);
+  ring_attention_backward(be, cp, d_dq.data(), d_dk.data(), d_dv.data(), d_do.data(), d_o.data(),
+                          d_lse.data(), d_q.data(), d_k.data(), d_v.data(), d_seq.data(),
+                          d_pos.data(), n, C, NH);
   std::vector<float> o(q.size()), lse(size_t(n) * NH), dq(q.size()), dk(q.size()), dv(q.size());
-  ring_attention_forward(cp, o.data(), lse.data(), q.data(), k.data(), v.data(), seq.data(),
-                         sh.positions.data(), n, C, NH);
-  ring_attention_backward(cp, dq.data(), dk.data(), dv.data(), dol.data(), o.data(), lse.data(),
-                          q.data(), k.data(), v.data(), seq.data(), sh.positions.data(), n, C, NH);
+  be.download(o.data(), d_o.data(), d_o.bytes());
+  be.download(lse.data(), d_lse.data(), d_lse.bytes());
+  be.download(dq.data(), d_dq.data(), d_dq.bytes());
+  be.download(dk.data(), d_dk.data(), d_dk.bytes());
+  be.download(dv.data(), d_dv.data(), d_dv.bytes());
   // Compare real tokens.
   std::vector<std::vector<double>> got(5), ref(5);
   for (int i = 0; i < n; ++i) {
@@ -112,8 +131,17 @@ void run_case(const std::vector<int>& lengths) {
   }
 }
 
-TEST(RingAttention, EqualsFullAttentionShortDocuments) { run_case({17, 31, 11}); }
-TEST(RingAttention, EqualsFullAttentionLongDocuments) { run_case({509, 1013, 2039}); }
+TEST(RingAttention, EqualsFullAttentionShortDocuments) { run_case(cpu_backend(), {17, 31, 11}); }
+TEST(RingAttention, EqualsFullAttentionLongDocuments) {
+  run_case(cpu_backend(), {509, 1013, 2039});
+}
+// The same ring on the CUDA backend's op wiring and thread bodies, run on the host: the algorithm
+// is the Backend's, whichever backend computes the blocks.
+TEST(RingAttention, EqualsFullAttentionOnTheCudaBackendsOpsRunOnTheHost) {
+  auto be = test::make_host_items_backend();
+  run_case(*be, {17, 31, 11});
+  run_case(*be, {129, 200, 64});
+}
 
 }  // namespace
 }  // namespace berth

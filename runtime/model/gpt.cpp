@@ -5,6 +5,7 @@
 #include <random>
 #include <type_traits>
 
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "parallel/context_parallel.h"
 #include "parallel/pipeline.h"
@@ -224,7 +225,8 @@ void GPT<T>::attention_fwd(LayerActs& a, const PackedBatch& batch) {
       sequence_ids(batch, &cp_seq_);
       split_qkv(a.qkv.data(), N, Cq_, &cp_q_, &cp_k_, &cp_v_);
       // a.att (sized for B·T² probabilities) keeps the log-sum-exp (N × NH) instead.
-      ring_attention_forward(*cp_, a.atty.data(), a.att.data(), cp_q_.data(), cp_k_.data(),
+      // The model's buffers are host memory: the ring runs on the CPU backend.
+      ring_attention_forward(cpu_backend(), *cp_, a.atty.data(), a.att.data(), cp_q_.data(), cp_k_.data(),
                              cp_v_.data(), cp_seq_.data(), batch.positions.data(), N, Cq_, NHl_);
       return;
     }
@@ -241,7 +243,7 @@ void GPT<T>::attention_bwd(LayerActs& a, const PackedBatch& batch) {
       sequence_ids(batch, &cp_seq_);  // this micro-batch's (another may have run forward since)
       split_qkv(a.qkv.data(), N, C, &cp_q_, &cp_k_, &cp_v_);
       for (auto* v : {&cp_dq_, &cp_dk_, &cp_dv_}) v->resize(size_t(N) * size_t(C));
-      ring_attention_backward(*cp_, cp_dq_.data(), cp_dk_.data(), cp_dv_.data(), datty_.data(),
+      ring_attention_backward(cpu_backend(), *cp_, cp_dq_.data(), cp_dk_.data(), cp_dv_.data(), datty_.data(),
                               a.atty.data(), a.att.data(), cp_q_.data(), cp_k_.data(),
                               cp_v_.data(), cp_seq_.data(), batch.positions.data(), N, C, NHl_);
       for (int n = 0; n < N; ++n) {

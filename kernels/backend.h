@@ -1,0 +1,24 @@
+// Choosing a Backend (runtime/core/backend.h): the CPU reference, or CUDA when built with it and a
+// device is visible.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "runtime/core/backend.h"
+
+namespace berth {
+
+// The CPU backend: host memory, the kernels of kernels/cpu.
+std::unique_ptr<Backend> make_cpu_backend();
+// One process-wide CPU backend (host code that needs the ops on host buffers).
+Backend& cpu_backend();
+
+// Whether this binary was built with the CUDA backend.
+bool cuda_built();
+// `device`: "cpu", "cuda" (throws berth::Error naming the reason when CUDA is not built or no
+// device is visible) or "auto" (CUDA when usable, else CPU). A CUDA backend takes device
+// local_rank % device_count, so ranks of one host spread over its GPUs.
+std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank);
+
+}  // namespace berth

@@ -1,0 +1,151 @@
+// The CPU backend: host memory (malloc) and the reference kernels of kernels/cpu, unchanged.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "runtime/core/check.h"
+
+namespace berth {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  std::string name() const override { return "cpu"; }
+
+  void* alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    BERTH_CHECK(p != nullptr, "cpu backend: out of host memory allocating {} bytes", bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    sizes_[p] = bytes;
+    in_use_ += int64_t(bytes);
+    peak_ = std::max(peak_, in_use_);
+    return p;
+  }
+  void release(void* p) override {
+    if (p == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = sizes_.find(p);
+      BERTH_CHECK(it != sizes_.end(), "cpu backend: release of a pointer it did not allocate");
+      in_use_ -= int64_t(it->second);
+      sizes_.erase(it);
+    }
+    std::free(p);
+  }
+  void zero(void* p, size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+  void fill(float* p, int64_t n, float value) override { std::fill(p, p + n, value); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
+  void upload(void* dst, const void* host, size_t bytes) override { copy(dst, host, bytes); }
+  void download(void* host, const void* src, size_t bytes) override { copy(host, src, bytes); }
+  void synchronize() override {}
+  int64_t bytes_in_use() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return in_use_;
+  }
+  int64_t peak_bytes() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+  }
+
+  void encoder_forward(float* out, const int32_t* tokens, const int32_t* positions,
+                       const float* wte, const float* wpe, int N, int C) override {
+    cpu::encoder_forward(out, tokens, positions, wte, wpe, N, C);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        const int32_t* positions, int N, int C) override {
+    cpu::encoder_backward(dwte, dwpe, dout, tokens, positions, N, C);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int N, int C) override {
+    cpu::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* mean,
+                          const float* rstd, int N, int C) override {
+    cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                      int IC, int OC) override {
+    cpu::matmul_forward(out, inp, weight, bias, N, IC, OC);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int N, int IC, int OC) override {
+    cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+  }
+  void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens,
+                         const int32_t*, int S, int C, int NH) override {
+    cpu::attention_forward(out, att, qkv, cu_seqlens, S, C, NH);
+  }
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                          const float* att, const int32_t* cu_seqlens, const int32_t*, int S,
+                          int C, int NH) override {
+    cpu::attention_backward(dqkv, datt, dout, qkv, att, cu_seqlens, S, C, NH);
+  }
+  void attention_block_forward(float* out, float* lse, const float* q, const float* k,
+                               const float* v, const int32_t* q_seq, const int32_t* q_pos,
+                               const int32_t* k_seq, const int32_t* k_pos, int nq, int nk, int C,
+                               int NH) override {
+    cpu::attention_block_forward(out, lse, q, k, v, q_seq, q_pos, k_seq, k_pos, nq, nk, C, NH);
+  }
+  void attention_lse_merge(float* out, float* lse, const float* out_b, const float* lse_b, int nq,
+                           int C, int NH) override {
+    cpu::attention_lse_merge(out, lse, out_b, lse_b, nq, C, NH);
+  }
+  void attention_block_backward(float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, const float* lse, const float* q,
+                                const float* k, const float* v, const int32_t* q_seq,
+                                const int32_t* q_pos, const int32_t* k_seq, const int32_t* k_pos,
+                                int nq, int nk, int C, int NH) override {
+    cpu::attention_block_backward(dq, dk, dv, dout, out, lse, q, k, v, q_seq, q_pos, k_seq, k_pos,
+                                  nq, nk, C, NH);
+  }
+  void gelu_forward(float* out, const float* inp, int64_t n) override {
+    cpu::gelu_forward(out, inp, n);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    cpu::gelu_backward(dinp, inp, dout, n);
+  }
+  void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
+    cpu::residual_forward(out, a, b, n);
+  }
+  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                            int V, int Vp) override {
+    cpu::crossentropy_forward(losses, logits, targets, N, V, Vp);
+  }
+  void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                             float dloss, int N, int V, int Vp) override {
+    cpu::crossentropy_backward(dlogits, logits, targets, dloss, N, V, Vp);
+  }
+  void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                    int64_t t) override {
+    cpu::adamw_update(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+  }
+  double sum_squares(const float* x, int64_t n) override { return cpu::sum_squares(x, n); }
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<void*, size_t> sizes_;
+  int64_t in_use_ = 0, peak_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+Backend& cpu_backend() {
+  static CpuBackend instance;
+  return instance;
+}
+
+}  // namespace berth

@@ -1,0 +1,154 @@
+// The CUDA backend: memory from the device's stream-ordered pool (cudaMallocAsync with the
+// release threshold at its maximum, so freed blocks stay cached and a steady step allocates
+// nothing from the driver), every op queued on one stream, GEMMs through cuBLAS in fp32 (no TF32:
+// the fp32 mode compares with the CPU reference), the other ops as one thread per work item
+// running the bodies of thread_bodies.h. Every launch is checked, with the kernel's name.
+#include <cublas_v2.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/backend.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/item_backend.h"
+
+#define CUBLAS_CHECK(expr)                                                                  \
+  do {                                                                                      \
+    const cublasStatus_t berth_cublas_st_ = (expr);                                         \
+    if (berth_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                        \
+      throw ::berth::Error(::fmt::format("cuBLAS error {} in `{}` at {}:{} on {}",          \
+                                         int(berth_cublas_st_), #expr, __FILE__, __LINE__,  \
+                                         ::berth::identity()));                             \
+    }                                                                                       \
+  } while (0)
+
+namespace berth::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename F>
+__global__ void for_each_item(int64_t n, F f) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) f(i);
+}
+
+// Launches f(i) for i in [0, n) on `stream` and checks the launch, naming the kernel.
+template <typename F>
+void launch_on(const char* name, cudaStream_t stream, int64_t n, F f) {
+  if (n <= 0) return;
+  const int64_t blocks = CEIL_DIV(n, int64_t(kThreads));
+  BERTH_CHECK(blocks <= int64_t(INT32_MAX), "{}: {} work items are too many for one launch", name,
+              n);
+  for_each_item<<<unsigned(blocks), kThreads, 0, stream>>>(n, f);
+  const cudaError_t err = cudaGetLastError();
+  BERTH_CHECK(err == cudaSuccess, "CUDA kernel {} failed to launch ({} items): {} ({}) on {}",
+              name, n, cudaGetErrorName(err), cudaGetErrorString(err), identity());
+}
+
+class CudaExec : public Backend {
+ public:
+  explicit CudaExec(int device) : device_(device) {
+    CUDA_CHECK(cudaSetDevice(device));
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    name_ = fmt::format("cuda:{} {}", device, prop.name);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device));
+    uint64_t keep = UINT64_MAX;  // never give cached blocks back to the driver
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+    CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));  // fp32: no TF32
+  }
+  ~CudaExec() override {
+    cudaStreamSynchronize(stream_);
+    cublasDestroy(cublas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override { return name_; }
+
+  void* alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    const cudaError_t err = cudaMallocAsync(&p, bytes, pool_, stream_);
+    BERTH_CHECK(err == cudaSuccess, "{}: cannot allocate {:.1f} MiB on the device: {} on {}",
+                name_, double(bytes) / (1 << 20), cudaGetErrorString(err), identity());
+    return p;
+  }
+  void release(void* p) override {
+    if (p != nullptr) CUDA_CHECK(cudaFreeAsync(p, stream_));
+  }
+  void zero(void* p, size_t bytes) override {
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src)
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void upload(void* dst, const void* host, size_t bytes) override {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  void download(void* host, const void* src, size_t bytes) override {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+  }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  int64_t bytes_in_use() const override { return pool_attr(cudaMemPoolAttrUsedMemCurrent); }
+  int64_t peak_bytes() const override { return pool_attr(cudaMemPoolAttrUsedMemHigh); }
+  void* stream_handle() const override { return stream_; }
+
+  // Row-major (N, IC) · (OC, IC)ᵀ is column-major outᵀ (OC, N) = W (IC, OC)ᵀ · inpᵀ (IC, N).
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                      int IC, int OC) override {
+    const float one = 1.0f, zero_f = 0.0f;
+    CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, weight, IC, inp,
+                             IC, &zero_f, out, OC));
+    if (bias != nullptr)
+      launch_on("add_bias", stream_, int64_t(N) * OC,
+             [=] __device__(int64_t i) { body::add_bias(i, out, bias, OC); });
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int N, int IC, int OC) override {
+    const float one = 1.0f, zero_f = 0.0f;
+    if (dinp != nullptr)  // dinpᵀ (IC, N) = W (IC, OC) · doutᵀ (OC, N)
+      CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight, IC,
+                               dout, OC, &zero_f, dinp, IC));
+    // dWᵀ (IC, OC) += inpᵀ (IC, N) · dout (N, OC)
+    CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout, OC,
+                             &one, dweight, IC));
+    if (dbias != nullptr)
+      launch_on("bias_grad", stream_, OC,
+             [=] __device__(int64_t o) { body::bias_grad(int(o), dbias, dout, N, OC); });
+  }
+ public:
+  // One CUDA thread per work item on this backend's stream (item_backend.h).
+  template <typename F>
+  void launch(const char* name, int64_t n, F f) {
+    launch_on(name, stream_, n, f);
+  }
+
+ private:
+  int64_t pool_attr(cudaMemPoolAttr attr) const {
+    uint64_t v = 0;
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool_, attr, &v));
+    return int64_t(v);
+  }
+  int device_ = 0;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_unique<ItemBackend<CudaExec>>(device);
+}
+
+}  // namespace berth::cuda

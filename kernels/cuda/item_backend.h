@@ -1,0 +1,180 @@
+// The ops of the CUDA backend that run one thread per work item (every op but the GEMMs), written
+// once over an executor:
+//   class Exec : public Backend {  // memory, synchronize, matmul_*, and
+//     template <typename F> void launch(const char* name, int64_t n, F f);  // f(i), i < n
+//   };
+// kernels/cuda/backend.cu instantiates it with the CUDA executor (a kernel per launch on the
+// backend's stream, GEMMs in cuBLAS); tests/test_backend.cpp with a host executor (a loop per
+// launch), which runs this same wiring and the bodies of thread_bodies.h on any machine against
+// the CPU reference. Lambdas are __host__ __device__ under nvcc (--extended-lambda).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/thread_bodies.h"
+#include "runtime/core/backend.h"
+#include "runtime/core/check.h"
+
+#if defined(__CUDACC__)
+#define BERTH_LAMBDA __host__ __device__
+#else
+#define BERTH_LAMBDA
+#endif
+
+namespace berth::cuda {
+
+template <class Exec>
+class ItemBackend final : public Exec {
+ public:
+  using Exec::Exec;
+
+  void fill(float* p, int64_t n, float value) override {
+    this->launch("fill", n, [=] BERTH_LAMBDA(int64_t i) { p[i] = value; });
+  }
+  void encoder_forward(float* out, const int32_t* tokens, const int32_t* positions,
+                       const float* wte, const float* wpe, int N, int C) override {
+    this->launch("encoder_forward", int64_t(N) * C, [=] BERTH_LAMBDA(int64_t i) {
+      body::encoder_forward(i, out, tokens, positions, wte, wpe, C);
+    });
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        const int32_t* positions, int N, int C) override {
+    this->launch("encoder_backward", int64_t(N) * C, [=] BERTH_LAMBDA(int64_t i) {
+      body::encoder_backward(i, dwte, dwpe, dout, tokens, positions, C);
+    });
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int N, int C) override {
+    this->launch("layernorm_forward", N, [=] BERTH_LAMBDA(int64_t n) {
+      body::layernorm_forward(int(n), out, mean, rstd, inp, weight, bias, C);
+    });
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* mean,
+                          const float* rstd, int N, int C) override {
+    this->launch("layernorm_backward_row", N, [=] BERTH_LAMBDA(int64_t n) {
+      body::layernorm_backward_row(int(n), dinp, dout, inp, weight, mean, rstd, C);
+    });
+    this->launch("layernorm_param_grads", C, [=] BERTH_LAMBDA(int64_t c) {
+      body::layernorm_param_grads(int(c), dweight, dbias, dout, inp, mean, rstd, N, C);
+    });
+  }
+  void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens,
+                         const int32_t* cu_seqlens_host, int S, int C, int NH) override {
+    DeviceBuffer<int64_t> offsets = att_offsets(cu_seqlens_host, S, NH);
+    const int64_t* off = offsets.data();
+    const int N = cu_seqlens_host[S];
+    this->launch("attention_forward", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_forward(item, out, att, qkv, cu_seqlens, off, S, C, NH);
+    });
+  }
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                          const float* att, const int32_t* cu_seqlens,
+                          const int32_t* cu_seqlens_host, int S, int C, int NH) override {
+    DeviceBuffer<int64_t> offsets = att_offsets(cu_seqlens_host, S, NH);
+    const int64_t* off = offsets.data();
+    const int N = cu_seqlens_host[S];
+    this->zero(dqkv, size_t(N) * 3 * size_t(C) * sizeof(float));
+    this->launch("attention_backward", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_backward(item, dqkv, datt, dout, qkv, att, cu_seqlens, off, S, C, NH);
+    });
+  }
+  void attention_block_forward(float* out, float* lse, const float* q, const float* k,
+                               const float* v, const int32_t* q_seq, const int32_t* q_pos,
+                               const int32_t* k_seq, const int32_t* k_pos, int nq, int nk, int C,
+                               int NH) override {
+    check_head_size(C, NH);
+    this->launch("attention_block_forward", int64_t(nq) * NH, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_block_forward(item, out, lse, q, k, v, q_seq, q_pos, k_seq, k_pos, nk, C,
+                                    NH);
+    });
+  }
+  void attention_lse_merge(float* out, float* lse, const float* out_b, const float* lse_b, int nq,
+                           int C, int NH) override {
+    this->launch("attention_lse_merge", int64_t(nq) * NH, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_lse_merge(item, out, lse, out_b, lse_b, C, NH);
+    });
+  }
+  void attention_block_backward(float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, const float* lse, const float* q,
+                                const float* k, const float* v, const int32_t* q_seq,
+                                const int32_t* q_pos, const int32_t* k_seq, const int32_t* k_pos,
+                                int nq, int nk, int C, int NH) override {
+    this->launch("attention_block_backward", int64_t(nq) * NH, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_block_backward(item, dq, dk, dv, dout, out, lse, q, k, v, q_seq, q_pos,
+                                     k_seq, k_pos, nk, C, NH);
+    });
+  }
+  void gelu_forward(float* out, const float* inp, int64_t n) override {
+    this->launch("gelu_forward", n,
+           [=] BERTH_LAMBDA(int64_t i) { body::gelu_forward(i, out, inp); });
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    this->launch("gelu_backward", n,
+           [=] BERTH_LAMBDA(int64_t i) { body::gelu_backward(i, dinp, inp, dout); });
+  }
+  void residual_forward(float* out, const float* a, const float* b, int64_t n) override {
+    this->launch("residual_forward", n,
+           [=] BERTH_LAMBDA(int64_t i) { body::residual_forward(i, out, a, b); });
+  }
+  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                            int V, int Vp) override {
+    this->launch("crossentropy_forward", N, [=] BERTH_LAMBDA(int64_t n) {
+      body::crossentropy_forward(int(n), losses, logits, targets, V, Vp);
+    });
+  }
+  void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                             float dloss, int N, int V, int Vp) override {
+    this->launch("crossentropy_backward", N, [=] BERTH_LAMBDA(int64_t n) {
+      body::crossentropy_backward(int(n), dlogits, logits, targets, dloss, V, Vp);
+    });
+  }
+  void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                    int64_t t) override {
+    const float inv_bc1 = float(1.0 / (1.0 - std::pow(double(beta1), double(t))));
+    const float inv_bc2 = float(1.0 / (1.0 - std::pow(double(beta2), double(t))));
+    this->launch("adamw_update", n, [=] BERTH_LAMBDA(int64_t i) {
+      body::adamw_update(i, params, grads, m, v, lr, beta1, beta2, eps, weight_decay, grad_scale,
+                         inv_bc1, inv_bc2);
+    });
+  }
+  // Fixed parts summed on the host in order: deterministic.
+  double sum_squares(const float* x, int64_t n) override {
+    constexpr int kParts = 4096;
+    DeviceBuffer<double> partial(*this, kParts);
+    double* out = partial.data();
+    this->launch("sum_squares", kParts, [=] BERTH_LAMBDA(int64_t p) {
+      out[p] = body::sum_squares_part(int(p), kParts, x, n);
+    });
+    std::vector<double> host(kParts);
+    this->download(host.data(), out, partial.bytes());
+    double total = 0;
+    for (double d : host) total += d;
+    return total;
+  }
+
+
+ private:
+  // att_offsets[s] = Σ_{s' < s} NH·L_{s'}², on the device.
+  DeviceBuffer<int64_t> att_offsets(const int32_t* cu_host, int S, int NH) {
+    std::vector<int64_t> off(size_t(S) + 1, 0);
+    for (int s = 0; s < S; s++) {
+      const int64_t L = cu_host[s + 1] - cu_host[s];
+      off[size_t(s) + 1] = off[size_t(s)] + int64_t(NH) * L * L;
+    }
+    DeviceBuffer<int64_t> d(*this, S + 1);
+    this->upload(d.data(), off.data(), d.bytes());
+    this->synchronize();  // `off` is pageable host memory that goes away on return
+    return d;
+  }
+  static void check_head_size(int C, int NH) {
+    BERTH_CHECK(C / NH <= body::kMaxHeadSize,
+                "cuda attention: head size {} is above the {} these kernels support", C / NH,
+                body::kMaxHeadSize);
+  }
+};
+
+}  // namespace berth::cuda

@@ -1,0 +1,343 @@
+// What one CUDA thread of the fp32 kernels does, as plain functions of its work-item index.
+//
+// The CUDA kernels (kernels/cuda/*.cu) are launched with one thread per work item and call these
+// bodies; written without CUDA types or intrinsics, the same bodies compile as host C++, so
+// tests/test_cuda_bodies.cpp runs every work item on the CPU and checks the indexing and the
+// arithmetic against the CPU reference (kernels/ops.h) on any machine, GPU or not. Shared outputs
+// are accumulated with atomic_add (atomicAdd on the device, += on the host).
+//
+// These are the fp32 (tests) kernels: one thread per row or per (query, head), correct before
+// fast. The bf16 tensor-core attention is listed under "Not built yet" in docs/gpu.md.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define BERTH_HD __host__ __device__ inline
+#else
+#define BERTH_HD inline
+#endif
+
+namespace berth::cuda::body {
+
+constexpr int kMaxHeadSize = 256;  // attention bodies keep one head's accumulator per thread
+
+BERTH_HD float neg_inf() { return -INFINITY; }
+
+BERTH_HD void atomic_add(float* p, float v) {
+#if defined(__CUDA_ARCH__)
+  atomicAdd(p, v);
+#else
+  *p += v;
+#endif
+}
+
+// ---- embeddings: item i over N·C --------------------------------------------------------------
+BERTH_HD void encoder_forward(int64_t i, float* out, const int32_t* tokens,
+                              const int32_t* positions, const float* wte, const float* wpe,
+                              int C) {
+  const int64_t n = i / C, c = i % C;
+  out[i] = wte[int64_t(tokens[n]) * C + c] + wpe[int64_t(positions[n]) * C + c];
+}
+BERTH_HD void encoder_backward(int64_t i, float* dwte, float* dwpe, const float* dout,
+                               const int32_t* tokens, const int32_t* positions, int C) {
+  const int64_t n = i / C, c = i % C;
+  atomic_add(dwte + int64_t(tokens[n]) * C + c, dout[i]);
+  atomic_add(dwpe + int64_t(positions[n]) * C + c, dout[i]);
+}
+
+// ---- layernorm: row n ---------------------------------------------------------------------------
+BERTH_HD void layernorm_forward(int n, float* out, float* mean, float* rstd, const float* inp,
+                                const float* weight, const float* bias, int C) {
+  const float* x = inp + int64_t(n) * C;
+  float m = 0;
+  for (int c = 0; c < C; c++) m += x[c];
+  m /= float(C);
+  float var = 0;
+  for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
+  var /= float(C);
+  const float s = 1.0f / sqrtf(var + 1e-5f);
+  float* o = out + int64_t(n) * C;
+  for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+  mean[n] = m;
+  rstd[n] = s;
+}
+// dinp of row n (+=); the parameter gradients by layernorm_param_grads (one thread per channel).
+BERTH_HD void layernorm_backward_row(int n, float* dinp, const float* dout, const float* inp,
+                                     const float* weight, const float* mean, const float* rstd,
+                                     int C) {
+  const float* d = dout + int64_t(n) * C;
+  const float* x = inp + int64_t(n) * C;
+  const float m = mean[n], s = rstd[n];
+  float dm = 0, dnm = 0;
+  for (int c = 0; c < C; c++) {
+    const float dnorm = weight[c] * d[c];
+    dm += dnorm;
+    dnm += dnorm * (x[c] - m) * s;
+  }
+  dm /= float(C);
+  dnm /= float(C);
+  float* di = dinp + int64_t(n) * C;
+  for (int c = 0; c < C; c++) {
+    const float norm = (x[c] - m) * s;
+    di[c] += (weight[c] * d[c] - dm - norm * dnm) * s;
+  }
+}
+BERTH_HD void layernorm_param_grads(int c, float* dweight, float* dbias, const float* dout,
+                                    const float* inp, const float* mean, const float* rstd, int N,
+                                    int C) {
+  float dw = 0, db = 0;
+  for (int n = 0; n < N; n++) {
+    const float d = dout[int64_t(n) * C + c];
+    dw += (inp[int64_t(n) * C + c] - mean[n]) * rstd[n] * d;
+    db += d;
+  }
+  dweight[c] += dw;
+  dbias[c] += db;
+}
+
+// ---- matmul bias: column o over OC ----------------------------------------------------------------
+BERTH_HD void add_bias(int64_t i, float* out, const float* bias, int OC) { out[i] += bias[i % OC]; }
+BERTH_HD void bias_grad(int o, float* dbias, const float* dout, int N, int OC) {
+  float acc = 0;
+  for (int n = 0; n < N; n++) acc += dout[int64_t(n) * OC + o];
+  dbias[o] += acc;
+}
+
+// ---- element-wise: item i -----------------------------------------------------------------------
+BERTH_HD void gelu_forward(int64_t i, float* out, const float* inp) {
+  const float x = inp[i];
+  out[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+BERTH_HD void gelu_backward(int64_t i, float* dinp, const float* inp, const float* dout) {
+  const float x = inp[i], k = 0.7978845608028654f;
+  const float th = tanhf(k * (x + 0.044715f * x * x * x));
+  const float grad =
+      0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
+  dinp[i] = grad * dout[i];
+}
+BERTH_HD void residual_forward(int64_t i, float* out, const float* a, const float* b) {
+  out[i] = a[i] + b[i];
+}
+
+// ---- cross-entropy over the real vocabulary: row n -----------------------------------------------
+BERTH_HD float row_logsumexp(const float* row, int V) {
+  float mx = row[0];
+  for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+  float sum = 0;
+  for (int v = 0; v < V; v++) sum += expf(row[v] - mx);
+  return mx + logf(sum);
+}
+BERTH_HD void crossentropy_forward(int n, float* losses, const float* logits,
+                                   const int32_t* targets, int V, int Vp) {
+  const int32_t t = targets[n];
+  const float* row = logits + int64_t(n) * Vp;
+  losses[n] = t < 0 ? 0.0f : row_logsumexp(row, V) - row[t];
+}
+BERTH_HD void crossentropy_backward(int n, float* dlogits, const float* logits,
+                                    const int32_t* targets, float dloss, int V, int Vp) {
+  const int32_t t = targets[n];
+  const float* row = logits + int64_t(n) * Vp;
+  float* drow = dlogits + int64_t(n) * Vp;
+  if (t < 0) {
+    for (int v = 0; v < Vp; v++) drow[v] = 0;
+    return;
+  }
+  const float lse = row_logsumexp(row, V);
+  for (int v = 0; v < V; v++) drow[v] = dloss * expf(row[v] - lse);  // in place: read, then write
+  drow[t] -= dloss;
+  for (int v = V; v < Vp; v++) drow[v] = 0;
+}
+
+// ---- AdamW: item i (inv_bc1, inv_bc2 = 1 / bias corrections, computed once on the host) ---------
+BERTH_HD void adamw_update(int64_t i, float* params, const float* grads, float* m, float* v,
+                           float lr, float beta1, float beta2, float eps, float weight_decay,
+                           float grad_scale, float inv_bc1, float inv_bc2) {
+  const float g = grads[i] * grad_scale;
+  const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+  const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+  m[i] = mi;
+  v[i] = vi;
+  params[i] -= lr * ((mi * inv_bc1) / (sqrtf(vi * inv_bc2) + eps) + weight_decay * params[i]);
+}
+// Σ x² of the contiguous range of part `p` of `parts`, in double.
+BERTH_HD double sum_squares_part(int p, int parts, const float* x, int64_t n) {
+  const int64_t begin = n * p / parts, end = n * (p + 1) / parts;
+  double acc = 0;
+  for (int64_t i = begin; i < end; i++) acc += double(x[i]) * double(x[i]);
+  return acc;
+}
+
+// ---- causal attention per sequence, probabilities kept: item (token n, head h) -----------------
+// The sequence of token n: the last s with cu_seqlens[s] <= n (binary search over S+1 entries).
+BERTH_HD int sequence_of(int n, const int32_t* cu_seqlens, int S) {
+  int lo = 0, hi = S;  // cu_seqlens[lo] <= n < cu_seqlens[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (cu_seqlens[mid] <= n) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+// att_offsets[s] = Σ_{s' < s} NH·L_{s'}² (computed on the host, S+1 entries).
+BERTH_HD void attention_forward(int64_t item, float* out, float* att, const float* qkv,
+                                const int32_t* cu_seqlens, const int64_t* att_offsets, int S,
+                                int C, int NH) {
+  const int n = int(item / NH), h = int(item % NH), HS = C / NH;
+  const int s = sequence_of(n, cu_seqlens, S);
+  const int start = cu_seqlens[s], L = cu_seqlens[s + 1] - start, i = n - start;
+  const float scale = 1.0f / sqrtf(float(HS));
+  float* a = att + att_offsets[s] + int64_t(h) * L * L + int64_t(i) * L;
+  const float* q = qkv + int64_t(n) * 3 * C + h * HS;
+  float mx = neg_inf();
+  for (int j = 0; j <= i; j++) {
+    const float* k = qkv + int64_t(start + j) * 3 * C + C + h * HS;
+    float d = 0;
+    for (int x = 0; x < HS; x++) d += q[x] * k[x];
+    a[j] = d * scale;
+    mx = a[j] > mx ? a[j] : mx;
+  }
+  float sum = 0;
+  for (int j = 0; j <= i; j++) {
+    a[j] = expf(a[j] - mx);
+    sum += a[j];
+  }
+  for (int j = 0; j <= i; j++) a[j] /= sum;
+  for (int j = i + 1; j < L; j++) a[j] = 0;
+  float* o = out + int64_t(n) * C + h * HS;
+  for (int x = 0; x < HS; x++) o[x] = 0;
+  for (int j = 0; j <= i; j++) {
+    const float* v = qkv + int64_t(start + j) * 3 * C + 2 * C + h * HS;
+    for (int x = 0; x < HS; x++) o[x] += a[j] * v[x];
+  }
+}
+// dqkv must be zeroed first (dk and dv rows are shared between queries: atomics).
+BERTH_HD void attention_backward(int64_t item, float* dqkv, float* datt, const float* dout,
+                                 const float* qkv, const float* att, const int32_t* cu_seqlens,
+                                 const int64_t* att_offsets, int S, int C, int NH) {
+  const int n = int(item / NH), h = int(item % NH), HS = C / NH;
+  const int s = sequence_of(n, cu_seqlens, S);
+  const int start = cu_seqlens[s], L = cu_seqlens[s + 1] - start, i = n - start;
+  const float scale = 1.0f / sqrtf(float(HS));
+  const int64_t row = att_offsets[s] + int64_t(h) * L * L + int64_t(i) * L;
+  const float* a = att + row;
+  float* da = datt + row;
+  const float* d = dout + int64_t(n) * C + h * HS;
+  float dot = 0;  // Σ_j a_j · da_j
+  for (int j = 0; j <= i; j++) {
+    const float* v = qkv + int64_t(start + j) * 3 * C + 2 * C + h * HS;
+    float dv = 0;
+    for (int x = 0; x < HS; x++) dv += d[x] * v[x];
+    da[j] = dv;
+    dot += a[j] * dv;
+  }
+  const float* q = qkv + int64_t(n) * 3 * C + h * HS;
+  float* dq = dqkv + int64_t(n) * 3 * C + h * HS;
+  for (int j = 0; j <= i; j++) {
+    const float ds = a[j] * (da[j] - dot) * scale;
+    const float* k = qkv + int64_t(start + j) * 3 * C + C + h * HS;
+    float* dk = dqkv + int64_t(start + j) * 3 * C + C + h * HS;
+    float* dvj = dqkv + int64_t(start + j) * 3 * C + 2 * C + h * HS;
+    for (int x = 0; x < HS; x++) {
+      dq[x] += ds * k[x];
+      atomic_add(dk + x, ds * q[x]);
+      atomic_add(dvj + x, a[j] * d[x]);
+    }
+  }
+}
+
+// ---- attention of a query block against a key/value block (ring attention): item (i, h) --------
+BERTH_HD bool sees(const int32_t* q_seq, const int32_t* q_pos, const int32_t* k_seq,
+                   const int32_t* k_pos, int i, int j) {
+  return k_seq[j] == q_seq[i] && k_pos[j] <= q_pos[i];
+}
+// Online softmax over the keys the query sees (one pass, never an nq × nk matrix).
+BERTH_HD void attention_block_forward(int64_t item, float* out, float* lse, const float* q,
+                                      const float* k, const float* v, const int32_t* q_seq,
+                                      const int32_t* q_pos, const int32_t* k_seq,
+                                      const int32_t* k_pos, int nk, int C, int NH) {
+  const int i = int(item / NH), h = int(item % NH), HS = C / NH;
+  const float scale = 1.0f / sqrtf(float(HS));
+  const float* qi = q + int64_t(i) * C + h * HS;
+  float acc[kMaxHeadSize];
+  for (int x = 0; x < HS; x++) acc[x] = 0;
+  float m = neg_inf(), l = 0;
+  for (int j = 0; j < nk; j++) {
+    if (!sees(q_seq, q_pos, k_seq, k_pos, i, j)) continue;
+    const float* kj = k + int64_t(j) * C + h * HS;
+    float d = 0;
+    for (int x = 0; x < HS; x++) d += qi[x] * kj[x];
+    const float sc = d * scale, m_new = sc > m ? sc : m;
+    const float corr = expf(m - m_new), p = expf(sc - m_new);  // expf(-inf) = 0 on the first key
+    l = l * corr + p;
+    const float* vj = v + int64_t(j) * C + h * HS;
+    for (int x = 0; x < HS; x++) acc[x] = acc[x] * corr + p * vj[x];
+    m = m_new;
+  }
+  float* oi = out + int64_t(i) * C + h * HS;
+  if (l == 0) {
+    for (int x = 0; x < HS; x++) oi[x] = 0;
+    lse[int64_t(i) * NH + h] = neg_inf();
+    return;
+  }
+  for (int x = 0; x < HS; x++) oi[x] = acc[x] / l;
+  lse[int64_t(i) * NH + h] = m + logf(l);
+}
+BERTH_HD void attention_lse_merge(int64_t item, float* out, float* lse, const float* out_b,
+                                  const float* lse_b, int C, int NH) {
+  const int i = int(item / NH), h = int(item % NH), HS = C / NH;
+  float& l = lse[item];
+  const float lb = lse_b[item];
+  if (lb == neg_inf()) return;
+  float* o = out + int64_t(i) * C + h * HS;
+  const float* ob = out_b + int64_t(i) * C + h * HS;
+  if (l == neg_inf()) {
+    for (int x = 0; x < HS; x++) o[x] = ob[x];
+    l = lb;
+    return;
+  }
+  const float m = l > lb ? l : lb;
+  const float wa = expf(l - m), wb = expf(lb - m), tot = wa + wb;
+  for (int x = 0; x < HS; x++) o[x] = (wa * o[x] + wb * ob[x]) / tot;
+  l = m + logf(tot);
+}
+// dq (own rows) +=; dk, dv rows are shared between queries: atomics.
+BERTH_HD void attention_block_backward(int64_t item, float* dq, float* dk, float* dv,
+                                       const float* dout, const float* out, const float* lse,
+                                       const float* q, const float* k, const float* v,
+                                       const int32_t* q_seq, const int32_t* q_pos,
+                                       const int32_t* k_seq, const int32_t* k_pos, int nk, int C,
+                                       int NH) {
+  const int i = int(item / NH), h = int(item % NH), HS = C / NH;
+  const float l = lse[item];
+  if (l == neg_inf()) return;
+  const float scale = 1.0f / sqrtf(float(HS));
+  const float* qi = q + int64_t(i) * C + h * HS;
+  const float* doi = dout + int64_t(i) * C + h * HS;
+  const float* oi = out + int64_t(i) * C + h * HS;
+  float D = 0;
+  for (int x = 0; x < HS; x++) D += doi[x] * oi[x];
+  float* dqi = dq + int64_t(i) * C + h * HS;
+  for (int j = 0; j < nk; j++) {
+    if (!sees(q_seq, q_pos, k_seq, k_pos, i, j)) continue;
+    const float* kj = k + int64_t(j) * C + h * HS;
+    const float* vj = v + int64_t(j) * C + h * HS;
+    float sdot = 0, dp = 0;
+    for (int x = 0; x < HS; x++) sdot += qi[x] * kj[x], dp += doi[x] * vj[x];
+    const float p = expf(sdot * scale - l);
+    const float ds = p * (dp - D) * scale;
+    float* dkj = dk + int64_t(j) * C + h * HS;
+    float* dvj = dv + int64_t(j) * C + h * HS;
+    for (int x = 0; x < HS; x++) {
+      dqi[x] += ds * kj[x];
+      atomic_add(dkj + x, ds * qi[x]);
+      atomic_add(dvj + x, p * doi[x]);
+    }
+  }
+}
+
+}  // namespace berth::cuda::body

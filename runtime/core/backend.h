@@ -1,0 +1,132 @@
+// Backend: memory and the op table of kernels/ops.h on one device (fp32).
+//
+// Every pointer an op or a memory call takes lives on the backend's device (host memory for the
+// CPU backend, device memory for CUDA), except where a call says `host`. Ops are stream-ordered:
+// on CUDA they are queued on the backend's stream and `synchronize()` waits for them; on the CPU
+// they have finished when they return. The op semantics, shapes and accumulate/overwrite rules are
+// those of kernels/ops.h, which the CPU backend calls directly; a CUDA op is tested against it.
+// The factory (kernels/backend.h) chooses the device; no CUDA type appears here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace berth {
+
+enum class DeviceKind { kCpu, kCuda };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;  // "cpu", "cuda:0 NVIDIA H200"
+
+  // ---- memory ---------------------------------------------------------------------------------
+  // Bytes on the device (never null for bytes > 0; throws berth::Error when out of memory). The
+  // CUDA backend serves these from a caching pool, so a steady step allocates nothing new.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  virtual void fill(float* p, int64_t n, float value) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;     // device → device
+  virtual void upload(void* dst, const void* host, size_t bytes) = 0;  // host → device
+  virtual void download(void* host, const void* src, size_t bytes) = 0;  // device → host (waits)
+  virtual void synchronize() = 0;
+  // Bytes this backend holds now and at most so far (its pool on CUDA, its allocations on CPU).
+  virtual int64_t bytes_in_use() const = 0;
+  virtual int64_t peak_bytes() const = 0;
+  // The stream the ops are queued on, as an opaque handle (a cudaStream_t on CUDA), so a
+  // communicator on device buffers can order its own stream against it; null on the CPU.
+  virtual void* stream_handle() const { return nullptr; }
+
+  // ---- ops (kernels/ops.h) ----------------------------------------------------------------------
+  virtual void encoder_forward(float* out, const int32_t* tokens, const int32_t* positions,
+                               const float* wte, const float* wpe, int N, int C) = 0;
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout,
+                                const int32_t* tokens, const int32_t* positions, int N,
+                                int C) = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* weight, const float* bias, int N, int C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* mean,
+                                  const float* rstd, int N, int C) = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* weight,
+                              const float* bias, int N, int IC, int OC) = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, int N, int IC, int OC) = 0;
+  // cu_seqlens (S+1 entries) is read on the host as well: pass a device copy in `cu_seqlens` and
+  // the host copy in `cu_seqlens_host` (the same pointer on the CPU).
+  virtual void attention_forward(float* out, float* att, const float* qkv,
+                                 const int32_t* cu_seqlens, const int32_t* cu_seqlens_host, int S,
+                                 int C, int NH) = 0;
+  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                                  const float* att, const int32_t* cu_seqlens,
+                                  const int32_t* cu_seqlens_host, int S, int C, int NH) = 0;
+  virtual void attention_block_forward(float* out, float* lse, const float* q, const float* k,
+                                       const float* v, const int32_t* q_seq, const int32_t* q_pos,
+                                       const int32_t* k_seq, const int32_t* k_pos, int nq, int nk,
+                                       int C, int NH) = 0;
+  virtual void attention_lse_merge(float* out, float* lse, const float* out_b, const float* lse_b,
+                                   int nq, int C, int NH) = 0;
+  virtual void attention_block_backward(float* dq, float* dk, float* dv, const float* dout,
+                                        const float* out, const float* lse, const float* q,
+                                        const float* k, const float* v, const int32_t* q_seq,
+                                        const int32_t* q_pos, const int32_t* k_seq,
+                                        const int32_t* k_pos, int nq, int nk, int C, int NH) = 0;
+  virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+  virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual void crossentropy_forward(float* losses, const float* logits, const int32_t* targets,
+                                    int N, int V, int Vp) = 0;
+  virtual void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                                     float dloss, int N, int V, int Vp) = 0;
+  virtual void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
+                            float lr, float beta1, float beta2, float eps, float weight_decay,
+                            float grad_scale, int64_t t) = 0;
+  // Σ x² accumulated in double; the result is returned to the host.
+  virtual double sum_squares(const float* x, int64_t n) = 0;
+};
+
+// Memory of `n` values of T on a backend, released on destruction. Move-only.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend& be, int64_t n)
+      : be_(&be), n_(n), p_(n > 0 ? static_cast<T*>(be.alloc(size_t(n) * sizeof(T))) : nullptr) {}
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : be_(o.be_), n_(o.n_), p_(o.p_) {
+    o.p_ = nullptr, o.n_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_, n_ = o.n_, p_ = o.p_;
+      o.p_ = nullptr, o.n_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  int64_t size() const { return n_; }
+  size_t bytes() const { return size_t(n_) * sizeof(T); }
+
+ private:
+  void reset() {
+    if (p_ != nullptr) be_->release(p_);
+    p_ = nullptr, n_ = 0;
+  }
+  Backend* be_ = nullptr;
+  int64_t n_ = 0;
+  T* p_ = nullptr;
+};
+
+}  // namespace berth

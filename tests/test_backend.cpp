@@ -1,0 +1,330 @@
+// Every Backend op against the CPU reference (kernels/ops.h), on the backend under test:
+//   - test_backend (label cpu): "host-items", the CUDA backend's op wiring (item_backend.h) and
+//     thread bodies (thread_bodies.h) run one work item at a time on the host, so the CUDA
+//     backend's indexing, masking and accumulation are checked on any machine;
+//   - test_backend_gpu (label gpu, BERTH_TEST_CUDA): the CUDA backend itself, on a GPU; without
+//     one every test skips and says why.
+// Plus the CPU backend's memory accounting and the factory's errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "runtime/core/check.h"
+#include "tests/host_items_backend.h"
+#include "tests/tolerance.h"
+
+namespace berth {
+namespace {
+
+using test::expect_close;
+using test::Tol;
+
+std::unique_ptr<Backend> backend_under_test(std::string* why_not) {
+#if BERTH_TEST_CUDA
+  if (!cuda_built()) {
+    *why_not = "this berth was built without CUDA";
+    return nullptr;
+  }
+  try {
+    return make_backend("cuda", 0);
+  } catch (const Error& e) {
+    *why_not = e.what();
+    return nullptr;
+  }
+#else
+  (void)why_not;
+  return test::make_host_items_backend();
+#endif
+}
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+class BackendOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    be_ = backend_under_test(&why);
+    if (!be_) GTEST_SKIP() << "no backend to test: " << why;
+  }
+  template <typename T>
+  DeviceBuffer<T> up(const std::vector<T>& h) {
+    DeviceBuffer<T> d(*be_, int64_t(h.size()));
+    be_->upload(d.data(), h.data(), d.bytes());
+    return d;
+  }
+  template <typename T>
+  std::vector<T> down(const DeviceBuffer<T>& d) {
+    std::vector<T> h(size_t(d.size()));
+    be_->download(h.data(), d.data(), d.bytes());
+    return h;
+  }
+  void check(const DeviceBuffer<float>& got, const std::vector<float>& ref, const char* what) {
+    const auto g = as_double(down(got)), r = as_double(ref);
+    ASSERT_EQ(g.size(), r.size()) << what;
+    expect_close(g.data(), r.data(), int64_t(g.size()), test::kBackendF32, what);
+  }
+  std::unique_ptr<Backend> be_;
+};
+
+// Documents of 17, 31 and 11 tokens (a packed row: attention never crosses them).
+const std::vector<int32_t> kCu = {0, 17, 48, 59};
+constexpr int kN = 59, kS = 3;
+
+TEST_F(BackendOps, EncoderForwardAndBackward) {
+  const int C = 32, Vp = 64, maxT = 64;
+  std::vector<int32_t> tok(kN), pos(kN);
+  for (int n = 0; n < kN; ++n) tok[size_t(n)] = (n * 7) % Vp, pos[size_t(n)] = n % 31;
+  const auto wte = randn(size_t(Vp) * C, 1), wpe = randn(size_t(maxT) * C, 2);
+  const auto dout = randn(size_t(kN) * C, 3);
+  std::vector<float> out(size_t(kN) * C), dwte(wte.size(), 0.5f), dwpe(wpe.size(), 0.25f);
+  cpu::encoder_forward(out.data(), tok.data(), pos.data(), wte.data(), wpe.data(), kN, C);
+  auto d_tok = up(tok), d_pos = up(pos);
+  auto d_wte = up(wte), d_wpe = up(wpe), d_dout = up(dout);
+  DeviceBuffer<float> d_out(*be_, kN * C);
+  auto d_dwte = up(dwte), d_dwpe = up(dwpe);  // accumulates into what is there
+  be_->encoder_forward(d_out.data(), d_tok.data(), d_pos.data(), d_wte.data(), d_wpe.data(), kN,
+                       C);
+  cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), pos.data(), kN, C);
+  be_->encoder_backward(d_dwte.data(), d_dwpe.data(), d_dout.data(), d_tok.data(), d_pos.data(),
+                        kN, C);
+  check(d_out, out, "encoder out");
+  check(d_dwte, dwte, "encoder dwte");
+  check(d_dwpe, dwpe, "encoder dwpe");
+}
+
+TEST_F(BackendOps, LayerNormForwardAndBackward) {
+  const int C = 48;
+  const auto inp = randn(size_t(kN) * C, 4), w = randn(C, 5), b = randn(C, 6);
+  const auto dout = randn(size_t(kN) * C, 7);
+  std::vector<float> out(inp.size()), mean(kN), rstd(kN), dinp(inp.size(), 0.1f), dw(C, 0.2f),
+      db(C, 0.3f);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), kN,
+                         C);
+  cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                          mean.data(), rstd.data(), kN, C);
+  auto d_inp = up(inp), d_w = up(w), d_b = up(b), d_dout = up(dout);
+  DeviceBuffer<float> d_out(*be_, kN * C), d_mean(*be_, kN), d_rstd(*be_, kN);
+  auto d_dinp = up(std::vector<float>(inp.size(), 0.1f));
+  auto d_dw = up(std::vector<float>(C, 0.2f)), d_db = up(std::vector<float>(C, 0.3f));
+  be_->layernorm_forward(d_out.data(), d_mean.data(), d_rstd.data(), d_inp.data(), d_w.data(),
+                         d_b.data(), kN, C);
+  be_->layernorm_backward(d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
+                          d_w.data(), d_mean.data(), d_rstd.data(), kN, C);
+  check(d_out, out, "layernorm out");
+  check(d_mean, mean, "layernorm mean");
+  check(d_rstd, rstd, "layernorm rstd");
+  check(d_dinp, dinp, "layernorm dinp (+=)");
+  check(d_dw, dw, "layernorm dweight (+=)");
+  check(d_db, db, "layernorm dbias (+=)");
+}
+
+TEST_F(BackendOps, MatmulForwardAndBackward) {
+  const int IC = 40, OC = 24;
+  const auto inp = randn(size_t(kN) * IC, 8), w = randn(size_t(OC) * IC, 9), b = randn(OC, 10);
+  const auto dout = randn(size_t(kN) * OC, 11);
+  std::vector<float> out(size_t(kN) * OC), dinp(inp.size()), dw(w.size(), 0.5f), db(OC, 0.5f);
+  cpu::matmul_forward(out.data(), inp.data(), w.data(), b.data(), kN, IC, OC);
+  cpu::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), kN,
+                       IC, OC);
+  auto d_inp = up(inp), d_w = up(w), d_b = up(b), d_dout = up(dout);
+  DeviceBuffer<float> d_out(*be_, kN * OC), d_dinp(*be_, kN * IC);
+  auto d_dw = up(std::vector<float>(w.size(), 0.5f)), d_db = up(std::vector<float>(OC, 0.5f));
+  be_->matmul_forward(d_out.data(), d_inp.data(), d_w.data(), d_b.data(), kN, IC, OC);
+  be_->matmul_backward(d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
+                       d_w.data(), kN, IC, OC);
+  check(d_out, out, "matmul out");
+  check(d_dinp, dinp, "matmul dinp");
+  check(d_dw, dw, "matmul dweight (+=)");
+  check(d_db, db, "matmul dbias (+=)");
+}
+
+TEST_F(BackendOps, PackedCausalAttentionForwardAndBackward) {
+  for (int NH : {4, 1}) {  // head sizes 16 and 64
+    const int C = 64;
+    SCOPED_TRACE(NH);
+    const auto qkv = randn(size_t(kN) * 3 * C, 12), dout = randn(size_t(kN) * C, 13);
+    const int64_t att_n = cpu::attention_att_size(kCu.data(), kS, NH);
+    const size_t na = static_cast<size_t>(att_n);
+    std::vector<float> out(size_t(kN) * C), att(na), dqkv(qkv.size()), datt(na);
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), kCu.data(), kS, C, NH);
+    cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(),
+                            kCu.data(), kS, C, NH);
+    auto d_qkv = up(qkv), d_dout = up(dout);
+    auto d_cu = up(kCu);
+    DeviceBuffer<float> d_out(*be_, kN * C), d_att(*be_, att_n), d_dqkv(*be_, kN * 3 * C),
+        d_datt(*be_, att_n);
+    be_->attention_forward(d_out.data(), d_att.data(), d_qkv.data(), d_cu.data(), kCu.data(), kS,
+                           C, NH);
+    be_->attention_backward(d_dqkv.data(), d_datt.data(), d_dout.data(), d_qkv.data(),
+                            d_att.data(), d_cu.data(), kCu.data(), kS, C, NH);
+    check(d_out, out, "attention out");
+    check(d_att, att, "attention probabilities");
+    check(d_dqkv, dqkv, "attention dqkv");
+  }
+}
+
+// Ring attention's pieces: a query block against two key blocks (sequence ids and global
+// positions as cp_shard gives them), merged by LSE, and the block backward.
+TEST_F(BackendOps, AttentionBlocksAndLseMerge) {
+  for (int NH : {2, 1}) {  // head sizes 64 and 128
+    const int C = 128, nq = 40, nk = 36;
+    SCOPED_TRACE(NH);
+    std::vector<int32_t> q_seq(nq), q_pos(nq), k_seq(nk), k_pos(nk);
+    for (int i = 0; i < nq; ++i) q_seq[size_t(i)] = i < 25 ? 0 : 1, q_pos[size_t(i)] = i < 25 ? 10 + i : i - 25;
+    for (int j = 0; j < nk; ++j) k_seq[size_t(j)] = j < 20 ? 0 : 2, k_pos[size_t(j)] = j < 20 ? 2 * j : j;
+    const auto q = randn(size_t(nq) * C, 14), k1 = randn(size_t(nk) * C, 15),
+               v1 = randn(size_t(nk) * C, 16), k2 = randn(size_t(nq) * C, 17),
+               v2 = randn(size_t(nq) * C, 18), dout = randn(size_t(nq) * C, 19);
+    // reference: block 1 (some queries see nothing: lse −inf), then the queries' own block
+    std::vector<float> out(size_t(nq) * C), lse(size_t(nq) * NH), ob(out.size()), lb(lse.size());
+    cpu::attention_block_forward(out.data(), lse.data(), q.data(), k1.data(), v1.data(),
+                                 q_seq.data(), q_pos.data(), k_seq.data(), k_pos.data(), nq, nk,
+                                 C, NH);
+    cpu::attention_block_forward(ob.data(), lb.data(), q.data(), k2.data(), v2.data(),
+                                 q_seq.data(), q_pos.data(), q_seq.data(), q_pos.data(), nq, nq,
+                                 C, NH);
+    cpu::attention_lse_merge(out.data(), lse.data(), ob.data(), lb.data(), nq, C, NH);
+    std::vector<float> dq(out.size(), 0.f), dk(size_t(nk) * C, 0.f), dv(dk.size(), 0.f);
+    cpu::attention_block_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(),
+                                  lse.data(), q.data(), k1.data(), v1.data(), q_seq.data(),
+                                  q_pos.data(), k_seq.data(), k_pos.data(), nq, nk, C, NH);
+
+    auto d_q = up(q), d_k1 = up(k1), d_v1 = up(v1), d_k2 = up(k2), d_v2 = up(v2), d_do = up(dout);
+    auto d_qs = up(q_seq), d_qp = up(q_pos), d_ks = up(k_seq), d_kp = up(k_pos);
+    DeviceBuffer<float> d_out(*be_, nq * C), d_lse(*be_, nq * NH), d_ob(*be_, nq * C),
+        d_lb(*be_, nq * NH);
+    be_->attention_block_forward(d_out.data(), d_lse.data(), d_q.data(), d_k1.data(), d_v1.data(),
+                                 d_qs.data(), d_qp.data(), d_ks.data(), d_kp.data(), nq, nk, C,
+                                 NH);
+    be_->attention_block_forward(d_ob.data(), d_lb.data(), d_q.data(), d_k2.data(), d_v2.data(),
+                                 d_qs.data(), d_qp.data(), d_qs.data(), d_qp.data(), nq, nq, C,
+                                 NH);
+    be_->attention_lse_merge(d_out.data(), d_lse.data(), d_ob.data(), d_lb.data(), nq, C, NH);
+    auto d_dq = up(std::vector<float>(out.size(), 0.f));
+    auto d_dk = up(std::vector<float>(dk.size(), 0.f)), d_dv = up(std::vector<float>(dk.size(), 0.f));
+    be_->attention_block_backward(d_dq.data(), d_dk.data(), d_dv.data(), d_do.data(),
+                                  d_out.data(), d_lse.data(), d_q.data(), d_k1.data(),
+                                  d_v1.data(), d_qs.data(), d_qp.data(), d_ks.data(),
+                                  d_kp.data(), nq, nk, C, NH);
+    check(d_out, out, "ring block out (merged)");
+    // lse: −inf where a query sees no key of either block is compared as equal
+    const auto got_lse = down(d_lse);
+    for (size_t i = 0; i < lse.size(); ++i) {
+      if (std::isinf(lse[i])) {
+        EXPECT_TRUE(std::isinf(got_lse[i]) && got_lse[i] < 0) << "lse " << i;
+      } else {
+        EXPECT_NEAR(got_lse[i], lse[i], test::kBackendF32.atol + test::kBackendF32.rtol * std::fabs(lse[i]))
+            << "lse " << i;
+      }
+    }
+    check(d_dq, dq, "ring block dq (+=)");
+    check(d_dk, dk, "ring block dk (+=)");
+    check(d_dv, dv, "ring block dv (+=)");
+  }
+}
+
+TEST_F(BackendOps, ElementwiseOps) {
+  const int64_t n = 1000;
+  const auto x = randn(size_t(n), 20, 2.0f), y = randn(size_t(n), 21), d = randn(size_t(n), 22);
+  std::vector<float> g(x.size()), dg(x.size()), r(x.size());
+  cpu::gelu_forward(g.data(), x.data(), n);
+  cpu::gelu_backward(dg.data(), x.data(), d.data(), n);
+  cpu::residual_forward(r.data(), x.data(), y.data(), n);
+  auto d_x = up(x), d_y = up(y), d_d = up(d);
+  DeviceBuffer<float> d_g(*be_, n), d_dg(*be_, n), d_r(*be_, n), d_f(*be_, n);
+  be_->gelu_forward(d_g.data(), d_x.data(), n);
+  be_->gelu_backward(d_dg.data(), d_x.data(), d_d.data(), n);
+  be_->residual_forward(d_r.data(), d_x.data(), d_y.data(), n);
+  be_->fill(d_f.data(), n, -2.5f);
+  check(d_g, g, "gelu out");
+  check(d_dg, dg, "gelu dinp");
+  check(d_r, r, "residual out");
+  check(d_f, std::vector<float>(size_t(n), -2.5f), "fill");
+}
+
+TEST_F(BackendOps, CrossEntropyOverTheRealVocabulary) {
+  const int V = 100, Vp = 128;
+  const auto logits = randn(size_t(kN) * Vp, 23, 2.0f);
+  std::vector<int32_t> targets(kN);
+  for (int n = 0; n < kN; ++n) targets[size_t(n)] = n % 5 == 4 ? -1 : (n * 13) % V;
+  std::vector<float> losses(kN), dl(logits.size());
+  const float dloss = 1.0f / 47;
+  cpu::crossentropy_forward(losses.data(), logits.data(), targets.data(), kN, V, Vp);
+  cpu::crossentropy_backward(dl.data(), logits.data(), targets.data(), dloss, kN, V, Vp);
+  auto d_logits = up(logits);
+  auto d_t = up(targets);
+  DeviceBuffer<float> d_losses(*be_, kN);
+  be_->crossentropy_forward(d_losses.data(), d_logits.data(), d_t.data(), kN, V, Vp);
+  be_->crossentropy_backward(d_logits.data(), d_logits.data(), d_t.data(), dloss, kN, V, Vp);
+  check(d_losses, losses, "cross-entropy losses");
+  check(d_logits, dl, "cross-entropy dlogits (in place)");
+}
+
+TEST_F(BackendOps, AdamWAndSumSquares) {
+  const int64_t n = 5000;
+  auto p = randn(size_t(n), 24), m = randn(size_t(n), 25, 0.1f), v = randn(size_t(n), 26, 0.1f);
+  for (float& e : v) e = e * e;
+  const auto g = randn(size_t(n), 27);
+  auto d_p = up(p), d_m = up(m), d_v = up(v), d_g = up(g);
+  for (int64_t t = 1; t <= 3; ++t) {
+    cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                      0.5f, t);
+    be_->adamw_update(d_p.data(), d_g.data(), d_m.data(), d_v.data(), n, 1e-3f, 0.9f, 0.95f,
+                      1e-8f, 0.1f, 0.5f, t);
+  }
+  check(d_p, p, "adamw params");
+  check(d_m, m, "adamw m");
+  check(d_v, v, "adamw v");
+  const double ref = cpu::sum_squares(g.data(), n), got = be_->sum_squares(d_g.data(), n);
+  EXPECT_NEAR(got, ref, 1e-12 * ref);
+}
+
+TEST_F(BackendOps, MemoryIsAccountedAndReturned) {
+  const int64_t before = be_->bytes_in_use();
+  {
+    DeviceBuffer<float> a(*be_, 1 << 20);
+    EXPECT_GE(be_->bytes_in_use(), before + int64_t(4 << 20));
+    be_->zero(a.data(), a.bytes());
+    std::vector<float> h(4);
+    be_->download(h.data(), a.data() + 100, sizeof(float) * 4);
+    EXPECT_EQ(h, std::vector<float>(4, 0.f));
+  }
+  EXPECT_EQ(be_->bytes_in_use(), before);
+  EXPECT_GE(be_->peak_bytes(), before + int64_t(4 << 20));
+}
+
+#if !BERTH_TEST_CUDA
+TEST(BackendFactory, ChoosesAndExplains) {
+  EXPECT_EQ(make_backend("cpu", 0)->kind(), DeviceKind::kCpu);
+  try {
+    make_backend("tpu", 0);
+    FAIL() << "an unknown device must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"auto\", \"cpu\" or \"cuda\""), std::string::npos);
+  }
+  const auto any = make_backend("auto", 0);  // CUDA when usable here, else the CPU
+  EXPECT_TRUE(any->kind() == DeviceKind::kCpu || any->kind() == DeviceKind::kCuda);
+  if (any->kind() == DeviceKind::kCpu) {
+    // no usable CUDA here: asking for it by name is an error that says why
+    EXPECT_THROW(make_backend("cuda", 0), Error);
+  }
+  EXPECT_EQ(&cpu_backend(), &cpu_backend());
+}
+#endif
+
+}  // namespace
+}  // namespace berth

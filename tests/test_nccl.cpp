@@ -1,0 +1,179 @@
+// The NCCL communicator on the CUDA backend (label gpu, under mpirun): every collective on device
+// buffers and on host buffers (staged), uneven ZeRO counts, grouped send/recv around a ring,
+// split, and ring attention on the CUDA backend over NCCL against the CPU backend over MPI. One
+// rank per GPU: NCCL refuses two ranks of one communicator on the same device, so a one-GPU
+// machine runs this with -np 1. Without a GPU or without NCCL every test skips and says why.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "parallel/context_parallel.h"
+#include "runtime/comm/nccl.h"
+#include "runtime/core/check.h"
+#include "tests/mpi_world.h"
+#include "tests/tolerance.h"
+
+namespace berth {
+namespace {
+
+struct Gpu {
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Communicator> comm;
+  std::string why_not;
+};
+
+Gpu& gpu() {
+  static Gpu g = [] {
+    Gpu x;
+    const LocalRank local = mpi_local_rank();
+    if (!nccl_built()) {
+      x.why_not = "this berth has no NCCL communicator";
+    } else {
+      try {
+        x.be = make_backend("cuda", local.rank);
+        x.comm = make_nccl_world(*x.be);
+      } catch (const Error& e) {
+        x.why_not = e.what();
+        x.be.reset();
+      }
+    }
+    // every rank skips or none does
+    const int ok = test::world().all_reduce_value(int(x.comm != nullptr), ReduceOp::SUM);
+    if (ok != test::world().size()) {
+      x.comm.reset(), x.be.reset();
+      if (x.why_not.empty()) x.why_not = "another rank has no usable GPU";
+    }
+    return x;
+  }();
+  return g;
+}
+
+#define NEED_GPU()                                                    \
+  do {                                                                \
+    if (!gpu().comm) GTEST_SKIP() << "no GPU + NCCL: " << gpu().why_not; \
+  } while (0)
+
+template <typename T>
+DeviceBuffer<T> up(const std::vector<T>& h) {
+  DeviceBuffer<T> d(*gpu().be, int64_t(h.size()));
+  gpu().be->upload(d.data(), h.data(), d.bytes());
+  return d;
+}
+template <typename T>
+std::vector<T> down(const DeviceBuffer<T>& d) {
+  std::vector<T> h(size_t(d.size()));
+  gpu().be->download(h.data(), d.data(), d.bytes());
+  return h;
+}
+
+TEST(Nccl, AllReduceOnDeviceAndHostBuffers) {
+  NEED_GPU();
+  Communicator& c = *gpu().comm;
+  const int r = c.rank(), n = c.size();
+  auto d = up(std::vector<float>{float(r), 1.0f, float(2 * r)});
+  c.all_reduce(d.data(), d.data(), 3, DType::F32, ReduceOp::SUM);
+  const float s = float(n * (n - 1) / 2);
+  EXPECT_EQ(down(d), (std::vector<float>{s, float(n), 2 * s}));
+  c.all_reduce(d.data(), d.data(), 3, DType::F32, ReduceOp::AVG);
+  EXPECT_EQ(down(d), (std::vector<float>{s, float(n), 2 * s}));
+  int64_t mx = r;  // a host value, staged
+  c.all_reduce(&mx, &mx, 1, DType::I64, ReduceOp::MAX);
+  EXPECT_EQ(mx, n - 1);
+  EXPECT_EQ(c.all_reduce_value(1.5, ReduceOp::SUM), 1.5 * n);
+}
+
+TEST(Nccl, ReduceScatterAndAllGatherEvenAndUneven) {
+  NEED_GPU();
+  Communicator& c = *gpu().comm;
+  const int r = c.rank(), n = c.size();
+  for (bool even : {true, false}) {
+    std::vector<size_t> counts(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) counts[size_t(i)] = even ? 4 : size_t(2 + i);
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
+    std::vector<float> full(total);
+    for (size_t i = 0; i < total; ++i) full[i] = float(i + 1) * float(r + 1);
+    auto d_full = up(full);
+    DeviceBuffer<float> d_mine(*gpu().be, int64_t(counts[size_t(r)]));
+    c.reduce_scatter(d_full.data(), d_mine.data(), counts, DType::F32, ReduceOp::SUM);
+    size_t off = 0;
+    for (int i = 0; i < r; ++i) off += counts[size_t(i)];
+    const float ranks_sum = float(n * (n + 1) / 2);
+    const auto mine = down(d_mine);
+    for (size_t i = 0; i < mine.size(); ++i) EXPECT_EQ(mine[i], float(off + i + 1) * ranks_sum);
+    DeviceBuffer<float> d_all(*gpu().be, int64_t(total));
+    c.all_gather(d_mine.data(), d_all.data(), counts, DType::F32);
+    const auto all = down(d_all);
+    for (size_t i = 0; i < total; ++i) EXPECT_EQ(all[i], float(i + 1) * ranks_sum) << i;
+  }
+}
+
+TEST(Nccl, BroadcastGroupedRingAndSplit) {
+  NEED_GPU();
+  Communicator& c = *gpu().comm;
+  const int r = c.rank(), n = c.size();
+  auto b = up(std::vector<int32_t>{r == 0 ? 7 : -1, r == 0 ? 8 : -1});
+  c.broadcast(b.data(), 2, DType::I32, 0);
+  EXPECT_EQ(down(b), (std::vector<int32_t>{7, 8}));
+  auto mine = up(std::vector<int32_t>{r});
+  DeviceBuffer<int32_t> got(*gpu().be, 1);
+  c.group_begin();
+  c.send(mine.data(), 1, DType::I32, (r + 1) % n);
+  c.recv(got.data(), 1, DType::I32, (r - 1 + n) % n);
+  c.group_end();
+  EXPECT_EQ(down(got)[0], (r - 1 + n) % n);
+  auto half = c.split(r % 2, r);
+  ASSERT_NE(half, nullptr);
+  EXPECT_EQ(half->size(), (n + 1 - r % 2) / 2);
+  EXPECT_EQ(half->all_reduce_value(1, ReduceOp::SUM), half->size());
+}
+
+// Ring attention over every rank: CUDA backend + NCCL vs CPU backend + MPI, same shards.
+TEST(Nccl, RingAttentionOnTheGpuEqualsTheCpuRing) {
+  NEED_GPU();
+  Communicator& c = *gpu().comm;
+  const int n = 48, C = 128, NH = 2;  // head size 64
+  std::mt19937 rng(100 + c.rank());
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> q(size_t(n) * C), k(q.size()), v(q.size()), dout(q.size());
+  for (auto* x : {&q, &k, &v, &dout})
+    for (float& e : *x) e = nd(rng);
+  std::vector<int32_t> seq(static_cast<size_t>(n)), pos(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i)  // two documents; rank r holds positions r·24.. of each
+    seq[size_t(i)] = i < 24 ? 0 : 1, pos[size_t(i)] = c.rank() * 24 + i % 24;
+  // CPU + MPI
+  Backend& cpu = cpu_backend();
+  std::vector<float> o(q.size()), lse(size_t(n) * NH), dq(q.size()), dk(q.size()), dv(q.size());
+  ring_attention_forward(cpu, test::world(), o.data(), lse.data(), q.data(), k.data(), v.data(),
+                         seq.data(), pos.data(), n, C, NH);
+  ring_attention_backward(cpu, test::world(), dq.data(), dk.data(), dv.data(), dout.data(),
+                          o.data(), lse.data(), q.data(), k.data(), v.data(), seq.data(),
+                          pos.data(), n, C, NH);
+  // CUDA + NCCL
+  Backend& be = *gpu().be;
+  auto d_q = up(q), d_k = up(k), d_v = up(v), d_do = up(dout);
+  auto d_seq = up(seq), d_pos = up(pos);
+  DeviceBuffer<float> d_o(be, n * C), d_lse(be, n * NH), d_dq(be, n * C), d_dk(be, n * C),
+      d_dv(be, n * C);
+  ring_attention_forward(be, c, d_o.data(), d_lse.data(), d_q.data(), d_k.data(), d_v.data(),
+                         d_seq.data(), d_pos.data(), n, C, NH);
+  ring_attention_backward(be, c, d_dq.data(), d_dk.data(), d_dv.data(), d_do.data(), d_o.data(),
+                          d_lse.data(), d_q.data(), d_k.data(), d_v.data(), d_seq.data(),
+                          d_pos.data(), n, C, NH);
+  const std::pair<const DeviceBuffer<float>*, const std::vector<float>*> pairs[] = {
+      {&d_o, &o}, {&d_lse, &lse}, {&d_dq, &dq}, {&d_dk, &dk}, {&d_dv, &dv}};
+  const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+  for (int t = 0; t < 5; ++t) {
+    const auto got = down(*pairs[t].first);
+    const std::vector<double> g(got.begin(), got.end());
+    const std::vector<double> r(pairs[t].second->begin(), pairs[t].second->end());
+    test::expect_close(g.data(), r.data(), int64_t(g.size()), test::kBackendF32, names[t]);
+  }
+}
+
+}  // namespace
+}  // namespace berth
