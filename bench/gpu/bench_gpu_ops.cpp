@@ -1,0 +1,100 @@
+// The CUDA backend's ops on a GPU, timed (bench/README.md, "GPU"): ring/flash-style block
+// attention forward + backward (causal, one document per row) at T = 1024 and 4096, head size 64,
+// 12 heads; the fp32 cuBLAS GEMM of GPT-2 124M's MLP at 16 × 1024 tokens. Prints TFLOP/s; the same
+// shapes in PyTorch come from bench/gpu/torch_reference.py, run beside it by scripts/gpu_check.sh.
+// Without CUDA or a GPU it says why and exits 0.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "runtime/core/check.h"
+
+namespace {
+
+using berth::Backend;
+using berth::DeviceBuffer;
+
+template <typename F>
+double time_ms(Backend& be, int reps, F f) {
+  f();  // warm-up (and the pool's first allocations)
+  be.synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) f();
+  be.synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+         reps;
+}
+
+DeviceBuffer<float> random_buffer(Backend& be, int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> h(static_cast<size_t>(n));
+  for (float& x : h) x = nd(rng);
+  DeviceBuffer<float> d(be, n);
+  be.upload(d.data(), h.data(), d.bytes());
+  return d;
+}
+
+void attention(Backend& be, int T, int NH, int HS) {
+  const int C = NH * HS, n = T;
+  auto q = random_buffer(be, int64_t(n) * C, 1), k = random_buffer(be, int64_t(n) * C, 2),
+       v = random_buffer(be, int64_t(n) * C, 3), dout = random_buffer(be, int64_t(n) * C, 4);
+  std::vector<int32_t> seq(static_cast<size_t>(n), 0), pos(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) pos[size_t(i)] = i;
+  DeviceBuffer<int32_t> d_seq(be, n), d_pos(be, n);
+  be.upload(d_seq.data(), seq.data(), d_seq.bytes());
+  be.upload(d_pos.data(), pos.data(), d_pos.bytes());
+  DeviceBuffer<float> out(be, int64_t(n) * C), lse(be, int64_t(n) * NH), dq(be, int64_t(n) * C),
+      dk(be, int64_t(n) * C), dv(be, int64_t(n) * C);
+  const double fwd = time_ms(be, 3, [&] {
+    be.attention_block_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d_seq.data(),
+                               d_pos.data(), d_seq.data(), d_pos.data(), n, n, C, NH);
+  });
+  const double bwd = time_ms(be, 3, [&] {
+    be.zero(dq.data(), dq.bytes()), be.zero(dk.data(), dk.bytes()), be.zero(dv.data(), dv.bytes());
+    be.attention_block_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(),
+                                lse.data(), q.data(), k.data(), v.data(), d_seq.data(),
+                                d_pos.data(), d_seq.data(), d_pos.data(), n, n, C, NH);
+  });
+  // causal: half of the 4·T²·HS (QKᵀ and PV) per head; backward 2.5× forward
+  const double flop_fwd = 4.0 * double(T) * T * HS * NH * 0.5, flop_bwd = 2.5 * flop_fwd;
+  std::printf("berth cuda fp32 attention_block T=%-5d NH=%d HS=%d: fwd %.3f ms (%.2f TFLOP/s), "
+              "bwd %.3f ms (%.2f TFLOP/s), fwd+bwd %.2f TFLOP/s\n",
+              T, NH, HS, fwd, flop_fwd / fwd * 1e-9, bwd, flop_bwd / bwd * 1e-9,
+              (flop_fwd + flop_bwd) / (fwd + bwd) * 1e-9);
+}
+
+void gemm(Backend& be, int N, int IC, int OC) {
+  auto inp = random_buffer(be, int64_t(N) * IC, 5), w = random_buffer(be, int64_t(OC) * IC, 6);
+  DeviceBuffer<float> out(be, int64_t(N) * OC);
+  const double ms = time_ms(be, 10, [&] {
+    be.matmul_forward(out.data(), inp.data(), w.data(), nullptr, N, IC, OC);
+  });
+  std::printf("berth cuda fp32 matmul_forward %dx%dx%d (cuBLAS, no TF32): %.3f ms, %.2f TFLOP/s\n",
+              N, IC, OC, ms, 2.0 * N * IC * OC / ms * 1e-9);
+}
+
+}  // namespace
+
+int main() {
+  if (!berth::cuda_built()) {
+    std::printf("bench_gpu_ops: this berth was built without CUDA; nothing to measure\n");
+    return 0;
+  }
+  std::unique_ptr<Backend> be;
+  try {
+    be = berth::make_backend("cuda", 0);
+  } catch (const berth::Error& e) {
+    std::printf("bench_gpu_ops: no GPU to measure on: %s\n", e.what());
+    return 0;
+  }
+  std::printf("bench_gpu_ops on %s\n", be->name().c_str());
+  for (int T : {1024, 4096}) attention(*be, T, 12, 64);
+  gemm(*be, 16 * 1024, 768, 3072);
+  std::printf("device pool peak %.1f MiB\n", double(be->peak_bytes()) / (1 << 20));
+  return 0;
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The GPU check, one script for a single-GPU Linux box with CUDA 13, cmake and a compiler (and
+# PyTorch for the reference figures), in a few minutes:
+#   1. dependencies: the box's own when CMake finds them, else the Debian packages that
+#      scripts/gpu_debs downloaded beforehand (.gpu-debs/), unpacked with dpkg -x into a prefix;
+#   2. build (BERTH_GPU_CHECK: the backend, its tests and bench_gpu_ops; sm_90 unless
+#      BERTH_CUDA_ARCHS says otherwise), or reuse BUILD_DIR if it already holds a GPU-check build;
+#   3. tests: ctest (gpu.BackendOps.* on the GPU, BackendOps.* on the host), and the measured
+#      CUDA-vs-CPU errors of every op (BERTH_TOL_REPORT=1);
+#   4. benchmark: bench_gpu_ops and bench/gpu/torch_reference.py, one after the other on this GPU.
+# Everything lands in OUTDIR (six files); the exit status is the tests'.
+#
+#   scripts/gpu_check.sh OUTDIR
+set -uo pipefail
+out="${1:?usage: scripts/gpu_check.sh OUTDIR}"
+mkdir -p "$out" && out="$(cd "$out" && pwd)"
+cd "$(dirname "$0")/.."
+start=$SECONDS
+log() { echo "[gpu_check $((SECONDS - start))s] $*" | tee -a "$out/gpu_check.log"; }
+build="${BUILD_DIR:-build-gpu}"
+debs="${BERTH_DEBS_DIR:-.gpu-debs}"
+prefix=/tmp/berth-deps
+jobs="$(nproc)"
+
+{ nvidia-smi; nvcc --version; cmake --version; } > "$out/nvidia-smi.txt" 2>&1
+log "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
+
+cmake_args=(-DBERTH_GPU_CHECK=ON -DBERTH_CUDA=ON "-DBERTH_CUDA_ARCHS=${BERTH_CUDA_ARCHS:-90}"
+            -DCMAKE_BUILD_TYPE=Release)
+if compgen -G "$debs/*.deb" >/dev/null; then
+  mkdir -p "$prefix"
+  for f in "$debs"/*.deb; do dpkg -x "$f" "$prefix"; done
+  cmake_args+=("-DBERTH_DEPS_PREFIX=$prefix")
+  export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:$prefix/usr/lib/x86_64-linux-gnu/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  log "unpacked $(ls "$debs"/*.deb | wc -l) packages from $debs into $prefix"
+fi
+command -v ninja >/dev/null && [ ! -f "$build/CMakeCache.txt" ] && cmake_args+=(-G Ninja)
+
+if [ -x "$build/bench/gpu/bench_gpu_ops" ] && [ -x "$build/tests/test_backend_gpu" ]; then
+  log "using the build in $build"
+else
+  log "configuring and building into $build ($jobs jobs)"
+  if ! { cmake -S . -B "$build" "${cmake_args[@]}" &&
+         timeout 360 cmake --build "$build" -j "$jobs"; } > "$out/build.log" 2>&1; then
+    log "build failed; the end of build.log:"
+    tail -40 "$out/build.log"
+    exit 2
+  fi
+  log "built"
+fi
+
+log "tests"
+timeout 180 ctest --test-dir "$build" --output-on-failure > "$out/tests.txt" 2>&1
+tests_rc=$?
+grep -E "tests passed|tests failed|Skipped|\*\*\*Failed" "$out/tests.txt" | tee -a "$out/gpu_check.log"
+BERTH_TOL_REPORT=1 timeout 120 "$build/tests/test_backend_gpu" > "$out/tolerances.txt" 2>&1
+
+log "benchmark"
+{
+  echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -1)"
+  timeout 120 "$build/bench/gpu/bench_gpu_ops"
+  timeout 180 python3 bench/gpu/torch_reference.py
+} > "$out/bench.txt" 2>&1
+cat "$out/bench.txt" | tee -a "$out/gpu_check.log" >/dev/null
+log "done (tests exit status $tests_rc)"
+exit $tests_rc
