@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "kernels/cpu/fast_math.h"
-#include "kernels/ops.h"
+#include "kernels/dispatch.h"
 #include "runtime/core/check.h"
 
 namespace berth {
@@ -30,26 +30,26 @@ T exp_of(T x) {
 }  // namespace
 
 template <typename T>
-void column_linear_forward(T* out, const T* inp, const T* w, const T* b, int N, int IC,
+void column_linear_forward(Backend* be, T* out, const T* inp, const T* w, const T* b, int N, int IC,
                            int OC_local) {
-  cpu::matmul_forward(out, inp, w, b, N, IC, OC_local);
+  Ops<T>(be).matmul_forward(out, inp, w, b, N, IC, OC_local);
 }
 
 template <typename T>
-void column_linear_backward(Communicator* tp, T* dinp, T* dw, T* db, const T* dout, const T* inp,
-                            const T* w, int N, int IC, int OC_local) {
-  cpu::matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC_local);
+void column_linear_backward(Backend* be, Communicator* tp, T* dinp, T* dw, T* db, const T* dout,
+                            const T* inp, const T* w, int N, int IC, int OC_local) {
+  Ops<T>(be).matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC_local);
   if (dinp != nullptr && split(tp)) sum_over(tp, dinp, size_t(N) * size_t(IC));
 }
 
 template <typename T>
-void row_linear_forward(Communicator* tp, T* out, const T* inp_local, const T* w, const T* b, int N,
-                        int IC_local, int OC) {
+void row_linear_forward(Backend* be, Communicator* tp, T* out, const T* inp_local, const T* w,
+                        const T* b, int N, int IC_local, int OC) {
   if (!split(tp)) {
-    cpu::matmul_forward(out, inp_local, w, b, N, IC_local, OC);
+    Ops<T>(be).matmul_forward(out, inp_local, w, b, N, IC_local, OC);
     return;
   }
-  cpu::matmul_forward<T>(out, inp_local, w, nullptr, N, IC_local, OC);
+  Ops<T>(be).matmul_forward(out, inp_local, w, nullptr, N, IC_local, OC);
   sum_over(tp, out, size_t(N) * size_t(OC));
   if (b != nullptr) {
     for (int n = 0; n < N; ++n) {
@@ -60,17 +60,17 @@ void row_linear_forward(Communicator* tp, T* out, const T* inp_local, const T* w
 }
 
 template <typename T>
-void row_linear_backward(T* dinp_local, T* dw, T* db, const T* dout, const T* inp_local, const T* w,
-                         int N, int IC_local, int OC) {
-  cpu::matmul_backward(dinp_local, dw, db, dout, inp_local, w, N, IC_local, OC);
+void row_linear_backward(Backend* be, T* dinp_local, T* dw, T* db, const T* dout,
+                         const T* inp_local, const T* w, int N, int IC_local, int OC) {
+  Ops<T>(be).matmul_backward(dinp_local, dw, db, dout, inp_local, w, N, IC_local, OC);
 }
 
 template <typename T>
-void vocab_parallel_embedding_forward(Communicator* tp, T* out, const int32_t* tokens,
+void vocab_parallel_embedding_forward(Backend* be, Communicator* tp, T* out, const int32_t* tokens,
                                       const int32_t* positions, const T* wte_local, const T* wpe,
                                       int N, int C, int Vp_local, int vocab_offset) {
   if (!split(tp)) {
-    cpu::encoder_forward(out, tokens, positions, wte_local, wpe, N, C);
+    Ops<T>(be).encoder_forward(out, tokens, positions, wte_local, wpe, N, C);
     return;
   }
 #pragma omp parallel for
@@ -93,11 +93,12 @@ void vocab_parallel_embedding_forward(Communicator* tp, T* out, const int32_t* t
 }
 
 template <typename T>
-void vocab_parallel_embedding_backward(Communicator* tp, T* dwte_local, T* dwpe, const T* dout,
-                                       const int32_t* tokens, const int32_t* positions, int N,
-                                       int C, int Vp_local, int vocab_offset) {
+void vocab_parallel_embedding_backward(Backend* be, Communicator* tp, T* dwte_local, T* dwpe,
+                                       const T* dout, const int32_t* tokens,
+                                       const int32_t* positions, int N, int C, int Vp_local,
+                                       int vocab_offset) {
   if (!split(tp)) {
-    cpu::encoder_backward(dwte_local, dwpe, dout, tokens, positions, N, C);
+    Ops<T>(be).encoder_backward(dwte_local, dwpe, dout, tokens, positions, N, C);
     return;
   }
   // Sequential over tokens: two tokens may share a row (the CPU encoder does the same).
@@ -114,11 +115,11 @@ void vocab_parallel_embedding_backward(Communicator* tp, T* dwte_local, T* dwpe,
 }
 
 template <typename T>
-void vocab_parallel_cross_entropy_forward(Communicator* tp, T* losses, T* lse,
+void vocab_parallel_cross_entropy_forward(Backend* be, Communicator* tp, T* losses, T* lse,
                                           const T* logits_local, const int32_t* targets, int N,
                                           int V, int Vp_local, int vocab_offset) {
   if (!split(tp)) {
-    cpu::crossentropy_forward(losses, logits_local, targets, N, V, Vp_local);
+    Ops<T>(be).crossentropy_forward(losses, logits_local, targets, N, V, Vp_local);
     return;
   }
   // Real columns of this rank: global index < V.
@@ -147,12 +148,12 @@ void vocab_parallel_cross_entropy_forward(Communicator* tp, T* losses, T* lse,
 }
 
 template <typename T>
-void vocab_parallel_cross_entropy_backward(Communicator* tp, T* dlogits_local,
+void vocab_parallel_cross_entropy_backward(Backend* be, Communicator* tp, T* dlogits_local,
                                            const T* logits_local, const T* lse,
                                            const int32_t* targets, T dloss, int N, int V,
                                            int Vp_local, int vocab_offset) {
   if (!split(tp)) {
-    cpu::crossentropy_backward(dlogits_local, logits_local, targets, dloss, N, V, Vp_local);
+    Ops<T>(be).crossentropy_backward(dlogits_local, logits_local, targets, dloss, N, V, Vp_local);
     return;
   }
   const int real = std::max(0, std::min(Vp_local, V - vocab_offset));
@@ -170,23 +171,25 @@ void vocab_parallel_cross_entropy_backward(Communicator* tp, T* dlogits_local,
   }
 }
 
-#define BERTH_TP_INSTANTIATE(T)                                                                  \
-  template void column_linear_forward<T>(T*, const T*, const T*, const T*, int, int, int);      \
-  template void column_linear_backward<T>(Communicator*, T*, T*, T*, const T*, const T*,        \
-                                          const T*, int, int, int);                             \
-  template void row_linear_forward<T>(Communicator*, T*, const T*, const T*, const T*, int, int, \
-                                      int);                                                     \
-  template void row_linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int); \
-  template void vocab_parallel_embedding_forward<T>(Communicator*, T*, const int32_t*,          \
-                                                    const int32_t*, const T*, const T*, int, int, \
-                                                    int, int);                                  \
-  template void vocab_parallel_embedding_backward<T>(Communicator*, T*, T*, const T*,           \
-                                                     const int32_t*, const int32_t*, int, int,  \
-                                                     int, int);                                 \
-  template void vocab_parallel_cross_entropy_forward<T>(Communicator*, T*, T*, const T*,        \
-                                                        const int32_t*, int, int, int, int);    \
-  template void vocab_parallel_cross_entropy_backward<T>(Communicator*, T*, const T*, const T*, \
-                                                         const int32_t*, T, int, int, int, int);
+#define BERTH_TP_INSTANTIATE(T)                                                                    \
+  template void column_linear_forward<T>(Backend*, T*, const T*, const T*, const T*, int, int,     \
+                                         int);                                                     \
+  template void column_linear_backward<T>(Backend*, Communicator*, T*, T*, T*, const T*, const T*, \
+                                          const T*, int, int, int);                                \
+  template void row_linear_forward<T>(Backend*, Communicator*, T*, const T*, const T*, const T*,   \
+                                      int, int, int);                                              \
+  template void row_linear_backward<T>(Backend*, T*, T*, T*, const T*, const T*, const T*, int,    \
+                                       int, int);                                                  \
+  template void vocab_parallel_embedding_forward<T>(Backend*, Communicator*, T*, const int32_t*,   \
+                                                    const int32_t*, const T*, const T*, int, int,  \
+                                                    int, int);                                     \
+  template void vocab_parallel_embedding_backward<T>(Backend*, Communicator*, T*, T*, const T*,    \
+                                                     const int32_t*, const int32_t*, int, int,     \
+                                                     int, int);                                    \
+  template void vocab_parallel_cross_entropy_forward<T>(Backend*, Communicator*, T*, T*, const T*, \
+                                                        const int32_t*, int, int, int, int);       \
+  template void vocab_parallel_cross_entropy_backward<T>(                                          \
+      Backend*, Communicator*, T*, const T*, const T*, const int32_t*, T, int, int, int, int);
 BERTH_TP_INSTANTIATE(float)
 BERTH_TP_INSTANTIATE(double)
 #undef BERTH_TP_INSTANTIATE

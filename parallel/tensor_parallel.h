@@ -12,60 +12,64 @@
 //   vocabulary-parallel cross-entropy: this rank holds logits of vocabulary columns
 //     [offset, offset + Vp/tp). The max, Σexp and target logit are reduced over tp; the full
 //     logits are never gathered.
-// Host buffers, through the Communicator (MPI today, NCCL with the CUDA backend). T is float or
-// double (the gradient-check model); collectives use the matching dtype.
+// The ops run on `be` (kernels/dispatch.h: float on that Backend, the CPU one when null; double on
+// the CPU reference). With a tp group of more than one rank the vocabulary-parallel steps and the
+// row bias add are host loops: host memory. Collectives go through the Communicator. T is float
+// or double (the gradient-check model); collectives use the matching dtype.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "runtime/comm/communicator.h"
+#include "runtime/core/backend.h"
 
 namespace berth {
 
 // out (N, OC_local) = inp (N, IC) · wᵀ (OC_local, IC) + b (OC_local, may be null).
 template <typename T>
-void column_linear_forward(T* out, const T* inp, const T* w, const T* b, int N, int IC,
+void column_linear_forward(Backend* be, T* out, const T* inp, const T* w, const T* b, int N, int IC,
                            int OC_local);
 // dinp (N, IC) = Σ_tp dout_local · w (all-reduced; overwritten), dw += doutᵀ · inp,
 // db += Σ_n dout (when not null).
 template <typename T>
-void column_linear_backward(Communicator* tp, T* dinp, T* dw, T* db, const T* dout, const T* inp,
-                            const T* w, int N, int IC, int OC_local);
+void column_linear_backward(Backend* be, Communicator* tp, T* dinp, T* dw, T* db, const T* dout,
+                            const T* inp, const T* w, int N, int IC, int OC_local);
 
 // out (N, OC) = Σ_tp inp_local (N, IC_local) · wᵀ (OC, IC_local), then + b (OC, replicated).
 template <typename T>
-void row_linear_forward(Communicator* tp, T* out, const T* inp_local, const T* w, const T* b, int N,
-                        int IC_local, int OC);
+void row_linear_forward(Backend* be, Communicator* tp, T* out, const T* inp_local, const T* w,
+                        const T* b, int N, int IC_local, int OC);
 // dinp_local (N, IC_local) = dout · w (overwritten); dw += doutᵀ · inp_local; db += Σ_n dout
 // (replicated: the same on every tp rank).
 template <typename T>
-void row_linear_backward(T* dinp_local, T* dw, T* db, const T* dout, const T* inp_local, const T* w,
-                         int N, int IC_local, int OC);
+void row_linear_backward(Backend* be, T* dinp_local, T* dw, T* db, const T* dout,
+                         const T* inp_local, const T* w, int N, int IC_local, int OC);
 
 // out (N, C) = wte[tokens] + wpe[positions] with wte_local holding vocabulary rows
 // [vocab_offset, vocab_offset + Vp_local).
 template <typename T>
-void vocab_parallel_embedding_forward(Communicator* tp, T* out, const int32_t* tokens,
+void vocab_parallel_embedding_forward(Backend* be, Communicator* tp, T* out, const int32_t* tokens,
                                       const int32_t* positions, const T* wte_local, const T* wpe,
                                       int N, int C, int Vp_local, int vocab_offset);
 // dwte_local += dout at this rank's tokens; dwpe += dout at the positions (replicated).
 template <typename T>
-void vocab_parallel_embedding_backward(Communicator* tp, T* dwte_local, T* dwpe, const T* dout,
-                                       const int32_t* tokens, const int32_t* positions, int N,
-                                       int C, int Vp_local, int vocab_offset);
+void vocab_parallel_embedding_backward(Backend* be, Communicator* tp, T* dwte_local, T* dwpe,
+                                       const T* dout, const int32_t* tokens,
+                                       const int32_t* positions, int N, int C, int Vp_local,
+                                       int vocab_offset);
 
 // losses (N) = logsumexp over the real vocabulary (columns < V) − logit of the target, 0 where
 // target is −1; lse (N) saves the log-sum-exp for backward (tp > 1). logits_local (N, Vp_local)
 // hold global columns [vocab_offset, vocab_offset + Vp_local).
 template <typename T>
-void vocab_parallel_cross_entropy_forward(Communicator* tp, T* losses, T* lse,
+void vocab_parallel_cross_entropy_forward(Backend* be, Communicator* tp, T* losses, T* lse,
                                           const T* logits_local, const int32_t* targets, int N,
                                           int V, int Vp_local, int vocab_offset);
 // dlogits_local = dloss · (softmax − onehot(target)) on this rank's columns; 0 on padded columns
 // and rows with target −1. May alias logits_local.
 template <typename T>
-void vocab_parallel_cross_entropy_backward(Communicator* tp, T* dlogits_local,
+void vocab_parallel_cross_entropy_backward(Backend* be, Communicator* tp, T* dlogits_local,
                                            const T* logits_local, const T* lse,
                                            const int32_t* targets, T dloss, int N, int V,
                                            int Vp_local, int vocab_offset);

@@ -96,11 +96,10 @@ TEST_F(BackendOps, EncoderForwardAndBackward) {
   auto d_wte = up(wte), d_wpe = up(wpe), d_dout = up(dout);
   DeviceBuffer<float> d_out(*be_, kN * C);
   auto d_dwte = up(dwte), d_dwpe = up(dwpe);  // accumulates into what is there
-  be_->encoder_forward(d_out.data(), d_tok.data(), d_pos.data(), d_wte.data(), d_wpe.data(), kN,
-                       C);
+  be_->encoder_forward(d_out.data(), d_tok.data(), d_pos.data(), d_wte.data(), d_wpe.data(), kN, C);
   cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), pos.data(), kN, C);
-  be_->encoder_backward(d_dwte.data(), d_dwpe.data(), d_dout.data(), d_tok.data(), d_pos.data(),
-                        kN, C);
+  be_->encoder_backward(d_dwte.data(), d_dwpe.data(), d_dout.data(), d_tok.data(), d_pos.data(), kN,
+                        C);
   check(d_out, out, "encoder out");
   check(d_dwte, dwte, "encoder dwte");
   check(d_dwpe, dwpe, "encoder dwpe");
@@ -138,8 +137,8 @@ TEST_F(BackendOps, MatmulForwardAndBackward) {
   const auto dout = randn(size_t(kN) * OC, 11);
   std::vector<float> out(size_t(kN) * OC), dinp(inp.size()), dw(w.size(), 0.5f), db(OC, 0.5f);
   cpu::matmul_forward(out.data(), inp.data(), w.data(), b.data(), kN, IC, OC);
-  cpu::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), kN,
-                       IC, OC);
+  cpu::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), kN, IC,
+                       OC);
   auto d_inp = up(inp), d_w = up(w), d_b = up(b), d_dout = up(dout);
   DeviceBuffer<float> d_out(*be_, kN * OC), d_dinp(*be_, kN * IC);
   auto d_dw = up(std::vector<float>(w.size(), 0.5f)), d_db = up(std::vector<float>(OC, 0.5f));
@@ -167,10 +166,10 @@ TEST_F(BackendOps, PackedCausalAttentionForwardAndBackward) {
     auto d_cu = up(kCu);
     DeviceBuffer<float> d_out(*be_, kN * C), d_att(*be_, att_n), d_dqkv(*be_, kN * 3 * C),
         d_datt(*be_, att_n);
-    be_->attention_forward(d_out.data(), d_att.data(), d_qkv.data(), d_cu.data(), kCu.data(), kS,
-                           C, NH);
-    be_->attention_backward(d_dqkv.data(), d_datt.data(), d_dout.data(), d_qkv.data(),
-                            d_att.data(), d_cu.data(), kCu.data(), kS, C, NH);
+    be_->attention_forward(d_out.data(), d_att.data(), d_qkv.data(), d_cu.data(), kCu.data(), kS, C,
+                           NH);
+    be_->attention_backward(d_dqkv.data(), d_datt.data(), d_dout.data(), d_qkv.data(), d_att.data(),
+                            d_cu.data(), kCu.data(), kS, C, NH);
     check(d_out, out, "attention out");
     check(d_att, att, "attention probabilities");
     check(d_dqkv, dqkv, "attention dqkv");
@@ -184,19 +183,20 @@ TEST_F(BackendOps, AttentionBlocksAndLseMerge) {
     const int C = 128, nq = 40, nk = 36;
     SCOPED_TRACE(NH);
     std::vector<int32_t> q_seq(nq), q_pos(nq), k_seq(nk), k_pos(nk);
-    for (int i = 0; i < nq; ++i) q_seq[size_t(i)] = i < 25 ? 0 : 1, q_pos[size_t(i)] = i < 25 ? 10 + i : i - 25;
-    for (int j = 0; j < nk; ++j) k_seq[size_t(j)] = j < 20 ? 0 : 2, k_pos[size_t(j)] = j < 20 ? 2 * j : j;
+    for (int i = 0; i < nq; ++i)
+      q_seq[size_t(i)] = i < 25 ? 0 : 1, q_pos[size_t(i)] = i < 25 ? 10 + i : i - 25;
+    for (int j = 0; j < nk; ++j)
+      k_seq[size_t(j)] = j < 20 ? 0 : 2, k_pos[size_t(j)] = j < 20 ? 2 * j : j;
     const auto q = randn(size_t(nq) * C, 14), k1 = randn(size_t(nk) * C, 15),
                v1 = randn(size_t(nk) * C, 16), k2 = randn(size_t(nq) * C, 17),
                v2 = randn(size_t(nq) * C, 18), dout = randn(size_t(nq) * C, 19);
     // reference: block 1 (some queries see nothing: lse −inf), then the queries' own block
     std::vector<float> out(size_t(nq) * C), lse(size_t(nq) * NH), ob(out.size()), lb(lse.size());
     cpu::attention_block_forward(out.data(), lse.data(), q.data(), k1.data(), v1.data(),
-                                 q_seq.data(), q_pos.data(), k_seq.data(), k_pos.data(), nq, nk,
-                                 C, NH);
-    cpu::attention_block_forward(ob.data(), lb.data(), q.data(), k2.data(), v2.data(),
-                                 q_seq.data(), q_pos.data(), q_seq.data(), q_pos.data(), nq, nq,
-                                 C, NH);
+                                 q_seq.data(), q_pos.data(), k_seq.data(), k_pos.data(), nq, nk, C,
+                                 NH);
+    cpu::attention_block_forward(ob.data(), lb.data(), q.data(), k2.data(), v2.data(), q_seq.data(),
+                                 q_pos.data(), q_seq.data(), q_pos.data(), nq, nq, C, NH);
     cpu::attention_lse_merge(out.data(), lse.data(), ob.data(), lb.data(), nq, C, NH);
     std::vector<float> dq(out.size(), 0.f), dk(size_t(nk) * C, 0.f), dv(dk.size(), 0.f);
     cpu::attention_block_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(),
@@ -208,18 +208,16 @@ TEST_F(BackendOps, AttentionBlocksAndLseMerge) {
     DeviceBuffer<float> d_out(*be_, nq * C), d_lse(*be_, nq * NH), d_ob(*be_, nq * C),
         d_lb(*be_, nq * NH);
     be_->attention_block_forward(d_out.data(), d_lse.data(), d_q.data(), d_k1.data(), d_v1.data(),
-                                 d_qs.data(), d_qp.data(), d_ks.data(), d_kp.data(), nq, nk, C,
-                                 NH);
+                                 d_qs.data(), d_qp.data(), d_ks.data(), d_kp.data(), nq, nk, C, NH);
     be_->attention_block_forward(d_ob.data(), d_lb.data(), d_q.data(), d_k2.data(), d_v2.data(),
-                                 d_qs.data(), d_qp.data(), d_qs.data(), d_qp.data(), nq, nq, C,
-                                 NH);
+                                 d_qs.data(), d_qp.data(), d_qs.data(), d_qp.data(), nq, nq, C, NH);
     be_->attention_lse_merge(d_out.data(), d_lse.data(), d_ob.data(), d_lb.data(), nq, C, NH);
     auto d_dq = up(std::vector<float>(out.size(), 0.f));
-    auto d_dk = up(std::vector<float>(dk.size(), 0.f)), d_dv = up(std::vector<float>(dk.size(), 0.f));
-    be_->attention_block_backward(d_dq.data(), d_dk.data(), d_dv.data(), d_do.data(),
-                                  d_out.data(), d_lse.data(), d_q.data(), d_k1.data(),
-                                  d_v1.data(), d_qs.data(), d_qp.data(), d_ks.data(),
-                                  d_kp.data(), nq, nk, C, NH);
+    auto d_dk = up(std::vector<float>(dk.size(), 0.f)),
+         d_dv = up(std::vector<float>(dk.size(), 0.f));
+    be_->attention_block_backward(d_dq.data(), d_dk.data(), d_dv.data(), d_do.data(), d_out.data(),
+                                  d_lse.data(), d_q.data(), d_k1.data(), d_v1.data(), d_qs.data(),
+                                  d_qp.data(), d_ks.data(), d_kp.data(), nq, nk, C, NH);
     check(d_out, out, "ring block out (merged)");
     // lse: −inf where a query sees no key of either block is compared as equal
     const auto got_lse = down(d_lse);
@@ -227,7 +225,8 @@ TEST_F(BackendOps, AttentionBlocksAndLseMerge) {
       if (std::isinf(lse[i])) {
         EXPECT_TRUE(std::isinf(got_lse[i]) && got_lse[i] < 0) << "lse " << i;
       } else {
-        EXPECT_NEAR(got_lse[i], lse[i], test::kBackendF32.atol + test::kBackendF32.rtol * std::fabs(lse[i]))
+        EXPECT_NEAR(got_lse[i], lse[i],
+                    test::kBackendF32.atol + test::kBackendF32.rtol * std::fabs(lse[i]))
             << "lse " << i;
       }
     }
@@ -283,8 +282,8 @@ TEST_F(BackendOps, AdamWAndSumSquares) {
   for (int64_t t = 1; t <= 3; ++t) {
     cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
                       0.5f, t);
-    be_->adamw_update(d_p.data(), d_g.data(), d_m.data(), d_v.data(), n, 1e-3f, 0.9f, 0.95f,
-                      1e-8f, 0.1f, 0.5f, t);
+    be_->adamw_update(d_p.data(), d_g.data(), d_m.data(), d_v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                      0.1f, 0.5f, t);
   }
   check(d_p, p, "adamw params");
   check(d_m, m, "adamw m");

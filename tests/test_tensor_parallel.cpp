@@ -50,14 +50,14 @@ TEST(TensorParallel, ColumnLinearMatchesOneRank) {
   const auto doutl = shard_cols(dout.data(), N, OC, P, r);
   std::vector<float> outl(size_t(N) * OCl), dinpl(size_t(N) * IC), dwl(wl.size(), 0.f),
       dbl(bl.size(), 0.f);
-  column_linear_forward(outl.data(), inp.data(), wl.data(), bl.data(), N, IC, OCl);
+  column_linear_forward(nullptr, outl.data(), inp.data(), wl.data(), bl.data(), N, IC, OCl);
   // Bit-equal to the single-rank slice: the same dot products over IC in the same order.
   const std::vector<float> slice = shard_cols(out.data(), N, OC, P, r);
   int64_t differ = 0;
   for (size_t i = 0; i < slice.size(); ++i) differ += outl[i] != slice[i];
   EXPECT_EQ(differ, 0) << "column-parallel forward elements that are not bit-equal to one rank's";
-  column_linear_backward(&tp, dinpl.data(), dwl.data(), dbl.data(), doutl.data(), inp.data(),
-                         wl.data(), N, IC, OCl);
+  column_linear_backward(nullptr, &tp, dinpl.data(), dwl.data(), dbl.data(), doutl.data(),
+                         inp.data(), wl.data(), N, IC, OCl);
   expect_near(dinpl, dinp, test::kTensorParallel, "column dinp");
   expect_near(dwl, shard_rows(dw.data(), OC, IC, P, r), test::kTensorParallel, "column dw");
   expect_near(dbl, shard_rows(db.data(), OC, 1, P, r), test::kTensorParallel, "column db");
@@ -75,10 +75,10 @@ TEST(TensorParallel, RowLinearMatchesOneRank) {
                        OC);
   const auto inpl = shard_cols(inp.data(), N, IC, P, r), wl = shard_cols(w.data(), OC, IC, P, r);
   std::vector<float> outl(size_t(N) * OC), dinpl(inpl.size()), dwl(wl.size(), 0.f), dbl(OC, 0.f);
-  row_linear_forward(&tp, outl.data(), inpl.data(), wl.data(), b.data(), N, ICl, OC);
+  row_linear_forward(nullptr, &tp, outl.data(), inpl.data(), wl.data(), b.data(), N, ICl, OC);
   expect_near(outl, out, test::kTensorParallel, "row out");
-  row_linear_backward(dinpl.data(), dwl.data(), dbl.data(), dout.data(), inpl.data(), wl.data(), N,
-                      ICl, OC);
+  row_linear_backward(nullptr, dinpl.data(), dwl.data(), dbl.data(), dout.data(), inpl.data(),
+                      wl.data(), N, ICl, OC);
   expect_near(dinpl, shard_cols(dinp.data(), N, IC, P, r), test::kTensorParallel, "row dinp");
   expect_near(dwl, shard_cols(dw.data(), OC, IC, P, r), test::kTensorParallel, "row dw");
   expect_near(dbl, db, test::kTensorParallel, "row db");
@@ -102,11 +102,11 @@ TEST(TensorParallel, VocabParallelEmbeddingMatchesOneRank) {
                         C);
   const auto wl = shard_rows(wte.data(), Vp, C, P, r);
   std::vector<float> outl(out.size()), dwl(wl.size(), 0.f), dwpel(wpe.size(), 0.f);
-  vocab_parallel_embedding_forward(&tp, outl.data(), tokens.data(), positions.data(), wl.data(),
-                                   wpe.data(), N, C, Vl, r * Vl);
+  vocab_parallel_embedding_forward(nullptr, &tp, outl.data(), tokens.data(), positions.data(),
+                                   wl.data(), wpe.data(), N, C, Vl, r * Vl);
   expect_near(outl, out, test::kTensorParallel, "vocab-parallel embedding");
-  vocab_parallel_embedding_backward(&tp, dwl.data(), dwpel.data(), dout.data(), tokens.data(),
-                                    positions.data(), N, C, Vl, r * Vl);
+  vocab_parallel_embedding_backward(nullptr, &tp, dwl.data(), dwpel.data(), dout.data(),
+                                    tokens.data(), positions.data(), N, C, Vl, r * Vl);
   expect_near(dwl, shard_rows(dwte.data(), Vp, C, P, r), test::kTensorParallel, "dwte shard");
   expect_near(dwpel, dwpe, test::kTensorParallel, "dwpe (replicated)");
 }
@@ -124,12 +124,12 @@ TEST(TensorParallel, VocabParallelCrossEntropyMatchesOneRank) {
   cpu::crossentropy_backward(dlogits.data(), logits.data(), targets.data(), 1.0f / N, N, V, Vp);
   const auto ll = shard_cols(logits.data(), N, Vp, P, r);
   std::vector<float> lossl(N), lse(N), dl(ll.size());
-  vocab_parallel_cross_entropy_forward(&tp, lossl.data(), lse.data(), ll.data(), targets.data(), N,
-                                       V, Vl, r * Vl);
+  vocab_parallel_cross_entropy_forward(nullptr, &tp, lossl.data(), lse.data(), ll.data(),
+                                       targets.data(), N, V, Vl, r * Vl);
   expect_near(lossl, losses, test::kTensorParallel, "vocab-parallel loss");
   EXPECT_EQ(lossl[3], 0.f) << "ignored target";
-  vocab_parallel_cross_entropy_backward(&tp, dl.data(), ll.data(), lse.data(), targets.data(), 1.0f / N,
-                                        N, V, Vl, r * Vl);
+  vocab_parallel_cross_entropy_backward(nullptr, &tp, dl.data(), ll.data(), lse.data(),
+                                        targets.data(), 1.0f / N, N, V, Vl, r * Vl);
   expect_near(dl, shard_cols(dlogits.data(), N, Vp, P, r), test::kTensorParallel,
               "vocab-parallel dlogits");
 }

@@ -14,14 +14,14 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/item_backend.h"
 
-#define CUBLAS_CHECK(expr)                                                                  \
-  do {                                                                                      \
-    const cublasStatus_t berth_cublas_st_ = (expr);                                         \
-    if (berth_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                        \
-      throw ::berth::Error(::fmt::format("cuBLAS error {} in `{}` at {}:{} on {}",          \
-                                         int(berth_cublas_st_), #expr, __FILE__, __LINE__,  \
-                                         ::berth::identity()));                             \
-    }                                                                                       \
+#define CUBLAS_CHECK(expr)                                                                 \
+  do {                                                                                     \
+    const cublasStatus_t berth_cublas_st_ = (expr);                                        \
+    if (berth_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                       \
+      throw ::berth::Error(::fmt::format("cuBLAS error {} in `{}` at {}:{} on {}",         \
+                                         int(berth_cublas_st_), #expr, __FILE__, __LINE__, \
+                                         ::berth::identity()));                            \
+    }                                                                                      \
   } while (0)
 
 namespace berth::cuda {
@@ -44,8 +44,8 @@ void launch_on(const char* name, cudaStream_t stream, int64_t n, F f) {
               n);
   for_each_item<<<unsigned(blocks), kThreads, 0, stream>>>(n, f);
   const cudaError_t err = cudaGetLastError();
-  BERTH_CHECK(err == cudaSuccess, "CUDA kernel {} failed to launch ({} items): {} ({}) on {}",
-              name, n, cudaGetErrorName(err), cudaGetErrorString(err), identity());
+  BERTH_CHECK(err == cudaSuccess, "CUDA kernel {} failed to launch ({} items): {} ({}) on {}", name,
+              n, cudaGetErrorName(err), cudaGetErrorString(err), identity());
 }
 
 class CudaExec : public Backend {
@@ -76,8 +76,8 @@ class CudaExec : public Backend {
     if (bytes == 0) return nullptr;
     void* p = nullptr;
     const cudaError_t err = cudaMallocAsync(&p, bytes, pool_, stream_);
-    BERTH_CHECK(err == cudaSuccess, "{}: cannot allocate {:.1f} MiB on the device: {} on {}",
-                name_, double(bytes) / (1 << 20), cudaGetErrorString(err), identity());
+    BERTH_CHECK(err == cudaSuccess, "{}: cannot allocate {:.1f} MiB on the device: {} on {}", name_,
+                double(bytes) / (1 << 20), cudaGetErrorString(err), identity());
     return p;
   }
   void release(void* p) override {
@@ -110,21 +110,22 @@ class CudaExec : public Backend {
                              IC, &zero_f, out, OC));
     if (bias != nullptr)
       launch_on("add_bias", stream_, int64_t(N) * OC,
-             [=] __device__(int64_t i) { body::add_bias(i, out, bias, OC); });
+                [=] __device__(int64_t i) { body::add_bias(i, out, bias, OC); });
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int N, int IC, int OC) override {
     const float one = 1.0f, zero_f = 0.0f;
     if (dinp != nullptr)  // dinpᵀ (IC, N) = W (IC, OC) · doutᵀ (OC, N)
-      CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight, IC,
-                               dout, OC, &zero_f, dinp, IC));
+      CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight, IC, dout,
+                               OC, &zero_f, dinp, IC));
     // dWᵀ (IC, OC) += inpᵀ (IC, N) · dout (N, OC)
     CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout, OC,
                              &one, dweight, IC));
     if (dbias != nullptr)
       launch_on("bias_grad", stream_, OC,
-             [=] __device__(int64_t o) { body::bias_grad(int(o), dbias, dout, N, OC); });
+                [=] __device__(int64_t o) { body::bias_grad(int(o), dbias, dout, N, OC); });
   }
+
  public:
   // One CUDA thread per work item on this backend's stream (item_backend.h).
   template <typename F>

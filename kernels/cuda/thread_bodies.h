@@ -35,8 +35,7 @@ BERTH_HD void atomic_add(float* p, float v) {
 
 // ---- embeddings: item i over N·C --------------------------------------------------------------
 BERTH_HD void encoder_forward(int64_t i, float* out, const int32_t* tokens,
-                              const int32_t* positions, const float* wte, const float* wpe,
-                              int C) {
+                              const int32_t* positions, const float* wte, const float* wpe, int C) {
   const int64_t n = i / C, c = i % C;
   out[i] = wte[int64_t(tokens[n]) * C + c] + wpe[int64_t(positions[n]) * C + c];
 }
@@ -97,7 +96,8 @@ BERTH_HD void layernorm_param_grads(int c, float* dweight, float* dbias, const f
   dbias[c] += db;
 }
 
-// ---- matmul bias: column o over OC ----------------------------------------------------------------
+// ---- matmul bias: column o over OC
+// ----------------------------------------------------------------
 BERTH_HD void add_bias(int64_t i, float* out, const float* bias, int OC) { out[i] += bias[i % OC]; }
 BERTH_HD void bias_grad(int o, float* dbias, const float* dout, int N, int OC) {
   float acc = 0;
@@ -121,7 +121,8 @@ BERTH_HD void residual_forward(int64_t i, float* out, const float* a, const floa
   out[i] = a[i] + b[i];
 }
 
-// ---- cross-entropy over the real vocabulary: row n -----------------------------------------------
+// ---- cross-entropy over the real vocabulary: row n
+// -----------------------------------------------
 BERTH_HD float row_logsumexp(const float* row, int V) {
   float mx = row[0];
   for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
@@ -185,8 +186,8 @@ BERTH_HD int sequence_of(int n, const int32_t* cu_seqlens, int S) {
 }
 // att_offsets[s] = Σ_{s' < s} NH·L_{s'}² (computed on the host, S+1 entries).
 BERTH_HD void attention_forward(int64_t item, float* out, float* att, const float* qkv,
-                                const int32_t* cu_seqlens, const int64_t* att_offsets, int S,
-                                int C, int NH) {
+                                const int32_t* cu_seqlens, const int64_t* att_offsets, int S, int C,
+                                int NH) {
   const int n = int(item / NH), h = int(item % NH), HS = C / NH;
   const int s = sequence_of(n, cu_seqlens, S);
   const int start = cu_seqlens[s], L = cu_seqlens[s + 1] - start, i = n - start;

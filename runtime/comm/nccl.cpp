@@ -10,6 +10,8 @@
 //
 // Uneven reduce_scatter / all_gather (ZeRO shards) are one grouped ncclReduce / ncclBroadcast per
 // rank block; even ones are ncclReduceScatter / ncclAllGather.
+#include "runtime/comm/nccl.h"
+
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -21,28 +23,26 @@
 #include <vector>
 
 #include "runtime/comm/check_mpi.h"
-#include "runtime/comm/nccl.h"
 #include "runtime/core/check.h"
 
-#define NCCL_CHECK(expr)                                                                      \
-  do {                                                                                        \
-    const ncclResult_t berth_nccl_r_ = (expr);                                                \
-    if (berth_nccl_r_ != ncclSuccess) {                                                       \
-      throw ::berth::Error(::fmt::format("NCCL error in `{}` at {}:{} on {}: {} {}", #expr,  \
-                                         __FILE__, __LINE__, ::berth::identity(),             \
-                                         ncclGetErrorString(berth_nccl_r_),                   \
-                                         ncclGetLastError(nullptr)));                         \
-    }                                                                                         \
+#define NCCL_CHECK(expr)                                                                       \
+  do {                                                                                         \
+    const ncclResult_t berth_nccl_r_ = (expr);                                                 \
+    if (berth_nccl_r_ != ncclSuccess) {                                                        \
+      throw ::berth::Error(::fmt::format(                                                      \
+          "NCCL error in `{}` at {}:{} on {}: {} {}", #expr, __FILE__, __LINE__,               \
+          ::berth::identity(), ncclGetErrorString(berth_nccl_r_), ncclGetLastError(nullptr))); \
+    }                                                                                          \
   } while (0)
 
-#define CUDA_RT_CHECK(expr)                                                                   \
-  do {                                                                                        \
-    const cudaError_t berth_cuda_e_ = (expr);                                                 \
-    if (berth_cuda_e_ != cudaSuccess) {                                                       \
-      throw ::berth::Error(::fmt::format("CUDA error {} in `{}` at {}:{} on {}",              \
-                                         cudaGetErrorString(berth_cuda_e_), #expr, __FILE__,  \
-                                         __LINE__, ::berth::identity()));                     \
-    }                                                                                         \
+#define CUDA_RT_CHECK(expr)                                                                  \
+  do {                                                                                       \
+    const cudaError_t berth_cuda_e_ = (expr);                                                \
+    if (berth_cuda_e_ != cudaSuccess) {                                                      \
+      throw ::berth::Error(::fmt::format("CUDA error {} in `{}` at {}:{} on {}",             \
+                                         cudaGetErrorString(berth_cuda_e_), #expr, __FILE__, \
+                                         __LINE__, ::berth::identity()));                    \
+    }                                                                                        \
   } while (0)
 
 namespace berth {
@@ -50,19 +50,26 @@ namespace {
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::F32: return ncclFloat32;
-    case DType::F64: return ncclFloat64;
-    case DType::I32: return ncclInt32;
-    case DType::I64: return ncclInt64;
-    case DType::U8: return ncclUint8;
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F64:
+      return ncclFloat64;
+    case DType::I32:
+      return ncclInt32;
+    case DType::I64:
+      return ncclInt64;
+    case DType::U8:
+      return ncclUint8;
   }
   BERTH_FAIL("unknown DType value {}", static_cast<int>(t));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op, DType t) {
   switch (op) {
-    case ReduceOp::SUM: return ncclSum;
-    case ReduceOp::MAX: return ncclMax;
+    case ReduceOp::SUM:
+      return ncclSum;
+    case ReduceOp::MAX:
+      return ncclMax;
     case ReduceOp::AVG:
       BERTH_CHECK(t == DType::F32 || t == DType::F64,
                   "ReduceOp::AVG needs a floating-point dtype; reduce with SUM and divide");
@@ -174,7 +181,8 @@ class NcclCommunicator final : public Communicator {
     count_bytes(stats_.broadcast_bytes, count, dtype);
   }
 
-  // ---- point-to-point: device buffers only -------------------------------------------------------
+  // ---- point-to-point: device buffers only
+  // -------------------------------------------------------
 
   void group_begin() override {
     BERTH_CHECK(!in_flight_, "group_begin while an asynchronous group is in flight: call wait()");
@@ -308,8 +316,7 @@ class NcclCommunicator final : public Communicator {
   void not_in_group(const char* what) const {
     BERTH_CHECK(!in_flight_, "{} while an asynchronous group is in flight: call wait() first",
                 what);
-    BERTH_CHECK(!in_group_, "{} inside group_begin/group_end: only send/recv may be grouped",
-                what);
+    BERTH_CHECK(!in_group_, "{} inside group_begin/group_end: only send/recv may be grouped", what);
   }
   void p2p_check(const void* buf, size_t count, int peer, const char* what) const {
     BERTH_CHECK(in_group_, "NCCL {} outside group_begin/group_end: group every send/recv", what);

@@ -6,7 +6,6 @@
 #include <type_traits>
 
 #include "kernels/backend.h"
-#include "kernels/ops.h"
 #include "parallel/context_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
@@ -17,16 +16,22 @@ namespace berth {
 // ---- construction and init ----------------------------------------------------------------------
 
 template <typename T>
-GPT<T>::GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard,
-            Communicator* tp, int slots)
+GPT<T>::GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard, Communicator* tp,
+            int slots, Backend* backend)
     : cfg_(cfg),
       shard_(shard),
+      be_(backend),
+      ops_(backend),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
       layout_(gpt_param_layout(cfg, shard)),
       max_B_(max_B),
       max_T_(max_T) {
   BERTH_CHECK(max_B > 0 && max_T > 0, "batch shape must be positive, got B={} T={}", max_B,
               max_T);
+  BERTH_CHECK(backend == nullptr || backend->kind() == DeviceKind::kCpu,
+              "the model's buffers are host memory and cannot run on {}: training on a GPU needs "
+              "the model's buffers on the device, which is not built yet (docs/gpu.md)",
+              backend->name());
   BERTH_CHECK(max_T <= cfg.maxT, "seq_len ({}) > max_seq_len ({})", max_T, cfg.maxT);
   BERTH_CHECK(slots >= 1, "a model needs at least one activation slot, got {}", slots);
   BERTH_CHECK(shard.tp == 1 || (tp_ != nullptr && tp_->size() == shard.tp &&
@@ -225,14 +230,14 @@ void GPT<T>::attention_fwd(LayerActs& a, const PackedBatch& batch) {
       sequence_ids(batch, &cp_seq_);
       split_qkv(a.qkv.data(), N, Cq_, &cp_q_, &cp_k_, &cp_v_);
       // a.att (sized for B·T² probabilities) keeps the log-sum-exp (N × NH) instead.
-      // The model's buffers are host memory: the ring runs on the CPU backend.
-      ring_attention_forward(cpu_backend(), *cp_, a.atty.data(), a.att.data(), cp_q_.data(), cp_k_.data(),
-                             cp_v_.data(), cp_seq_.data(), batch.positions.data(), N, Cq_, NHl_);
+      ring_attention_forward(ops_.backend(), *cp_, a.atty.data(), a.att.data(), cp_q_.data(),
+                             cp_k_.data(), cp_v_.data(), cp_seq_.data(), batch.positions.data(), N,
+                             Cq_, NHl_);
       return;
     }
   }
-  cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), batch.cu_seqlens.data(), S,
-                         Cq_, NHl_);
+  ops_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), batch.cu_seqlens.data(),
+                         batch.cu_seqlens.data(), S, Cq_, NHl_);
 }
 
 template <typename T>
@@ -243,9 +248,10 @@ void GPT<T>::attention_bwd(LayerActs& a, const PackedBatch& batch) {
       sequence_ids(batch, &cp_seq_);  // this micro-batch's (another may have run forward since)
       split_qkv(a.qkv.data(), N, C, &cp_q_, &cp_k_, &cp_v_);
       for (auto* v : {&cp_dq_, &cp_dk_, &cp_dv_}) v->resize(size_t(N) * size_t(C));
-      ring_attention_backward(cpu_backend(), *cp_, cp_dq_.data(), cp_dk_.data(), cp_dv_.data(), datty_.data(),
-                              a.atty.data(), a.att.data(), cp_q_.data(), cp_k_.data(),
-                              cp_v_.data(), cp_seq_.data(), batch.positions.data(), N, C, NHl_);
+      ring_attention_backward(ops_.backend(), *cp_, cp_dq_.data(), cp_dk_.data(), cp_dv_.data(),
+                              datty_.data(), a.atty.data(), a.att.data(), cp_q_.data(),
+                              cp_k_.data(), cp_v_.data(), cp_seq_.data(), batch.positions.data(), N,
+                              C, NHl_);
       for (int n = 0; n < N; ++n) {
         float* row = dqkv_.data() + int64_t(n) * 3 * C;
         std::copy(cp_dq_.data() + int64_t(n) * C, cp_dq_.data() + int64_t(n + 1) * C, row);
@@ -255,8 +261,8 @@ void GPT<T>::attention_bwd(LayerActs& a, const PackedBatch& batch) {
       return;
     }
   }
-  cpu::attention_backward(dqkv_.data(), datt_.data(), datty_.data(), a.qkv.data(), a.att.data(),
-                          batch.cu_seqlens.data(), S, C, NHl_);
+  ops_.attention_backward(dqkv_.data(), datt_.data(), datty_.data(), a.qkv.data(), a.att.data(),
+                          batch.cu_seqlens.data(), batch.cu_seqlens.data(), S, C, NHl_);
 }
 
 // ---- forward ------------------------------------------------------------------------------------
@@ -269,37 +275,37 @@ double GPT<T>::forward(const PackedBatch& batch, int slot) {
   BERTH_CHECK(slot >= 0 && slot < slots(), "activation slot {} of {}", slot, slots());
   Slot& sl = slots_[size_t(slot)];
   const int N = batch.N(), C = cfg_.C, L = int(idx_.size());
-  using namespace cpu;
   if (shard_.first()) {
-    vocab_parallel_embedding_forward(tp_, sl.residual[0].data(), batch.tokens.data(),
+    vocab_parallel_embedding_forward(be_, tp_, sl.residual[0].data(), batch.tokens.data(),
                                      batch.positions.data(), P(wte_), P(wpe_), N, C, Vpl_, voff_);
   }
   for (int l = 0; l < L; l++) {
     const LayerIdx& ix = idx_[size_t(l)];
     LayerActs& a = sl.layers[size_t(l)];
     const T* x = sl.residual[size_t(l)].data();
-    layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, P(ix.ln1_w),
-                      P(ix.ln1_b), N, C);
-    column_linear_forward(a.qkv.data(), a.ln1.data(), P(ix.qkv_w), P(ix.qkv_b), N, C, 3 * Cq_);
+    ops_.layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, P(ix.ln1_w),
+                           P(ix.ln1_b), N, C);
+    column_linear_forward(be_, a.qkv.data(), a.ln1.data(), P(ix.qkv_w), P(ix.qkv_b), N, C, 3 * Cq_);
     attention_fwd(a, batch);
-    row_linear_forward(tp_, scratch_.data(), a.atty.data(), P(ix.proj_w), P(ix.proj_b), N, Cq_, C);
-    residual_forward(a.res2.data(), x, scratch_.data(), int64_t(N) * C);
-    layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(),
-                      P(ix.ln2_w), P(ix.ln2_b), N, C);
-    column_linear_forward(a.fch.data(), a.ln2.data(), P(ix.fc_w), P(ix.fc_b), N, C, F_);
-    gelu_forward(a.fch_gelu.data(), a.fch.data(), int64_t(N) * F_);
-    row_linear_forward(tp_, scratch_.data(), a.fch_gelu.data(), P(ix.fcproj_w), P(ix.fcproj_b), N,
-                       F_, C);
-    residual_forward(sl.residual[size_t(l) + 1].data(), a.res2.data(), scratch_.data(),
-                     int64_t(N) * C);
+    row_linear_forward(be_, tp_, scratch_.data(), a.atty.data(), P(ix.proj_w), P(ix.proj_b), N, Cq_,
+                       C);
+    ops_.residual_forward(a.res2.data(), x, scratch_.data(), int64_t(N) * C);
+    ops_.layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(),
+                           P(ix.ln2_w), P(ix.ln2_b), N, C);
+    column_linear_forward(be_, a.fch.data(), a.ln2.data(), P(ix.fc_w), P(ix.fc_b), N, C, F_);
+    ops_.gelu_forward(a.fch_gelu.data(), a.fch.data(), int64_t(N) * F_);
+    row_linear_forward(be_, tp_, scratch_.data(), a.fch_gelu.data(), P(ix.fcproj_w), P(ix.fcproj_b),
+                       N, F_, C);
+    ops_.residual_forward(sl.residual[size_t(l) + 1].data(), a.res2.data(), scratch_.data(),
+                          int64_t(N) * C);
   }
   if (!shard_.last()) return 0;
-  layernorm_forward(sl.lnf.data(), sl.lnf_mean.data(), sl.lnf_rstd.data(),
-                    sl.residual[size_t(L)].data(), P(lnf_w_), P(lnf_b_), N, C);
+  ops_.layernorm_forward(sl.lnf.data(), sl.lnf_mean.data(), sl.lnf_rstd.data(),
+                         sl.residual[size_t(L)].data(), P(lnf_w_), P(lnf_b_), N, C);
   // LM head tied to wte: a column-parallel linear over this rank's vocabulary rows.
-  column_linear_forward(sl.logits.data(), sl.lnf.data(), P(wte_), static_cast<const T*>(nullptr),
-                        N, C, Vpl_);
-  vocab_parallel_cross_entropy_forward(tp_, sl.losses.data(), sl.lse.data(), sl.logits.data(),
+  column_linear_forward(be_, sl.logits.data(), sl.lnf.data(), P(wte_),
+                        static_cast<const T*>(nullptr), N, C, Vpl_);
+  vocab_parallel_cross_entropy_forward(be_, tp_, sl.losses.data(), sl.lse.data(), sl.logits.data(),
                                        batch.targets.data(), N, cfg_.V, Vpl_, voff_);
   double total = 0;
   for (int n = 0; n < N; n++) total += double(sl.losses[size_t(n)]);
@@ -313,17 +319,17 @@ void GPT<T>::backward(const PackedBatch& batch, T dloss, int slot) {
   BERTH_CHECK(slot >= 0 && slot < slots(), "activation slot {} of {}", slot, slots());
   Slot& sl = slots_[size_t(slot)];
   const int N = batch.N(), C = cfg_.C, L = int(idx_.size());
-  using namespace cpu;
   if (shard_.last()) {
     // LM head (tied): dlogits overwrite the logits in place
-    vocab_parallel_cross_entropy_backward(tp_, sl.logits.data(), sl.logits.data(), sl.lse.data(),
-                                          batch.targets.data(), dloss, N, cfg_.V, Vpl_, voff_);
-    column_linear_backward(tp_, dln_.data(), G(wte_), static_cast<T*>(nullptr), sl.logits.data(),
-                           sl.lnf.data(), P(wte_), N, C, Vpl_);
+    vocab_parallel_cross_entropy_backward(be_, tp_, sl.logits.data(), sl.logits.data(),
+                                          sl.lse.data(), batch.targets.data(), dloss, N, cfg_.V,
+                                          Vpl_, voff_);
+    column_linear_backward(be_, tp_, dln_.data(), G(wte_), static_cast<T*>(nullptr),
+                           sl.logits.data(), sl.lnf.data(), P(wte_), N, C, Vpl_);
     std::fill(dres_.begin(), dres_.begin() + int64_t(N) * C, T(0));
-    layernorm_backward(dres_.data(), G(lnf_w_), G(lnf_b_), dln_.data(),
-                       sl.residual[size_t(L)].data(), P(lnf_w_), sl.lnf_mean.data(),
-                       sl.lnf_rstd.data(), N, C);
+    ops_.layernorm_backward(dres_.data(), G(lnf_w_), G(lnf_b_), dln_.data(),
+                            sl.residual[size_t(L)].data(), P(lnf_w_), sl.lnf_mean.data(),
+                            sl.lnf_rstd.data(), N, C);
   } else {
     std::copy(dout_.begin(), dout_.begin() + int64_t(N) * C, dres_.begin());
   }
@@ -331,24 +337,24 @@ void GPT<T>::backward(const PackedBatch& batch, T dloss, int slot) {
   for (int l = L - 1; l >= 0; l--) {
     const LayerIdx& ix = idx_[size_t(l)];
     LayerActs& a = sl.layers[size_t(l)];
-    row_linear_backward(dfch_.data(), G(ix.fcproj_w), G(ix.fcproj_b), dres_.data(),
+    row_linear_backward(be_, dfch_.data(), G(ix.fcproj_w), G(ix.fcproj_b), dres_.data(),
                         a.fch_gelu.data(), P(ix.fcproj_w), N, F_, C);
-    gelu_backward(dfch_.data(), a.fch.data(), dfch_.data(), int64_t(N) * F_);
-    column_linear_backward(tp_, dln_.data(), G(ix.fc_w), G(ix.fc_b), dfch_.data(), a.ln2.data(),
-                           P(ix.fc_w), N, C, F_);
-    layernorm_backward(dres_.data(), G(ix.ln2_w), G(ix.ln2_b), dln_.data(), a.res2.data(),
-                       P(ix.ln2_w), a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
-    row_linear_backward(datty_.data(), G(ix.proj_w), G(ix.proj_b), dres_.data(), a.atty.data(),
+    ops_.gelu_backward(dfch_.data(), a.fch.data(), dfch_.data(), int64_t(N) * F_);
+    column_linear_backward(be_, tp_, dln_.data(), G(ix.fc_w), G(ix.fc_b), dfch_.data(),
+                           a.ln2.data(), P(ix.fc_w), N, C, F_);
+    ops_.layernorm_backward(dres_.data(), G(ix.ln2_w), G(ix.ln2_b), dln_.data(), a.res2.data(),
+                            P(ix.ln2_w), a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
+    row_linear_backward(be_, datty_.data(), G(ix.proj_w), G(ix.proj_b), dres_.data(), a.atty.data(),
                         P(ix.proj_w), N, Cq_, C);
     attention_bwd(a, batch);
-    column_linear_backward(tp_, dln_.data(), G(ix.qkv_w), G(ix.qkv_b), dqkv_.data(),
+    column_linear_backward(be_, tp_, dln_.data(), G(ix.qkv_w), G(ix.qkv_b), dqkv_.data(),
                            a.ln1.data(), P(ix.qkv_w), N, C, 3 * Cq_);
-    layernorm_backward(dres_.data(), G(ix.ln1_w), G(ix.ln1_b), dln_.data(),
-                       sl.residual[size_t(l)].data(), P(ix.ln1_w), a.ln1_mean.data(),
-                       a.ln1_rstd.data(), N, C);
+    ops_.layernorm_backward(dres_.data(), G(ix.ln1_w), G(ix.ln1_b), dln_.data(),
+                            sl.residual[size_t(l)].data(), P(ix.ln1_w), a.ln1_mean.data(),
+                            a.ln1_rstd.data(), N, C);
   }
   if (shard_.first()) {
-    vocab_parallel_embedding_backward(tp_, G(wte_), G(wpe_), dres_.data(), batch.tokens.data(),
+    vocab_parallel_embedding_backward(be_, tp_, G(wte_), G(wpe_), dres_.data(), batch.tokens.data(),
                                       batch.positions.data(), N, C, Vpl_, voff_);
   }
 }

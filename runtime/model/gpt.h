@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/dispatch.h"
 #include "packing/packed_batch.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/model/gpt_config.h"
@@ -31,8 +32,12 @@ class GPT {
   // none; fp32 only when it has more ranks). `slots`: how many micro-batches' activations can be
   // held at once (the pipeline's micro-batches in flight on this stage); each slot holds one
   // max_B × max_T batch.
+  // `backend`: where the fp32 ops run (kernels/dispatch.h; null = the CPU backend). The model's
+  // buffers are host memory, so it must be a backend on host memory (the CPU backend, or a test
+  // backend running the CUDA backend's ops on the host); the CUDA backend is refused until the
+  // buffers move to the device (docs/gpu.md).
   GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard = {},
-      Communicator* tp = nullptr, int slots = 1);
+      Communicator* tp = nullptr, int slots = 1, Backend* backend = nullptr);
 
   const GPTConfig& config() const { return cfg_; }
   const ModelShard& shard() const { return shard_; }
@@ -108,6 +113,8 @@ class GPT {
 
   GPTConfig cfg_;
   ModelShard shard_;
+  Backend* be_ = nullptr;  // null: the CPU backend (float) / reference (double)
+  Ops<T> ops_;
   Communicator* tp_ = nullptr;
   ParamLayout layout_;
   int max_B_, max_T_;

@@ -1,0 +1,141 @@
+// The op table over the model's scalar, for host code written once for float and double (GPT<T>,
+// the tensor-parallel primitives): float runs on a Backend (the process-wide CPU backend when
+// none is given), double on the CPU reference (the fp64 model of the gradient tests).
+// Shapes and semantics: kernels/ops.h.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "runtime/core/check.h"
+
+namespace berth {
+
+template <typename T>
+class Ops;
+
+template <>
+class Ops<float> {
+ public:
+  explicit Ops(Backend* be = nullptr) : be_(be != nullptr ? be : &cpu_backend()) {}
+  Backend& backend() const { return *be_; }
+
+  void encoder_forward(float* out, const int32_t* tokens, const int32_t* positions,
+                       const float* wte, const float* wpe, int N, int C) const {
+    be_->encoder_forward(out, tokens, positions, wte, wpe, N, C);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        const int32_t* positions, int N, int C) const {
+    be_->encoder_backward(dwte, dwpe, dout, tokens, positions, N, C);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C) const {
+    be_->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) const {
+    be_->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* w, const float* b, int N, int IC,
+                      int OC) const {
+    be_->matmul_forward(out, inp, w, b, N, IC, OC);
+  }
+  void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                       const float* w, int N, int IC, int OC) const {
+    be_->matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
+  }
+  void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu,
+                         const int32_t* cu_host, int S, int C, int NH) const {
+    be_->attention_forward(out, att, qkv, cu, cu_host, S, C, NH);
+  }
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                          const float* att, const int32_t* cu, const int32_t* cu_host, int S,
+                          int C, int NH) const {
+    be_->attention_backward(dqkv, datt, dout, qkv, att, cu, cu_host, S, C, NH);
+  }
+  void gelu_forward(float* out, const float* inp, int64_t n) const {
+    be_->gelu_forward(out, inp, n);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) const {
+    be_->gelu_backward(dinp, inp, dout, n);
+  }
+  void residual_forward(float* out, const float* a, const float* b, int64_t n) const {
+    be_->residual_forward(out, a, b, n);
+  }
+  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                            int V, int Vp) const {
+    be_->crossentropy_forward(losses, logits, targets, N, V, Vp);
+  }
+  void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                             float dloss, int N, int V, int Vp) const {
+    be_->crossentropy_backward(dlogits, logits, targets, dloss, N, V, Vp);
+  }
+
+ private:
+  Backend* be_;
+};
+
+template <>
+class Ops<double> {
+ public:
+  explicit Ops(Backend* be = nullptr) {
+    BERTH_CHECK(be == nullptr || be->kind() == DeviceKind::kCpu,
+                "the fp64 model runs on the CPU reference only, not on {}", be->name());
+  }
+
+  void encoder_forward(double* out, const int32_t* tokens, const int32_t* positions,
+                       const double* wte, const double* wpe, int N, int C) const {
+    cpu::encoder_forward(out, tokens, positions, wte, wpe, N, C);
+  }
+  void encoder_backward(double* dwte, double* dwpe, const double* dout, const int32_t* tokens,
+                        const int32_t* positions, int N, int C) const {
+    cpu::encoder_backward(dwte, dwpe, dout, tokens, positions, N, C);
+  }
+  void layernorm_forward(double* out, double* mean, double* rstd, const double* inp,
+                         const double* w, const double* b, int N, int C) const {
+    cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(double* dinp, double* dw, double* db, const double* dout,
+                          const double* inp, const double* w, const double* mean,
+                          const double* rstd, int N, int C) const {
+    cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void matmul_forward(double* out, const double* inp, const double* w, const double* b, int N,
+                      int IC, int OC) const {
+    cpu::matmul_forward(out, inp, w, b, N, IC, OC);
+  }
+  void matmul_backward(double* dinp, double* dw, double* db, const double* dout,
+                       const double* inp, const double* w, int N, int IC, int OC) const {
+    cpu::matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
+  }
+  void attention_forward(double* out, double* att, const double* qkv, const int32_t* cu,
+                         const int32_t*, int S, int C, int NH) const {
+    cpu::attention_forward(out, att, qkv, cu, S, C, NH);
+  }
+  void attention_backward(double* dqkv, double* datt, const double* dout, const double* qkv,
+                          const double* att, const int32_t* cu, const int32_t*, int S, int C,
+                          int NH) const {
+    cpu::attention_backward(dqkv, datt, dout, qkv, att, cu, S, C, NH);
+  }
+  void gelu_forward(double* out, const double* inp, int64_t n) const {
+    cpu::gelu_forward(out, inp, n);
+  }
+  void gelu_backward(double* dinp, const double* inp, const double* dout, int64_t n) const {
+    cpu::gelu_backward(dinp, inp, dout, n);
+  }
+  void residual_forward(double* out, const double* a, const double* b, int64_t n) const {
+    cpu::residual_forward(out, a, b, n);
+  }
+  void crossentropy_forward(double* losses, const double* logits, const int32_t* targets, int N,
+                            int V, int Vp) const {
+    cpu::crossentropy_forward(losses, logits, targets, N, V, Vp);
+  }
+  void crossentropy_backward(double* dlogits, const double* logits, const int32_t* targets,
+                             double dloss, int N, int V, int Vp) const {
+    cpu::crossentropy_backward(dlogits, logits, targets, dloss, N, V, Vp);
+  }
+};
+
+}  // namespace berth
