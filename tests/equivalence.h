@@ -34,7 +34,7 @@ inline TrainedRun train_run(const RunConfig& cfg, Communicator& comm) {
   if (comm.rank() == 0) {
     r.params = std::move(whole);
   } else if (cfg.parallel.tp == 1 && cfg.parallel.pp == 1) {
-    r.params = t.model().params();
+    r.params = t.model().params_host();
   }
   return r;
 }

@@ -22,6 +22,9 @@ class HostExec : public Backend {
   void release(void* p) override { mem_->release(p); }
   void zero(void* p, size_t bytes) override { mem_->zero(p, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { mem_->copy(dst, src, bytes); }
+  void copy_2d(void* dst, size_t dp, const void* src, size_t sp, size_t w, size_t rows) override {
+    mem_->copy_2d(dst, dp, src, sp, w, rows);
+  }
   void upload(void* dst, const void* host, size_t bytes) override {
     mem_->upload(dst, host, bytes);
   }

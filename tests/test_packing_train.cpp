@@ -85,7 +85,7 @@ Result run_plan(const TokenDataset& ds, PackAlgorithm algorithm, int rows_per_ba
     }
     model.backward(b, 1.0 / double(res.targets));
   }
-  res.grads = model.grads();
+  res.grads = model.grads_host();
   return res;
 }
 

@@ -45,6 +45,13 @@ class CpuBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
+  void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+               size_t rows) override {
+    for (size_t r = 0; r < rows; ++r) {
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch,
+                  static_cast<const char*>(src) + r * src_pitch, width);
+    }
+  }
   void upload(void* dst, const void* host, size_t bytes) override { copy(dst, host, bytes); }
   void download(void* host, const void* src, size_t bytes) override { copy(host, src, bytes); }
   void synchronize() override {}

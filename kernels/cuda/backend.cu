@@ -90,6 +90,12 @@ class CudaExec : public Backend {
     if (bytes && dst != src)
       CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
+  void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+               size_t rows) override {
+    if (width && rows)
+      CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                                   cudaMemcpyDeviceToDevice, stream_));
+  }
   void upload(void* dst, const void* host, size_t bytes) override {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
   }

@@ -22,17 +22,6 @@
 
 namespace berth {
 
-size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::F32: return 4;
-    case DType::F64: return 8;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
-    case DType::U8: return 1;
-  }
-  BERTH_FAIL("dtype_size: unknown DType value {}", static_cast<int>(t));
-}
-
 namespace detail {
 namespace {
 size_t g_max_count = static_cast<size_t>(INT_MAX);

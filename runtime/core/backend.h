@@ -34,6 +34,10 @@ class Backend {
   virtual void zero(void* p, size_t bytes) = 0;
   virtual void fill(float* p, int64_t n, float value) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;     // device → device
+  // `rows` rows of `width` bytes, from rows `src_pitch` bytes apart to rows `dst_pitch` apart
+  // (device → device; e.g. q, k, v out of a fused qkv).
+  virtual void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                       size_t width, size_t rows) = 0;
   virtual void upload(void* dst, const void* host, size_t bytes) = 0;  // host → device
   virtual void download(void* host, const void* src, size_t bytes) = 0;  // device → host (waits)
   virtual void synchronize() = 0;

@@ -21,6 +21,7 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard,
     : cfg_(cfg),
       shard_(shard),
       be_(backend),
+      mem_(backend != nullptr ? backend : &cpu_backend()),
       ops_(backend),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
       layout_(gpt_param_layout(cfg, shard)),
@@ -28,10 +29,10 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard,
       max_T_(max_T) {
   BERTH_CHECK(max_B > 0 && max_T > 0, "batch shape must be positive, got B={} T={}", max_B,
               max_T);
-  BERTH_CHECK(backend == nullptr || backend->kind() == DeviceKind::kCpu,
-              "the model's buffers are host memory and cannot run on {}: training on a GPU needs "
-              "the model's buffers on the device, which is not built yet (docs/gpu.md)",
-              backend->name());
+  BERTH_CHECK(shard.tp == 1 || mem_->kind() == DeviceKind::kCpu,
+              "tensor parallelism on {} is not built yet: its vocabulary-parallel embedding and "
+              "loss are host loops (docs/gpu.md); use tp = 1 there",
+              mem_->name());
   BERTH_CHECK(max_T <= cfg.maxT, "seq_len ({}) > max_seq_len ({})", max_T, cfg.maxT);
   BERTH_CHECK(slots >= 1, "a model needs at least one activation slot, got {}", slots);
   BERTH_CHECK(shard.tp == 1 || (tp_ != nullptr && tp_->size() == shard.tp &&
@@ -49,11 +50,15 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard,
   const size_t N = size_t(max_B) * size_t(max_T), C = size_t(cfg.C);
   // Causal blocks of sequences inside rows: Σ NH·L² <= B·NH·T² (this rank's heads).
   const size_t att = size_t(max_B) * size_t(NHl_) * size_t(max_T) * size_t(max_T);
-  params_.assign(size_t(layout_.total), T(0));
-  grads_.assign(size_t(layout_.total), T(0));
+  Backend& m = *mem_;
+  params_ = Buf(m, layout_.total);
+  grads_ = Buf(m, layout_.total);
+  m.zero(params_.data(), params_.bytes());
+  m.zero(grads_.data(), grads_.bytes());
   int64_t elems = 0;
-  auto alloc = [&](std::vector<T>& v, size_t n) {
-    v.assign(n, T(0));
+  auto alloc = [&](Buf& v, size_t n) {
+    v = Buf(m, int64_t(n));
+    m.zero(v.data(), v.bytes());
     elems += int64_t(n);
   };
   slots_.resize(size_t(slots));
@@ -82,7 +87,12 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard,
       alloc(s.logits, N * size_t(Vpl_));
       alloc(s.losses, N);
       alloc(s.lse, N);
+      s.losses_host.assign(N, T(0));
     }
+    // the batch's index arrays (not activations: the plan does not count them)
+    for (auto* b : {&s.tokens, &s.targets, &s.positions, &s.seq_ids})
+      *b = DeviceBuffer<int32_t>(m, int64_t(N));
+    s.cu_seqlens = DeviceBuffer<int32_t>(m, int64_t(N) + 1);
   }
   alloc(scratch_, N * C);
   alloc(dres_, N * C);
@@ -147,9 +157,9 @@ template <typename T>
 void GPT<T>::init_weights(uint64_t seed) {
   const double std_base = 0.02;
   const double std_proj = 0.02 / std::sqrt(2.0 * cfg_.L);
-  std::vector<T> full;
+  std::vector<T> full, host(size_t(layout_.total), T(0));
   for (const ParamSpec& s : layout_.specs) {
-    T* p = params_.data() + s.offset;
+    T* p = host.data() + s.offset;
     if (s.shape.size() == 1 && s.shard == ShardDim::kNone) {
       const T value = ends_with(s.name, ".weight") ? T(1) : T(0);  // LayerNorm weight 1, biases 0
       for (int64_t i = 0; i < s.numel; i++) p[i] = value;
@@ -167,40 +177,58 @@ void GPT<T>::init_weights(uint64_t seed) {
     fill_normal(full.data(), n, proj ? std_proj : std_base, name_seed(seed, s.name));
     slice_from_full(s, shard_.tp_rank, full.data(), p);
   }
+  set_params(host);
 }
 
 template <typename T>
 void GPT<T>::zero_grad() {
-  std::fill(grads_.begin(), grads_.end(), T(0));
+  mem_->zero(grads_.data(), grads_.bytes());
+}
+
+template <typename T>
+std::vector<T> GPT<T>::params_host() const {
+  std::vector<T> h(size_t(params_.size()));
+  mem_->download(h.data(), params_.data(), params_.bytes());
+  return h;
+}
+
+template <typename T>
+std::vector<T> GPT<T>::grads_host() const {
+  std::vector<T> h(size_t(grads_.size()));
+  mem_->download(h.data(), grads_.data(), grads_.bytes());
+  return h;
+}
+
+template <typename T>
+void GPT<T>::set_params(const std::vector<T>& host) {
+  BERTH_CHECK(int64_t(host.size()) == params_.size(),
+              "set_params: {} values for a model of {} parameters", host.size(), params_.size());
+  mem_->upload(params_.data(), host.data(), params_.bytes());
+}
+
+template <typename T>
+void GPT<T>::upload_batch(Slot& sl, const PackedBatch& batch) {
+  const size_t n = size_t(batch.N()) * sizeof(int32_t);
+  BERTH_CHECK(batch.cu_seqlens.size() <= size_t(sl.cu_seqlens.size()),
+              "batch has {} sequences, more than the {} tokens", batch.n_seqs(), batch.N());
+  mem_->upload(sl.tokens.data(), batch.tokens.data(), n);
+  mem_->upload(sl.targets.data(), batch.targets.data(), n);
+  mem_->upload(sl.positions.data(), batch.positions.data(), n);
+  mem_->upload(sl.cu_seqlens.data(), batch.cu_seqlens.data(),
+               batch.cu_seqlens.size() * sizeof(int32_t));
+  if (cp_ != nullptr) {  // ring attention masks by sequence id
+    std::vector<int32_t> ids(size_t(batch.N()));
+    for (int s = 0; s < batch.n_seqs(); ++s) {
+      for (int i = batch.cu_seqlens[size_t(s)]; i < batch.cu_seqlens[size_t(s) + 1]; ++i) {
+        ids[size_t(i)] = s;
+      }
+    }
+    mem_->upload(sl.seq_ids.data(), ids.data(), n);
+    mem_->synchronize();  // `ids` goes away on return
+  }
 }
 
 // ---- attention: per sequence on this rank, or ring attention over the cp group ------------------
-
-namespace {
-
-// qkv (N, 3C) → q, k, v (N, C) each: ring attention passes keys and values around on their own.
-void split_qkv(const float* qkv, int N, int C, std::vector<float>* q, std::vector<float>* k,
-               std::vector<float>* v) {
-  for (auto* x : {q, k, v}) x->resize(size_t(N) * size_t(C));
-  for (int n = 0; n < N; ++n) {
-    const float* row = qkv + int64_t(n) * 3 * C;
-    std::copy(row, row + C, q->data() + int64_t(n) * C);
-    std::copy(row + C, row + 2 * C, k->data() + int64_t(n) * C);
-    std::copy(row + 2 * C, row + 3 * C, v->data() + int64_t(n) * C);
-  }
-}
-
-// The sequence id of every token of `batch` (ring attention masks by it).
-void sequence_ids(const PackedBatch& batch, std::vector<int32_t>* ids) {
-  ids->resize(size_t(batch.N()));
-  for (int s = 0; s < batch.n_seqs(); ++s) {
-    for (int i = batch.cu_seqlens[size_t(s)]; i < batch.cu_seqlens[size_t(s) + 1]; ++i) {
-      (*ids)[size_t(i)] = s;
-    }
-  }
-}
-
-}  // namespace
 
 template <typename T>
 void GPT<T>::set_context_parallel(Communicator* cp) {
@@ -211,58 +239,61 @@ void GPT<T>::set_context_parallel(Communicator* cp) {
   if (!on) return;
   // Ring attention keeps the log-sum-exp (N × NH) per layer, not the probabilities (T² per row).
   const size_t lse = size_t(max_B_) * size_t(max_T_) * size_t(NHl_);
-  int64_t freed = int64_t(datt_.size());
+  int64_t freed = datt_.size();
   for (Slot& s : slots_) {
     for (LayerActs& a : s.layers) {
-      freed += int64_t(a.att.size()) - int64_t(lse);
-      std::vector<T>(lse, T(0)).swap(a.att);
+      freed += a.att.size() - int64_t(lse);
+      a.att = Buf(*mem_, int64_t(lse));
     }
   }
-  std::vector<T>().swap(datt_);
+  datt_ = Buf();
+  const int64_t nc = int64_t(max_B_) * max_T_ * Cq_;
+  for (Buf* b : {&cp_q_, &cp_k_, &cp_v_, &cp_dq_, &cp_dk_, &cp_dv_}) *b = Buf(*mem_, nc);
   activation_bytes_ -= freed * int64_t(sizeof(T));
 }
 
 template <typename T>
-void GPT<T>::attention_fwd(LayerActs& a, const PackedBatch& batch) {
-  const int N = batch.N(), S = batch.n_seqs();
-  if constexpr (std::is_same_v<T, float>) {
-    if (cp_ != nullptr) {
-      sequence_ids(batch, &cp_seq_);
-      split_qkv(a.qkv.data(), N, Cq_, &cp_q_, &cp_k_, &cp_v_);
-      // a.att (sized for B·T² probabilities) keeps the log-sum-exp (N × NH) instead.
-      ring_attention_forward(ops_.backend(), *cp_, a.atty.data(), a.att.data(), cp_q_.data(),
-                             cp_k_.data(), cp_v_.data(), cp_seq_.data(), batch.positions.data(), N,
-                             Cq_, NHl_);
-      return;
-    }
-  }
-  ops_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), batch.cu_seqlens.data(),
-                         batch.cu_seqlens.data(), S, Cq_, NHl_);
-}
-
-template <typename T>
-void GPT<T>::attention_bwd(LayerActs& a, const PackedBatch& batch) {
+void GPT<T>::attention_fwd(LayerActs& a, Slot& sl, const PackedBatch& batch) {
   const int N = batch.N(), S = batch.n_seqs(), C = Cq_;
   if constexpr (std::is_same_v<T, float>) {
     if (cp_ != nullptr) {
-      sequence_ids(batch, &cp_seq_);  // this micro-batch's (another may have run forward since)
-      split_qkv(a.qkv.data(), N, C, &cp_q_, &cp_k_, &cp_v_);
-      for (auto* v : {&cp_dq_, &cp_dk_, &cp_dv_}) v->resize(size_t(N) * size_t(C));
-      ring_attention_backward(ops_.backend(), *cp_, cp_dq_.data(), cp_dk_.data(), cp_dv_.data(),
+      // qkv (N, 3C) → q, k, v (N, C): ring attention passes keys and values around on their own.
+      const size_t row = sizeof(T) * size_t(C), pitch = 3 * row;
+      mem_->copy_2d(cp_q_.data(), row, a.qkv.data(), pitch, row, size_t(N));
+      mem_->copy_2d(cp_k_.data(), row, a.qkv.data() + C, pitch, row, size_t(N));
+      mem_->copy_2d(cp_v_.data(), row, a.qkv.data() + 2 * C, pitch, row, size_t(N));
+      // a.att (sized for B·T² probabilities) keeps the log-sum-exp (N × NH) instead.
+      ring_attention_forward(*mem_, *cp_, a.atty.data(), a.att.data(), cp_q_.data(),
+                             cp_k_.data(), cp_v_.data(), sl.seq_ids.data(), sl.positions.data(),
+                             N, C, NHl_);
+      return;
+    }
+  }
+  ops_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), sl.cu_seqlens.data(),
+                         batch.cu_seqlens.data(), S, C, NHl_);
+}
+
+template <typename T>
+void GPT<T>::attention_bwd(LayerActs& a, Slot& sl, const PackedBatch& batch) {
+  const int N = batch.N(), S = batch.n_seqs(), C = Cq_;
+  if constexpr (std::is_same_v<T, float>) {
+    if (cp_ != nullptr) {
+      const size_t row = sizeof(T) * size_t(C), pitch = 3 * row;
+      mem_->copy_2d(cp_q_.data(), row, a.qkv.data(), pitch, row, size_t(N));
+      mem_->copy_2d(cp_k_.data(), row, a.qkv.data() + C, pitch, row, size_t(N));
+      mem_->copy_2d(cp_v_.data(), row, a.qkv.data() + 2 * C, pitch, row, size_t(N));
+      ring_attention_backward(*mem_, *cp_, cp_dq_.data(), cp_dk_.data(), cp_dv_.data(),
                               datty_.data(), a.atty.data(), a.att.data(), cp_q_.data(),
-                              cp_k_.data(), cp_v_.data(), cp_seq_.data(), batch.positions.data(), N,
-                              C, NHl_);
-      for (int n = 0; n < N; ++n) {
-        float* row = dqkv_.data() + int64_t(n) * 3 * C;
-        std::copy(cp_dq_.data() + int64_t(n) * C, cp_dq_.data() + int64_t(n + 1) * C, row);
-        std::copy(cp_dk_.data() + int64_t(n) * C, cp_dk_.data() + int64_t(n + 1) * C, row + C);
-        std::copy(cp_dv_.data() + int64_t(n) * C, cp_dv_.data() + int64_t(n + 1) * C, row + 2 * C);
-      }
+                              cp_k_.data(), cp_v_.data(), sl.seq_ids.data(),
+                              sl.positions.data(), N, C, NHl_);
+      mem_->copy_2d(dqkv_.data(), pitch, cp_dq_.data(), row, row, size_t(N));
+      mem_->copy_2d(dqkv_.data() + C, pitch, cp_dk_.data(), row, row, size_t(N));
+      mem_->copy_2d(dqkv_.data() + 2 * C, pitch, cp_dv_.data(), row, row, size_t(N));
       return;
     }
   }
   ops_.attention_backward(dqkv_.data(), datt_.data(), datty_.data(), a.qkv.data(), a.att.data(),
-                          batch.cu_seqlens.data(), batch.cu_seqlens.data(), S, C, NHl_);
+                          sl.cu_seqlens.data(), batch.cu_seqlens.data(), S, C, NHl_);
 }
 
 // ---- forward ------------------------------------------------------------------------------------
@@ -275,9 +306,10 @@ double GPT<T>::forward(const PackedBatch& batch, int slot) {
   BERTH_CHECK(slot >= 0 && slot < slots(), "activation slot {} of {}", slot, slots());
   Slot& sl = slots_[size_t(slot)];
   const int N = batch.N(), C = cfg_.C, L = int(idx_.size());
+  upload_batch(sl, batch);
   if (shard_.first()) {
-    vocab_parallel_embedding_forward(be_, tp_, sl.residual[0].data(), batch.tokens.data(),
-                                     batch.positions.data(), P(wte_), P(wpe_), N, C, Vpl_, voff_);
+    vocab_parallel_embedding_forward(be_, tp_, sl.residual[0].data(), sl.tokens.data(),
+                                     sl.positions.data(), P(wte_), P(wpe_), N, C, Vpl_, voff_);
   }
   for (int l = 0; l < L; l++) {
     const LayerIdx& ix = idx_[size_t(l)];
@@ -286,7 +318,7 @@ double GPT<T>::forward(const PackedBatch& batch, int slot) {
     ops_.layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, P(ix.ln1_w),
                            P(ix.ln1_b), N, C);
     column_linear_forward(be_, a.qkv.data(), a.ln1.data(), P(ix.qkv_w), P(ix.qkv_b), N, C, 3 * Cq_);
-    attention_fwd(a, batch);
+    attention_fwd(a, sl, batch);
     row_linear_forward(be_, tp_, scratch_.data(), a.atty.data(), P(ix.proj_w), P(ix.proj_b), N, Cq_,
                        C);
     ops_.residual_forward(a.res2.data(), x, scratch_.data(), int64_t(N) * C);
@@ -306,9 +338,10 @@ double GPT<T>::forward(const PackedBatch& batch, int slot) {
   column_linear_forward(be_, sl.logits.data(), sl.lnf.data(), P(wte_),
                         static_cast<const T*>(nullptr), N, C, Vpl_);
   vocab_parallel_cross_entropy_forward(be_, tp_, sl.losses.data(), sl.lse.data(), sl.logits.data(),
-                                       batch.targets.data(), N, cfg_.V, Vpl_, voff_);
+                                       sl.targets.data(), N, cfg_.V, Vpl_, voff_);
+  mem_->download(sl.losses_host.data(), sl.losses.data(), size_t(N) * sizeof(T));
   double total = 0;
-  for (int n = 0; n < N; n++) total += double(sl.losses[size_t(n)]);
+  for (int n = 0; n < N; n++) total += double(sl.losses_host[size_t(n)]);
   return total;
 }
 
@@ -322,16 +355,16 @@ void GPT<T>::backward(const PackedBatch& batch, T dloss, int slot) {
   if (shard_.last()) {
     // LM head (tied): dlogits overwrite the logits in place
     vocab_parallel_cross_entropy_backward(be_, tp_, sl.logits.data(), sl.logits.data(),
-                                          sl.lse.data(), batch.targets.data(), dloss, N, cfg_.V,
+                                          sl.lse.data(), sl.targets.data(), dloss, N, cfg_.V,
                                           Vpl_, voff_);
     column_linear_backward(be_, tp_, dln_.data(), G(wte_), static_cast<T*>(nullptr),
                            sl.logits.data(), sl.lnf.data(), P(wte_), N, C, Vpl_);
-    std::fill(dres_.begin(), dres_.begin() + int64_t(N) * C, T(0));
+    mem_->zero(dres_.data(), size_t(N) * size_t(C) * sizeof(T));
     ops_.layernorm_backward(dres_.data(), G(lnf_w_), G(lnf_b_), dln_.data(),
                             sl.residual[size_t(L)].data(), P(lnf_w_), sl.lnf_mean.data(),
                             sl.lnf_rstd.data(), N, C);
   } else {
-    std::copy(dout_.begin(), dout_.begin() + int64_t(N) * C, dres_.begin());
+    mem_->copy(dres_.data(), dout_.data(), size_t(N) * size_t(C) * sizeof(T));
   }
   // dres_ holds d(loss)/d(residual) and is updated in place through every block.
   for (int l = L - 1; l >= 0; l--) {
@@ -346,7 +379,7 @@ void GPT<T>::backward(const PackedBatch& batch, T dloss, int slot) {
                             P(ix.ln2_w), a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
     row_linear_backward(be_, datty_.data(), G(ix.proj_w), G(ix.proj_b), dres_.data(), a.atty.data(),
                         P(ix.proj_w), N, Cq_, C);
-    attention_bwd(a, batch);
+    attention_bwd(a, sl, batch);
     column_linear_backward(be_, tp_, dln_.data(), G(ix.qkv_w), G(ix.qkv_b), dqkv_.data(),
                            a.ln1.data(), P(ix.qkv_w), N, C, 3 * Cq_);
     ops_.layernorm_backward(dres_.data(), G(ix.ln1_w), G(ix.ln1_b), dln_.data(),
@@ -354,8 +387,8 @@ void GPT<T>::backward(const PackedBatch& batch, T dloss, int slot) {
                             a.ln1_rstd.data(), N, C);
   }
   if (shard_.first()) {
-    vocab_parallel_embedding_backward(be_, tp_, G(wte_), G(wpe_), dres_.data(), batch.tokens.data(),
-                                      batch.positions.data(), N, C, Vpl_, voff_);
+    vocab_parallel_embedding_backward(be_, tp_, G(wte_), G(wpe_), dres_.data(), sl.tokens.data(),
+                                      sl.positions.data(), N, C, Vpl_, voff_);
   }
 }
 

@@ -3,8 +3,11 @@
 //
 // One flat parameter buffer (and one flat gradient buffer of the same layout) with named views;
 // activations are allocated once for the largest batch (max_B × max_T) at construction, so a
-// training step allocates nothing. The class is templated on the scalar: float trains, double is
-// used by the gradient tests.
+// training step allocates nothing. Every buffer lives in the memory of the model's Backend
+// (runtime/core/backend.h; the CPU backend by default), every op runs on it, and a batch's tokens,
+// targets, positions and cu_seqlens are uploaded into the slot it runs in; the `*_host` methods
+// copy to and from host memory. The class is templated on the scalar: float trains, double is used
+// by the gradient tests (on the CPU).
 //
 // Usage per step:   zero_grad(); loss_sum = forward(batch); backward(batch, 1/n_targets);
 // forward() keeps the activations backward() needs; backward() accumulates (+=) into grads().
@@ -32,21 +35,26 @@ class GPT {
   // none; fp32 only when it has more ranks). `slots`: how many micro-batches' activations can be
   // held at once (the pipeline's micro-batches in flight on this stage); each slot holds one
   // max_B × max_T batch.
-  // `backend`: where the fp32 ops run (kernels/dispatch.h; null = the CPU backend). The model's
-  // buffers are host memory, so it must be a backend on host memory (the CPU backend, or a test
-  // backend running the CUDA backend's ops on the host); the CUDA backend is refused until the
-  // buffers move to the device (docs/gpu.md).
+  // `backend`: where the buffers live and the ops run (null = the CPU backend). fp64 runs on the
+  // CPU only. Tensor parallelism (tp > 1) has host loops (vocabulary-parallel embedding and loss):
+  // it needs a backend on host memory.
   GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard = {},
       Communicator* tp = nullptr, int slots = 1, Backend* backend = nullptr);
 
   const GPTConfig& config() const { return cfg_; }
   const ModelShard& shard() const { return shard_; }
   const ParamLayout& layout() const { return layout_; }
-  std::vector<T>& params() { return params_; }
-  const std::vector<T>& params() const { return params_; }
-  std::vector<T>& grads() { return grads_; }
+  Backend& backend() const { return *mem_; }
+  // The flat buffers, in the backend's memory.
+  DeviceBuffer<T>& params() { return params_; }
+  const DeviceBuffer<T>& params() const { return params_; }
+  DeviceBuffer<T>& grads() { return grads_; }
   T* param(const std::string& name) { return params_.data() + layout_.find(name).offset; }
   T* grad(const std::string& name) { return grads_.data() + layout_.find(name).offset; }
+  // Copies through host memory (a checkpoint, a comparison, an import).
+  std::vector<T> params_host() const;
+  std::vector<T> grads_host() const;
+  void set_params(const std::vector<T>& host);
   int slots() const { return int(slots_.size()); }
 
   // GPT-2 init, seeded: weights N(0, 0.02), the two residual projections (attn.c_proj, mlp.c_proj)
@@ -64,8 +72,8 @@ class GPT {
   double forward(const PackedBatch& batch, int slot = 0);
 
   // Per-token losses of the last forward in `slot` (N values, 0 where the target is -1; last
-  // stage).
-  const T* losses(int slot = 0) const { return slots_[size_t(slot)].losses.data(); }
+  // stage), on the host.
+  const std::vector<T>& losses(int slot = 0) const { return slots_[size_t(slot)].losses_host; }
 
   // Backpropagates the forward held in `slot` and frees nothing (the slot is reused by the next
   // forward into it). `dloss` is d(total loss)/d(each token's loss), e.g. 1/n_targets for a mean.
@@ -88,20 +96,23 @@ class GPT {
   void zero_grad();
 
   // Bytes held by parameters, gradients and activations (all slots).
-  int64_t param_bytes() const { return int64_t(params_.size() * sizeof(T)); }
+  int64_t param_bytes() const { return int64_t(params_.bytes()); }
   int64_t activation_bytes() const { return activation_bytes_; }
 
  private:
+  using Buf = DeviceBuffer<T>;
   struct LayerActs {
-    std::vector<T> ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch,
-        fch_gelu;
+    Buf ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
   };
   // The activations of one micro-batch: residual[l] is the input of local layer l (residual[0]
-  // the stage input, residual[L_local] its output / the input of ln_f).
+  // the stage input, residual[L_local] its output / the input of ln_f), and the batch's index
+  // arrays on the device.
   struct Slot {
-    std::vector<std::vector<T>> residual;
+    std::vector<Buf> residual;
     std::vector<LayerActs> layers;
-    std::vector<T> lnf, lnf_mean, lnf_rstd, logits, losses, lse;
+    Buf lnf, lnf_mean, lnf_rstd, logits, losses, lse;
+    std::vector<T> losses_host;
+    DeviceBuffer<int32_t> tokens, targets, positions, cu_seqlens, seq_ids;
   };
 
   struct LayerIdx {  // offsets of one block's tensors in the flat buffers
@@ -110,27 +121,28 @@ class GPT {
   };
   T* P(int64_t offset) { return params_.data() + offset; }
   T* G(int64_t offset) { return grads_.data() + offset; }
+  void upload_batch(Slot& sl, const PackedBatch& batch);
 
   GPTConfig cfg_;
   ModelShard shard_;
   Backend* be_ = nullptr;  // null: the CPU backend (float) / reference (double)
+  Backend* mem_;           // where the buffers live: be_, or the CPU backend
   Ops<T> ops_;
   Communicator* tp_ = nullptr;
   ParamLayout layout_;
   int max_B_, max_T_;
   int Cq_, NHl_, F_, Vpl_, voff_;  // local widths: q/k/v (C/tp), heads, MLP (4C/tp), vocabulary
-  std::vector<T> params_, grads_;
+  Buf params_, grads_;
   std::vector<Slot> slots_;
-  std::vector<T> scratch_;
+  Buf scratch_;
   // backward scratch (shared by the slots); dout_ receives the next stage's gradient
-  std::vector<T> dres_, dout_, dln_, dqkv_, datty_, dfch_, datt_;
+  Buf dres_, dout_, dln_, dqkv_, datty_, dfch_, datt_;
   int64_t activation_bytes_ = 0;
   std::vector<LayerIdx> idx_;
   Communicator* cp_ = nullptr;
-  std::vector<int32_t> cp_seq_;                        // sequence id of each local token
-  std::vector<float> cp_q_, cp_k_, cp_v_, cp_dq_, cp_dk_, cp_dv_;  // ring attention scratch
-  void attention_fwd(LayerActs& a, const PackedBatch& batch);
-  void attention_bwd(LayerActs& a, const PackedBatch& batch);
+  Buf cp_q_, cp_k_, cp_v_, cp_dq_, cp_dk_, cp_dv_;  // ring attention scratch
+  void attention_fwd(LayerActs& a, Slot& sl, const PackedBatch& batch);
+  void attention_bwd(LayerActs& a, Slot& sl, const PackedBatch& batch);
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;  // -1: not on this stage
 };
 

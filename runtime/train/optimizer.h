@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "parallel/data_parallel.h"
+#include "runtime/core/backend.h"
 #include "runtime/model/gpt_config.h"
 
 namespace berth {
@@ -21,8 +22,10 @@ struct AdamWSettings {
 
 class AdamW {
  public:
-  // range: the elements this optimizer updates (default: all of the layout).
-  AdamW(const ParamLayout& layout, const AdamWSettings& settings, ShardRange range = {0, -1});
+  // range: the elements this optimizer updates (default: all of the layout). The moments live on
+  // `be` (the model's backend; null = the CPU backend) and the update runs there.
+  AdamW(const ParamLayout& layout, const AdamWSettings& settings, ShardRange range = {0, -1},
+        Backend* be = nullptr);
 
   // One AdamW step t = steps_taken()+1 at `lr` on params[range] with `range_grads` (the gradients
   // of the range only, range.size() values). `grad_norm` is the global L2 norm of the whole
@@ -33,14 +36,17 @@ class AdamW {
   const ShardRange& range() const { return range_; }
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }  // when restoring moments from a checkpoint
-  std::vector<float>& m() { return m_; }
-  std::vector<float>& v() { return v_; }
+  // The moments of the range, through host memory (checkpoints).
+  std::vector<float> m_host() const;
+  std::vector<float> v_host() const;
+  void set_moments(const float* m, const float* v);  // range.size() host values each
 
  private:
   const ParamLayout& layout_;
   AdamWSettings s_;
   ShardRange range_;
-  std::vector<float> m_, v_;
+  Backend* be_;
+  DeviceBuffer<float> m_, v_;
   int64_t t_ = 0;
 };
 

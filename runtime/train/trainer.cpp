@@ -92,14 +92,15 @@ class StageRunner final : public PipelineStage {
 
 // Σ g² over the elements [begin, end) of a flat gradient buffer (g holds element `begin` first)
 // that belong to tensors this rank holds uniquely (ParamSpec::unique).
-double unique_sum_squares(const ParamLayout& layout, const float* g, int64_t begin, int64_t end) {
+double unique_sum_squares(Backend& be, const ParamLayout& layout, const float* g, int64_t begin,
+                          int64_t end) {
   bool all_unique = true;
   for (const ParamSpec& s : layout.specs) all_unique = all_unique && s.unique;
-  if (all_unique) return cpu::sum_squares(g, end - begin);
+  if (all_unique) return be.sum_squares(g, end - begin);
   double sum = 0;
   for (const ParamSpec& s : layout.specs) {
     const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
-    if (s.unique && lo < hi) sum += cpu::sum_squares(g + (lo - begin), hi - lo);
+    if (s.unique && lo < hi) sum += be.sum_squares(g + (lo - begin), hi - lo);
   }
   return sum;
 }
@@ -187,9 +188,9 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
     Communicator& g = grid_->dp_cp();
     shard_counts_ = shard_counts(model_->layout().total, g.size());
     range = shard_range(model_->layout().total, g.size(), g.rank());
-    shard_grads_.assign(size_t(range.size()), 0.f);
+    shard_grads_ = DeviceBuffer<float>(model_->backend(), range.size());
   }
-  opt_ = std::make_unique<AdamW>(model_->layout(), s, range);
+  opt_ = std::make_unique<AdamW>(model_->layout(), s, range, &model_->backend());
   flops_per_token_ = gpt_flops_per_token(canonical_, T);
   batches_.resize(size_t(cfg_.parallel.microbatches));
   for (PackedBatch& b : batches_) reset_rows(&b, B, T);
@@ -201,7 +202,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
     const std::string diff = describe_shape_mismatch(ck.model, gcfg_);
     BERTH_CHECK(diff.empty(), "model.init_from '{}' does not fit this model: {}; set model.* to "
                 "the checkpoint's shape", cfg_.model.init_from, diff);
-    model_->params() = local_from_full(ck.params, ck.model);
+    model_->set_params(local_from_full(ck.params, ck.model));
     log_info("init_from {}: weights loaded in {:.2f} s (fresh optimizer, step 0)",
              cfg_.model.init_from,
              seconds_since(t_load));
@@ -285,12 +286,11 @@ void Trainer::resume(const std::string& spec) {
               "checkpoint '{}' is at step {}, which already reaches train.steps = {}; raise "
               "train.steps to train further",
               path, ck.meta.step, cfg_.train.steps);
-  model_->params() = local_from_full(ck.params, ck.model);
+  model_->set_params(local_from_full(ck.params, ck.model));
   const ShardRange r = opt_->range();
   const std::vector<float> m = local_from_full(ck.adam_m, ck.model);
   const std::vector<float> v = local_from_full(ck.adam_v, ck.model);
-  std::copy(m.begin() + r.begin, m.begin() + r.end, opt_->m().begin());
-  std::copy(v.begin() + r.begin, v.begin() + r.end, opt_->v().begin());
+  opt_->set_moments(m.data() + r.begin, v.data() + r.begin);
   opt_->set_steps_taken(ck.adam_step);
   loader_->set_rows_consumed(ck.meta.rows_consumed);
   start_step_ = ck.meta.step;
@@ -361,25 +361,26 @@ std::vector<float> Trainer::gather_full(const std::vector<float>& local) {
   return repad_vocab(full, gcfg_, canonical_);
 }
 
-std::vector<float> Trainer::full_params() { return gather_full(model_->params()); }
+std::vector<float> Trainer::full_params() { return gather_full(model_->params_host()); }
 
 double Trainer::save(int64_t steps_done) {
   const auto t0 = std::chrono::steady_clock::now();
   CheckpointData ck;
   ck.model = canonical_;
   ck.adam_step = opt_->steps_taken();
-  std::vector<float> m, v;  // this rank's moments, whole over its layout
-  if (cfg_.parallel.zero == 1) {  // gather the moment shards (collective)
+  // This rank's moments, whole over its layout: with ZeRO-1 the shards gathered (collective).
+  std::vector<float> m = opt_->m_host(), v = opt_->v_host();
+  if (cfg_.parallel.zero == 1) {
     Communicator& g = grid_->dp_cp();
-    m.resize(size_t(model_->layout().total));
-    v.resize(size_t(model_->layout().total));
-    g.all_gather(opt_->m().data(), m.data(), shard_counts_, DType::F32);
-    g.all_gather(opt_->v().data(), v.data(), shard_counts_, DType::F32);
+    std::vector<float> whole_m(size_t(model_->layout().total)), whole_v(whole_m.size());
+    g.all_gather(m.data(), whole_m.data(), shard_counts_, DType::F32);
+    g.all_gather(v.data(), whole_v.data(), shard_counts_, DType::F32);
+    m.swap(whole_m), v.swap(whole_v);
   }
   // Whole tensors, assembled on rank 0 from every tp slice and pipeline stage (collective).
-  ck.params = gather_full(model_->params());
-  ck.adam_m = gather_full(cfg_.parallel.zero == 1 ? m : opt_->m());
-  ck.adam_v = gather_full(cfg_.parallel.zero == 1 ? v : opt_->v());
+  ck.params = gather_full(model_->params_host());
+  ck.adam_m = gather_full(m);
+  ck.adam_v = gather_full(v);
   if (world_.rank() == 0) {
     ck.meta.step = steps_done;
     ck.meta.rows_consumed = loader_->rows_consumed();
@@ -407,8 +408,9 @@ PackedBatch& Trainer::model_batch(PackedBatch& full, PackedBatch& local) {
 
 void Trainer::sync_and_update(double lr, StepStats* st) {
   Communicator& g = grid_->dp_cp();
-  std::vector<float>& params = model_->params();
-  std::vector<float>& grads = model_->grads();
+  DeviceBuffer<float>& params = model_->params();
+  DeviceBuffer<float>& grads = model_->grads();
+  Backend& be = model_->backend();
   const int64_t n = int64_t(grads.size());
   const ParamLayout& layout = model_->layout();
   if (grid_->shape().pp > 1 && (shard_.first() || shard_.last())) {
@@ -430,12 +432,12 @@ void Trainer::sync_and_update(double lr, StepStats* st) {
     g.reduce_scatter(grads.data(), shard_grads_.data(), shard_counts_, DType::F32, ReduceOp::SUM);
     const ShardRange r = opt_->range();
     st->grad_norm = global_norm(g.all_reduce_value(
-        unique_sum_squares(layout, shard_grads_.data(), r.begin, r.end), ReduceOp::SUM));
+        unique_sum_squares(be, layout, shard_grads_.data(), r.begin, r.end), ReduceOp::SUM));
     opt_->step(params.data(), shard_grads_.data(), lr, st->grad_norm);
     g.all_gather(params.data() + opt_->range().begin, params.data(), shard_counts_, DType::F32);
   } else {
     all_reduce_gradients(g, grads.data(), n, kGradBucketElems);
-    st->grad_norm = global_norm(unique_sum_squares(layout, grads.data(), 0, n));
+    st->grad_norm = global_norm(unique_sum_squares(be, layout, grads.data(), 0, n));
     opt_->step(params.data(), grads.data(), lr, st->grad_norm);
   }
   if (grid_->shape().pp > 1 && (shard_.first() || shard_.last())) {

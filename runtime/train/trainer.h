@@ -123,7 +123,7 @@ class Trainer {
   std::vector<PackedBatch> cp_batches_;  // cp > 1: this rank's zigzag shard of each micro-batch
   std::vector<PackedBatch> val_batches_, cp_val_batches_;
   PackedBatch& model_batch(PackedBatch& full, PackedBatch& local);
-  std::vector<float> shard_grads_;    // ZeRO-1: this rank's reduced gradient shard
+  DeviceBuffer<float> shard_grads_;   // ZeRO-1: this rank's reduced gradient shard
   std::vector<size_t> shard_counts_;  // ZeRO-1: elements per dp×cp rank
   double flops_per_token_ = 0;
   std::string run_dir_, checkpoint_dir_;
