@@ -1,9 +1,12 @@
-// The CUDA backend's ops on a GPU, timed (bench/README.md, "GPU"): ring/flash-style block
-// attention forward + backward (causal, one document per row) at T = 1024 and 4096, head size 64,
-// 12 heads; the fp32 cuBLAS GEMM of GPT-2 124M's MLP at 16 × 1024 tokens. Prints TFLOP/s; the same
-// shapes in PyTorch come from bench/gpu/torch_reference.py, run beside it by scripts/gpu_check.sh.
-// Without CUDA or a GPU it says why and exits 0.
+// The CUDA backend on a GPU, timed (bench/README.md, "bench/gpu"): block attention forward +
+// backward (causal, one document per row) at T = 1024 and 4096, head size 64, 12 heads; the fp32
+// cuBLAS GEMM of GPT-2 124M's MLP at 16 × 1024 tokens; and a whole GPT-2 124M training step (fp32,
+// AdamW) at micro-batch 16 × 1024 as tokens/s and MFU against 989 TFLOP/s. The same shapes in
+// PyTorch come from bench/gpu/torch_reference.py, run beside it by scripts/gpu_check.sh. Without
+// CUDA or a GPU it says why and exits 0; `--cpu` runs the training step on the CPU backend at
+// B = 1, T = 128 instead.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -11,7 +14,10 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "packing/packed_batch.h"
 #include "runtime/core/check.h"
+#include "runtime/model/gpt.h"
+#include "runtime/train/optimizer.h"
 
 namespace {
 
@@ -78,9 +84,46 @@ void gemm(Backend& be, int N, int IC, int OC) {
               N, IC, OC, ms, 2.0 * N * IC * OC / ms * 1e-9);
 }
 
+void gpt2_step(Backend& be, int B, int T) {
+  const berth::GPTConfig cfg = berth::make_gpt_config(12, 12, 768, 50257, 1024);
+  berth::GPT<float> model(cfg, B, T, {}, nullptr, 1, &be);
+  model.init_weights(1);
+  berth::AdamW opt(model.layout(), berth::AdamWSettings{}, {0, -1}, &be);
+  berth::PackedBatch b;
+  b.B = B, b.T = T, b.max_seqlen = T;
+  std::mt19937 rng(7);
+  for (int r = 0; r < B; ++r) {
+    for (int t = 0; t < T; ++t) {
+      b.tokens.push_back(int32_t(rng() % 50257));
+      b.targets.push_back(int32_t(rng() % 50257));
+      b.positions.push_back(t);
+    }
+  }
+  for (int r = 0; r <= B; ++r) b.cu_seqlens.push_back(r * T);
+  double loss = 0;
+  auto step = [&] {
+    model.zero_grad();
+    loss = model.forward(b) / double(b.N());
+    model.backward(b, 1.0f / float(b.N()));
+    const double norm = std::sqrt(be.sum_squares(model.grads().data(), model.grads().size()));
+    opt.step(model.params().data(), model.grads().data(), 3e-4, norm);
+  };
+  const double ms = time_ms(be, 3, step);
+  const double flops = double(berth::gpt_flops_per_token(cfg, T)) * B * T;
+  std::printf("berth %s fp32 GPT-2 124M train step B=%d T=%d: %.1f ms, %.0f tok/s, MFU %.2f%% of "
+              "989 TFLOP/s (loss %.3f)\n",
+              be.kind() == berth::DeviceKind::kCuda ? "cuda" : "cpu", B, T, ms, B * T / ms * 1e3,
+              flops / (ms * 1e-3) / 989e12 * 100, loss);
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--cpu") {  // the step on the CPU backend, small
+    std::printf("bench_gpu_ops --cpu: the training step on the CPU backend, B=1 T=128\n");
+    gpt2_step(berth::cpu_backend(), 1, 128);
+    return 0;
+  }
   if (!berth::cuda_built()) {
     std::printf("bench_gpu_ops: this berth was built without CUDA; nothing to measure\n");
     return 0;
@@ -95,6 +138,7 @@ int main() {
   std::printf("bench_gpu_ops on %s\n", be->name().c_str());
   for (int T : {1024, 4096}) attention(*be, T, 12, 64);
   gemm(*be, 16 * 1024, 768, 3072);
+  gpt2_step(*be, 16, 1024);
   std::printf("device pool peak %.1f MiB\n", double(be->peak_bytes()) / (1 << 20));
   return 0;
 }
