@@ -69,6 +69,7 @@ void expect_same(const RunConfig& a, const RunConfig& b) {
   EXPECT_EQ(a.run.name, b.run.name);
   EXPECT_EQ(a.run.out_dir, b.run.out_dir);
   EXPECT_EQ(a.run.seed, b.run.seed);
+  EXPECT_EQ(a.run.device, b.run.device);
   EXPECT_EQ(a.model.n_layer, b.model.n_layer);
   EXPECT_EQ(a.model.n_head, b.model.n_head);
   EXPECT_EQ(a.model.d_model, b.model.d_model);
@@ -368,6 +369,14 @@ TEST(Config, ValidationPipelineSchedule) {
   EXPECT_EQ(parse_config("", "configs/x.toml").parallel.schedule, "1f1b");
   const std::string msg = parse_error("[parallel]\nschedule = \"gpipe\"\n");
   EXPECT_CONTAINS(msg, "unknown parallel.schedule \"gpipe\"; use \"1f1b\"");
+}
+
+TEST(Config, ValidationRunDevice) {
+  EXPECT_EQ(parse_config("", "configs/x.toml").run.device, "cpu");
+  EXPECT_EQ(parse_config("[run]\ndevice = \"auto\"\n", "configs/x.toml").run.device, "auto");
+  EXPECT_EQ(parse_config("[run]\ndevice = \"cuda\"\n", "configs/x.toml").run.device, "cuda");
+  const std::string msg = parse_error("[run]\ndevice = \"gpu\"\n");
+  EXPECT_CONTAINS(msg, "unknown run.device \"gpu\"; use \"cpu\", \"cuda\" or \"auto\"");
 }
 
 TEST(Config, ValidationDataMode) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/core/check.h"
@@ -94,6 +95,25 @@ TEST_F(TrainTest, SameSeedGivesBitIdenticalLosses) {
   RunConfig other = config(20);
   other.run.seed = 43;
   EXPECT_NE(losses(other)[0], a[0]);
+}
+
+// run.device: "auto" takes the CPU where no GPU is usable and trains exactly as "cpu"; "cuda"
+// there is an error that says why. (On a GPU, "auto" and "cuda" run the model on the CUDA backend
+// with NCCL groups: not exercised here, docs/gpu.md.)
+TEST_F(TrainTest, DeviceAutoIsTheCpuWithoutAGpuAndCudaSaysWhy) {
+  std::unique_ptr<Backend> probe = make_backend("auto", 0);
+  if (probe->kind() != DeviceKind::kCpu) GTEST_SKIP() << "a GPU is usable here: " << probe->name();
+  RunConfig cpu = config(5), autod = config(5), cuda = config(5);
+  autod.run.device = "auto";
+  cuda.run.device = "cuda";
+  const std::vector<double> a = losses(cpu), b = losses(autod);
+  for (size_t i = 0; i < a.size(); i++) EXPECT_EQ(a[i], b[i]) << "step " << i;
+  try {
+    Trainer t(cuda, *world());
+    FAIL() << "run.device = \"cuda\" without a usable GPU must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(TrainTest, OneAndTwoThreadsAgree) {

@@ -41,6 +41,7 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(run, name),
     BERTH_CONFIG_FIELD(run, out_dir),
     BERTH_CONFIG_FIELD(run, seed),
+    BERTH_CONFIG_FIELD(run, device),
     BERTH_CONFIG_FIELD(model, n_layer),
     BERTH_CONFIG_FIELD(model, n_head),
     BERTH_CONFIG_FIELD(model, d_model),
@@ -407,6 +408,10 @@ void validate_config(const RunConfig& cfg) {
     BERTH_FAIL("{}: data.seq_len ({}) > model.max_seq_len ({}): lower data.seq_len or raise "
                "model.max_seq_len",
                w, cfg.data.seq_len, cfg.model.max_seq_len);
+  }
+  if (cfg.run.device != "cpu" && cfg.run.device != "cuda" && cfg.run.device != "auto") {
+    BERTH_FAIL("{}: unknown run.device {}; use \"cpu\", \"cuda\" or \"auto\"", w,
+               quote_toml(cfg.run.device));
   }
   if (cfg.data.mode != "stream" && cfg.data.mode != "packed" && cfg.data.mode != "padded") {
     BERTH_FAIL("{}: unknown data.mode {}; use \"stream\", \"packed\" or \"padded\"", w,

@@ -18,6 +18,9 @@ struct RunSection {
   std::string name = "run";
   std::string out_dir = "runs";
   int64_t seed = 1337;
+  // Where the model runs: "cpu", "cuda" (a GPU per rank: local rank % GPUs of the host) or "auto"
+  // (CUDA when this berth has it and a GPU is visible, else the CPU).
+  std::string device = "cpu";
 };
 
 struct ModelSection {

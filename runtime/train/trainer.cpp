@@ -12,9 +12,10 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
+#include "runtime/comm/nccl.h"
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
@@ -131,7 +132,27 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
   const GridShape shape = resolve_grid(
       GridRequest{cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.cp, cfg_.parallel.dp},
       world.size(), cfg_.model.n_head, cfg_.model.n_layer);
-  grid_ = std::make_unique<ProcessGrid>(world, shape);
+  // The device (run.device): every rank the same kind. With CUDA the grid's groups are NCCL
+  // communicators over the same ranks (the model's buffers are on the device); host-side
+  // control stays on `world`.
+  // A GPU device picks its GPU by the rank's place on its host (a collective over
+  // MPI_COMM_WORLD: a trainer on a GPU spans the world).
+  backend_ = cfg_.run.device == "cpu" ? make_cpu_backend()
+                                      : make_backend(cfg_.run.device, mpi_local_rank().rank);
+  const bool cuda = backend_->kind() == DeviceKind::kCuda;
+  BERTH_CHECK(cfg_.run.device == "cpu" ||
+                  world.all_reduce_value(int(cuda), ReduceOp::SUM) % world.size() == 0,
+              "{}: run.device = \"{}\" found a GPU on some ranks only; set run.device = \"cuda\" "
+              "or \"cpu\" explicitly",
+              where, cfg_.run.device);
+  if (cuda) {
+    BERTH_CHECK(shape.tp == 1,
+                "{}: tensor parallelism on the GPU is not built yet (its vocabulary-parallel "
+                "embedding and loss are host loops; docs/gpu.md): use parallel.tp = 1",
+                where);
+    device_world_ = make_nccl_world(*backend_);
+  }
+  grid_ = std::make_unique<ProcessGrid>(cuda ? *device_world_ : world, shape);
   // Checkpoints hold the model at the plain padding (128); a TP run pads to 128·tp.
   canonical_ = make_gpt_config(cfg_.model.n_layer, cfg_.model.n_head, cfg_.model.d_model,
                                cfg_.model.vocab_size, cfg_.model.max_seq_len);
@@ -173,7 +194,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
   }
 
   model_ = std::make_unique<GPT<float>>(gcfg_, B, T / cp, shard_, &grid_->tp(),
-                                        max_in_flight(train_actions_));
+                                        max_in_flight(train_actions_), backend_.get());
   model_->init_weights(uint64_t(cfg_.run.seed));
   model_->set_context_parallel(&grid_->cp());
   cp_batches_.resize(size_t(cfg_.parallel.microbatches));
@@ -565,11 +586,12 @@ std::vector<StepStats> Trainer::run() {
   const int64_t n_params = gpt_param_layout(canonical_).total;
   log_info("model: {} parameters ({:.2f} M; {} on this rank), L={} C={} NH={} V={} (padded {}) | "
            "batch {}x{} | {:.1f} MFLOP/token | {} OpenMP threads | activations {:.1f} MiB in {} "
-           "slot(s)",
+           "slot(s) | device {}",
            n_params, double(n_params) / 1e6, model_->layout().total, gcfg_.L, gcfg_.C,
            gcfg_.NH, gcfg_.V, gcfg_.Vp, cfg_.train.micro_batch_size, cfg_.data.seq_len,
            flops_per_token_ / 1e6, omp_get_max_threads(),
-           double(model_->activation_bytes()) / (1024.0 * 1024.0), model_->slots());
+           double(model_->activation_bytes()) / (1024.0 * 1024.0), model_->slots(),
+           backend_->name());
   log_info("data: {} tokens in {} documents | {}", train_ds_.n_tokens(), train_ds_.n_docs(),
            data_summary_);
   const GridShape& shape = grid_->shape();

@@ -103,8 +103,10 @@ class Trainer {
   std::vector<float> local_from_full(const std::vector<float>& full, const GPTConfig& from) const;
 
   RunConfig cfg_;
-  Communicator& world_;
-  std::unique_ptr<ProcessGrid> grid_;
+  Communicator& world_;  // MPI: host-side control (decisions, checkpoints, metrics)
+  std::unique_ptr<Backend> backend_;           // where the model runs (run.device)
+  std::unique_ptr<Communicator> device_world_;  // NCCL over the same ranks with the CUDA backend
+  std::unique_ptr<ProcessGrid> grid_;           // on device_world_ when it exists, else world_
   GPTConfig gcfg_;       // the model as trained (vocabulary padded to 128·tp)
   GPTConfig canonical_;  // the same at the plain padding (128): checkpoints, FLOPs
   ModelShard shard_;
