@@ -17,8 +17,10 @@ Backend& cpu_backend();
 // Whether this binary was built with the CUDA backend.
 bool cuda_built();
 // `device`: "cpu", "cuda" (throws berth::Error naming the reason when CUDA is not built or no
-// device is visible) or "auto" (CUDA when usable, else CPU). A CUDA backend takes device
-// local_rank % device_count, so ranks of one host spread over its GPUs.
-std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank);
+// device is visible) or "auto" (CUDA when usable, else CPU). A CUDA backend takes GPU
+// `local_rank` of the host; `local_size` ranks on the host need as many GPUs (an error says so:
+// two ranks on one GPU cannot share an NCCL communicator).
+std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank,
+                                      int local_size = 1);
 
 }  // namespace berth

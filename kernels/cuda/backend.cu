@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 
 #include <cmath>
+#include <exception>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -61,10 +62,14 @@ class CudaExec : public Backend {
     CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-    CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));  // fp32: no TF32
+    // fp32 GEMMs without TF32 (cublasSgemm under the default math mode; NVIDIA_TF32_OVERRIDE
+    // unset): the mode that compares with the CPU reference
+    CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
   }
   ~CudaExec() override {
-    cudaStreamSynchronize(stream_);
+    // While an error unwinds, queued work may wait on a peer that never comes (an NCCL
+    // transfer): do not wait for it, so main can abort the job.
+    if (std::uncaught_exceptions() == 0) cudaStreamSynchronize(stream_);
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
   }
@@ -96,8 +101,18 @@ class CudaExec : public Backend {
       CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
                                    cudaMemcpyDeviceToDevice, stream_));
   }
+  // From pageable memory cudaMemcpyAsync returns once the source is staged (CUDA's API
+  // synchronization rules), so the caller may reuse `host` at once, as the interface says; from
+  // pinned memory the copy reads the source later, so this waits for it.
   void upload(void* dst, const void* host, size_t bytes) override {
-    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, host) != cudaSuccess) {
+      cudaGetLastError();
+    } else if (a.type == cudaMemoryTypeHost) {
+      synchronize();
+    }
   }
   void download(void* host, const void* src, size_t bytes) override {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));

@@ -166,8 +166,7 @@ class ItemBackend final : public Exec {
       off[size_t(s) + 1] = off[size_t(s)] + int64_t(NH) * L * L;
     }
     DeviceBuffer<int64_t> d(*this, S + 1);
-    this->upload(d.data(), off.data(), d.bytes());
-    this->synchronize();  // `off` is pageable host memory that goes away on return
+    this->upload(d.data(), off.data(), d.bytes());  // `off` may go: upload consumed it
     return d;
   }
   static void check_head_size(int C, int NH) {

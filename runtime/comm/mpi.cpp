@@ -8,7 +8,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -16,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/comm/call_timer.h"
 #include "runtime/comm/check_mpi.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/core/check.h"
@@ -289,16 +289,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  // Adds the wall time of its scope to *total.
-  struct CallTimer {
-    explicit CallTimer(double* total) : total(total), t0(std::chrono::steady_clock::now()) {}
-    ~CallTimer() {
-      *total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    double* total;
-    std::chrono::steady_clock::time_point t0;
-  };
-
   void not_in_group(const char* what) const {
     BERTH_CHECK(in_flight_.empty(),
                 "{} while an asynchronous group is in flight: call wait() first", what);

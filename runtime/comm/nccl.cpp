@@ -17,11 +17,12 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <vector>
 
+#include "runtime/comm/call_timer.h"
 #include "runtime/comm/check_mpi.h"
 #include "runtime/core/check.h"
 
@@ -102,8 +103,12 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
   ~NcclCommunicator() override {
-    cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
+    if (std::uncaught_exceptions() > 0) {
+      ncclCommAbort(comm_);  // an error unwinds: peers may never come, do not wait for them
+    } else {
+      cudaStreamSynchronize(stream_);
+      ncclCommDestroy(comm_);
+    }
     cudaEventDestroy(before_);
     cudaEventDestroy(after_);
     cudaStreamDestroy(stream_);
@@ -242,15 +247,6 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  struct CallTimer {
-    explicit CallTimer(double* total) : total(total), t0(std::chrono::steady_clock::now()) {}
-    ~CallTimer() {
-      *total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    double* total;
-    std::chrono::steady_clock::time_point t0;
-  };
-
   // A collective's buffers on the device: host ones are copied to scratch memory (the input
   // before, the output back after, then waited for), device ones are used as they are.
   class Staged {

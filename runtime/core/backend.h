@@ -38,7 +38,9 @@ class Backend {
   // (device → device; e.g. q, k, v out of a fused qkv).
   virtual void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
                        size_t width, size_t rows) = 0;
-  virtual void upload(void* dst, const void* host, size_t bytes) = 0;  // host → device
+  // host → device; the host buffer may be reused as soon as the call returns (the copy itself
+  // may still be in flight on the stream)
+  virtual void upload(void* dst, const void* host, size_t bytes) = 0;
   virtual void download(void* host, const void* src, size_t bytes) = 0;  // device → host (waits)
   virtual void synchronize() = 0;
   // Bytes this backend holds now and at most so far (its pool on CUDA, its allocations on CPU).

@@ -223,8 +223,7 @@ void GPT<T>::upload_batch(Slot& sl, const PackedBatch& batch) {
         ids[size_t(i)] = s;
       }
     }
-    mem_->upload(sl.seq_ids.data(), ids.data(), n);
-    mem_->synchronize();  // `ids` goes away on return
+    mem_->upload(sl.seq_ids.data(), ids.data(), n);  // consumed on return
   }
 }
 

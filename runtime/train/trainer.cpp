@@ -137,8 +137,21 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
   // control stays on `world`.
   // A GPU device picks its GPU by the rank's place on its host (a collective over
   // MPI_COMM_WORLD: a trainer on a GPU spans the world).
-  backend_ = cfg_.run.device == "cpu" ? make_cpu_backend()
-                                      : make_backend(cfg_.run.device, mpi_local_rank().rank);
+  if (cfg_.run.device == "cpu") {
+    backend_ = make_cpu_backend();
+  } else {
+    const LocalRank local = mpi_local_rank();
+    backend_ = make_backend(cfg_.run.device, local.rank, local.size);
+    if (backend_->kind() == DeviceKind::kCuda && !nccl_built()) {
+      BERTH_CHECK(cfg_.run.device == "auto",
+                  "{}: run.device = \"cuda\" needs the NCCL communicator, which this berth was "
+                  "built without (install NCCL where CUDA is and rebuild)",
+                  where);
+      log_warn("run.device = \"auto\": a GPU is visible but this berth has no NCCL; training "
+               "on the CPU");
+      backend_ = make_cpu_backend();
+    }
+  }
   const bool cuda = backend_->kind() == DeviceKind::kCuda;
   BERTH_CHECK(cfg_.run.device == "cpu" ||
                   world.all_reduce_value(int(cuda), ReduceOp::SUM) % world.size() == 0,
