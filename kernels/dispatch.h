@@ -20,6 +20,7 @@ class Ops<float> {
  public:
   explicit Ops(Backend* be = nullptr) : be_(be != nullptr ? be : &cpu_backend()) {}
   Backend& backend() const { return *be_; }
+  Backend& memory() const { return *be_; }  // where scratch buffers for these ops live
 
   void encoder_forward(float* out, const int32_t* tokens, const int32_t* positions,
                        const float* wte, const float* wpe, int N, int C) const {
@@ -73,6 +74,39 @@ class Ops<float> {
     be_->crossentropy_backward(dlogits, logits, targets, dloss, N, V, Vp);
   }
 
+  void vocab_embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,
+                               const float* wte_local, const float* wpe, int N, int C,
+                               int Vp_local, int offset) const {
+    be_->vocab_embedding_forward(out, tokens, positions, wte_local, wpe, N, C, Vp_local, offset);
+  }
+  void vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout,
+                                const int32_t* tokens, const int32_t* positions, int N, int C,
+                                int Vp_local, int offset) const {
+    be_->vocab_embedding_backward(dwte_local, dwpe, dout, tokens, positions, N, C, Vp_local,
+                                  offset);
+  }
+  void vocab_ce_max(float* mx, const float* logits_local, int N, int real, int Vp_local) const {
+    be_->vocab_ce_max(mx, logits_local, N, real, Vp_local);
+  }
+  void vocab_ce_partials(float* st, const float* logits_local, const float* mx,
+                         const int32_t* targets, int N, int real, int Vp_local,
+                         int offset) const {
+    be_->vocab_ce_partials(st, logits_local, mx, targets, N, real, Vp_local, offset);
+  }
+  void vocab_ce_finish(float* losses, float* lse, const float* mx, const float* st,
+                       const int32_t* targets, int N) const {
+    be_->vocab_ce_finish(losses, lse, mx, st, targets, N);
+  }
+  void vocab_ce_backward(float* dlogits_local, const float* logits_local, const float* lse,
+                         const int32_t* targets, float dloss, int N, int real, int Vp_local,
+                         int offset) const {
+    be_->vocab_ce_backward(dlogits_local, logits_local, lse, targets, dloss, N, real, Vp_local,
+                           offset);
+  }
+  void bias_add(float* out, const float* bias, int N, int OC) const {
+    be_->bias_add(out, bias, N, OC);
+  }
+
  private:
   Backend* be_;
 };
@@ -84,6 +118,7 @@ class Ops<double> {
     BERTH_CHECK(be == nullptr || be->kind() == DeviceKind::kCpu,
                 "the fp64 model runs on the CPU reference only, not on {}", be->name());
   }
+  Backend& memory() const { return cpu_backend(); }
 
   void encoder_forward(double* out, const int32_t* tokens, const int32_t* positions,
                        const double* wte, const double* wpe, int N, int C) const {
@@ -135,6 +170,39 @@ class Ops<double> {
   void crossentropy_backward(double* dlogits, const double* logits, const int32_t* targets,
                              double dloss, int N, int V, int Vp) const {
     cpu::crossentropy_backward(dlogits, logits, targets, dloss, N, V, Vp);
+  }
+  void vocab_embedding_forward(double* out, const int32_t* tokens, const int32_t* positions,
+                               const double* wte_local, const double* wpe, int N, int C,
+                               int Vp_local, int offset) const {
+    cpu::vocab_embedding_forward(out, tokens, positions, wte_local, wpe, N, C, Vp_local, offset);
+  }
+  void vocab_embedding_backward(double* dwte_local, double* dwpe, const double* dout,
+                                const int32_t* tokens, const int32_t* positions, int N, int C,
+                                int Vp_local, int offset) const {
+    cpu::vocab_embedding_backward(dwte_local, dwpe, dout, tokens, positions, N, C, Vp_local,
+                                  offset);
+  }
+  void vocab_ce_max(double* mx, const double* logits_local, int N, int real,
+                    int Vp_local) const {
+    cpu::vocab_ce_max(mx, logits_local, N, real, Vp_local);
+  }
+  void vocab_ce_partials(double* st, const double* logits_local, const double* mx,
+                         const int32_t* targets, int N, int real, int Vp_local,
+                         int offset) const {
+    cpu::vocab_ce_partials(st, logits_local, mx, targets, N, real, Vp_local, offset);
+  }
+  void vocab_ce_finish(double* losses, double* lse, const double* mx, const double* st,
+                       const int32_t* targets, int N) const {
+    cpu::vocab_ce_finish(losses, lse, mx, st, targets, N);
+  }
+  void vocab_ce_backward(double* dlogits_local, const double* logits_local, const double* lse,
+                         const int32_t* targets, double dloss, int N, int real, int Vp_local,
+                         int offset) const {
+    cpu::vocab_ce_backward(dlogits_local, logits_local, lse, targets, dloss, N, real, Vp_local,
+                           offset);
+  }
+  void bias_add(double* out, const double* bias, int N, int OC) const {
+    cpu::bias_add(out, bias, N, OC);
   }
 };
 

@@ -115,6 +115,41 @@ template <typename T>
 void crossentropy_backward(T* dlogits, const T* logits, const int32_t* targets, T dloss, int N,
                            int V, int Vp);
 
+// ---- tensor parallelism: vocabulary shards, bias after a reduction --------------------------------
+// This rank holds wte rows [offset, offset + Vp_local). out (N,C) = wte_local[tokens[n] − offset]
+// where the token is this rank's, else 0, plus wpe[positions[n]] when wpe is not null. Summed over
+// the tp ranks (one of them passing wpe) it is encoder_forward.
+template <typename T>
+void vocab_embedding_forward(T* out, const int32_t* tokens, const int32_t* positions,
+                             const T* wte_local, const T* wpe, int N, int C, int Vp_local,
+                             int offset);
+// dwte_local += dout at this rank's tokens; dwpe += dout at the positions when not null.
+template <typename T>
+void vocab_embedding_backward(T* dwte_local, T* dwpe, const T* dout, const int32_t* tokens,
+                              const int32_t* positions, int N, int C, int Vp_local, int offset);
+// Cross-entropy over vocabulary shards, in three steps around two all-reduces over tp. logits_local
+// (N, Vp_local) hold global columns [offset, offset + Vp_local), of which the first `real` are
+// real vocabulary (global index < V).
+//   mx (N) = max over the row's real columns (−inf where none)              → all-reduce MAX
+template <typename T>
+void vocab_ce_max(T* mx, const T* logits_local, int N, int real, int Vp_local);
+//   st (2N): st[2n] = Σ exp(x − mx[n]) over the real columns, st[2n+1] = the target's logit when
+//   this rank holds it, else 0                                               → all-reduce SUM
+template <typename T>
+void vocab_ce_partials(T* st, const T* logits_local, const T* mx, const int32_t* targets, int N,
+                       int real, int Vp_local, int offset);
+//   lse (N) = mx + log st[2n]; losses (N) = lse − st[2n+1], 0 where the target is −1
+template <typename T>
+void vocab_ce_finish(T* losses, T* lse, const T* mx, const T* st, const int32_t* targets, int N);
+// dlogits_local = dloss · (exp(x − lse) − onehot(target)) on the real columns, 0 on the others and
+// on rows with target −1. May alias logits_local.
+template <typename T>
+void vocab_ce_backward(T* dlogits_local, const T* logits_local, const T* lse,
+                       const int32_t* targets, T dloss, int N, int real, int Vp_local, int offset);
+// out (N,OC) += bias (OC) on every row (a row-parallel linear's bias, after its all-reduce).
+template <typename T>
+void bias_add(T* out, const T* bias, int N, int OC);
+
 // ---- optimizer --------------------------------------------------------------------------------
 // AdamW step t (1-based) on n contiguous parameters, bias-corrected, decoupled weight decay:
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g²;  p -= lr (m̂/(sqrt(v̂)+eps) + wd p)

@@ -12,10 +12,10 @@
 //   vocabulary-parallel cross-entropy: this rank holds logits of vocabulary columns
 //     [offset, offset + Vp/tp). The max, Σexp and target logit are reduced over tp; the full
 //     logits are never gathered.
-// The ops run on `be` (kernels/dispatch.h: float on that Backend, the CPU one when null; double on
-// the CPU reference). With a tp group of more than one rank the vocabulary-parallel steps and the
-// row bias add are host loops: host memory. Collectives go through the Communicator. T is float
-// or double (the gradient-check model); collectives use the matching dtype.
+// Every buffer is in the memory of `be` and every op runs there (kernels/dispatch.h: float on that
+// Backend, the CPU one when null; double on the CPU reference); collectives go through the
+// Communicator (MPI on host buffers, NCCL on device buffers). T is float or double (the
+// gradient-check model); collectives use the matching dtype.
 #pragma once
 
 #include <cstdint>

@@ -273,6 +273,64 @@ TEST_F(BackendOps, CrossEntropyOverTheRealVocabulary) {
   check(d_logits, dl, "cross-entropy dlogits (in place)");
 }
 
+// A tensor-parallel rank's pieces: vocabulary shard [64, 128) of a vocabulary of 100 (36 real
+// columns), the embedding with and without wpe, the three cross-entropy steps, the bias add.
+TEST_F(BackendOps, VocabularyShardOps) {
+  const int C = 32, Vpl = 64, off = 64, real = 100 - off, maxT = 64;
+  std::vector<int32_t> tok(kN), pos(kN), targets(kN);
+  for (int n = 0; n < kN; ++n) {
+    tok[size_t(n)] = (n * 7) % 100, pos[size_t(n)] = n % 31;
+    targets[size_t(n)] = n % 6 == 5 ? -1 : (n * 11) % 100;
+  }
+  const auto wte = randn(size_t(Vpl) * C, 30), wpe = randn(size_t(maxT) * C, 31),
+             dout = randn(size_t(kN) * C, 32), logits = randn(size_t(kN) * Vpl, 33, 2.0f),
+             bias = randn(C, 34);
+  std::vector<float> e1(size_t(kN) * C), e2(e1.size()), dw(wte.size(), 0.5f), dp(wpe.size(), 0.f);
+  cpu::vocab_embedding_forward(e1.data(), tok.data(), pos.data(), wte.data(), wpe.data(), kN, C,
+                               Vpl, off);
+  cpu::vocab_embedding_forward(e2.data(), tok.data(), pos.data(), wte.data(),
+                               static_cast<const float*>(nullptr), kN, C, Vpl, off);
+  cpu::vocab_embedding_backward(dw.data(), dp.data(), dout.data(), tok.data(), pos.data(), kN, C,
+                                Vpl, off);
+  std::vector<float> mx(kN), st(2 * size_t(kN)), losses(kN), lse(kN), dl(logits.size());
+  cpu::vocab_ce_max(mx.data(), logits.data(), kN, real, Vpl);
+  cpu::vocab_ce_partials(st.data(), logits.data(), mx.data(), targets.data(), kN, real, Vpl, off);
+  cpu::vocab_ce_finish(losses.data(), lse.data(), mx.data(), st.data(), targets.data(), kN);
+  cpu::vocab_ce_backward(dl.data(), logits.data(), lse.data(), targets.data(), 0.25f, kN, real,
+                         Vpl, off);
+  std::vector<float> biased = e1;
+  cpu::bias_add(biased.data(), bias.data(), kN, C);
+
+  auto d_tok = up(tok), d_pos = up(pos), d_t = up(targets);
+  auto d_wte = up(wte), d_wpe = up(wpe), d_dout = up(dout), d_logits = up(logits),
+       d_bias = up(bias);
+  DeviceBuffer<float> d_e1(*be_, kN * C), d_e2(*be_, kN * C), d_mx(*be_, kN),
+      d_st(*be_, 2 * kN), d_losses(*be_, kN), d_lse(*be_, kN);
+  auto d_dw = up(std::vector<float>(wte.size(), 0.5f)), d_dp = up(std::vector<float>(wpe.size()));
+  be_->vocab_embedding_forward(d_e1.data(), d_tok.data(), d_pos.data(), d_wte.data(),
+                               d_wpe.data(), kN, C, Vpl, off);
+  be_->vocab_embedding_forward(d_e2.data(), d_tok.data(), d_pos.data(), d_wte.data(), nullptr, kN,
+                               C, Vpl, off);
+  be_->vocab_embedding_backward(d_dw.data(), d_dp.data(), d_dout.data(), d_tok.data(),
+                                d_pos.data(), kN, C, Vpl, off);
+  be_->vocab_ce_max(d_mx.data(), d_logits.data(), kN, real, Vpl);
+  be_->vocab_ce_partials(d_st.data(), d_logits.data(), d_mx.data(), d_t.data(), kN, real, Vpl,
+                         off);
+  be_->vocab_ce_finish(d_losses.data(), d_lse.data(), d_mx.data(), d_st.data(), d_t.data(), kN);
+  be_->vocab_ce_backward(d_logits.data(), d_logits.data(), d_lse.data(), d_t.data(), 0.25f, kN,
+                         real, Vpl, off);  // in place
+  be_->bias_add(d_e1.data(), d_bias.data(), kN, C);
+  check(d_e1, biased, "vocab embedding + wpe + bias");
+  check(d_e2, e2, "vocab embedding, no wpe");
+  check(d_dw, dw, "vocab embedding dwte (+=)");
+  check(d_dp, dp, "vocab embedding dwpe (+=)");
+  check(d_mx, mx, "vocab ce max");
+  check(d_st, st, "vocab ce partials");
+  check(d_losses, losses, "vocab ce losses");
+  check(d_lse, lse, "vocab ce lse");
+  check(d_logits, dl, "vocab ce dlogits (in place)");
+}
+
 TEST_F(BackendOps, AdamWAndSumSquares) {
   const int64_t n = 5000;
   auto p = randn(size_t(n), 24), m = randn(size_t(n), 25, 0.1f), v = randn(size_t(n), 26, 0.1f);

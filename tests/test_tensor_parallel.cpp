@@ -11,6 +11,7 @@
 #include "kernels/ops.h"
 #include "parallel/tensor_parallel.h"
 #include "runtime/core/check.h"
+#include "tests/host_items_backend.h"
 #include "tests/mpi_world.h"
 #include "tests/tolerance.h"
 
@@ -34,7 +35,7 @@ void expect_near(const std::vector<float>& got, const std::vector<float>& ref, t
 
 constexpr int N = 64, IC = 256, OC = 512;  // divisible by tp in {1, 2, 4}
 
-TEST(TensorParallel, ColumnLinearMatchesOneRank) {
+void ColumnLinearMatchesOneRank(Backend* be) {
   Communicator& tp = test::world();
   const int r = tp.rank(), P = tp.size(), OCl = OC / P;
   const auto inp = randn(size_t(N) * IC, 1), w = randn(size_t(OC) * IC, 2, 0.1f),
@@ -50,20 +51,20 @@ TEST(TensorParallel, ColumnLinearMatchesOneRank) {
   const auto doutl = shard_cols(dout.data(), N, OC, P, r);
   std::vector<float> outl(size_t(N) * OCl), dinpl(size_t(N) * IC), dwl(wl.size(), 0.f),
       dbl(bl.size(), 0.f);
-  column_linear_forward(nullptr, outl.data(), inp.data(), wl.data(), bl.data(), N, IC, OCl);
+  column_linear_forward(be, outl.data(), inp.data(), wl.data(), bl.data(), N, IC, OCl);
   // Bit-equal to the single-rank slice: the same dot products over IC in the same order.
   const std::vector<float> slice = shard_cols(out.data(), N, OC, P, r);
   int64_t differ = 0;
   for (size_t i = 0; i < slice.size(); ++i) differ += outl[i] != slice[i];
   EXPECT_EQ(differ, 0) << "column-parallel forward elements that are not bit-equal to one rank's";
-  column_linear_backward(nullptr, &tp, dinpl.data(), dwl.data(), dbl.data(), doutl.data(),
+  column_linear_backward(be, &tp, dinpl.data(), dwl.data(), dbl.data(), doutl.data(),
                          inp.data(), wl.data(), N, IC, OCl);
   expect_near(dinpl, dinp, test::kTensorParallel, "column dinp");
   expect_near(dwl, shard_rows(dw.data(), OC, IC, P, r), test::kTensorParallel, "column dw");
   expect_near(dbl, shard_rows(db.data(), OC, 1, P, r), test::kTensorParallel, "column db");
 }
 
-TEST(TensorParallel, RowLinearMatchesOneRank) {
+void RowLinearMatchesOneRank(Backend* be) {
   Communicator& tp = test::world();
   const int r = tp.rank(), P = tp.size(), ICl = IC / P;
   const auto inp = randn(size_t(N) * IC, 5), w = randn(size_t(OC) * IC, 6, 0.1f), b = randn(OC, 7),
@@ -75,16 +76,16 @@ TEST(TensorParallel, RowLinearMatchesOneRank) {
                        OC);
   const auto inpl = shard_cols(inp.data(), N, IC, P, r), wl = shard_cols(w.data(), OC, IC, P, r);
   std::vector<float> outl(size_t(N) * OC), dinpl(inpl.size()), dwl(wl.size(), 0.f), dbl(OC, 0.f);
-  row_linear_forward(nullptr, &tp, outl.data(), inpl.data(), wl.data(), b.data(), N, ICl, OC);
+  row_linear_forward(be, &tp, outl.data(), inpl.data(), wl.data(), b.data(), N, ICl, OC);
   expect_near(outl, out, test::kTensorParallel, "row out");
-  row_linear_backward(nullptr, dinpl.data(), dwl.data(), dbl.data(), dout.data(), inpl.data(),
+  row_linear_backward(be, dinpl.data(), dwl.data(), dbl.data(), dout.data(), inpl.data(),
                       wl.data(), N, ICl, OC);
   expect_near(dinpl, shard_cols(dinp.data(), N, IC, P, r), test::kTensorParallel, "row dinp");
   expect_near(dwl, shard_cols(dw.data(), OC, IC, P, r), test::kTensorParallel, "row dw");
   expect_near(dbl, db, test::kTensorParallel, "row db");
 }
 
-TEST(TensorParallel, VocabParallelEmbeddingMatchesOneRank) {
+void VocabParallelEmbeddingMatchesOneRank(Backend* be) {
   Communicator& tp = test::world();
   const int r = tp.rank(), P = tp.size();
   const int C = 24, Vp = 256, Vl = Vp / P, maxT = 8;
@@ -102,16 +103,16 @@ TEST(TensorParallel, VocabParallelEmbeddingMatchesOneRank) {
                         C);
   const auto wl = shard_rows(wte.data(), Vp, C, P, r);
   std::vector<float> outl(out.size()), dwl(wl.size(), 0.f), dwpel(wpe.size(), 0.f);
-  vocab_parallel_embedding_forward(nullptr, &tp, outl.data(), tokens.data(), positions.data(),
+  vocab_parallel_embedding_forward(be, &tp, outl.data(), tokens.data(), positions.data(),
                                    wl.data(), wpe.data(), N, C, Vl, r * Vl);
   expect_near(outl, out, test::kTensorParallel, "vocab-parallel embedding");
-  vocab_parallel_embedding_backward(nullptr, &tp, dwl.data(), dwpel.data(), dout.data(),
+  vocab_parallel_embedding_backward(be, &tp, dwl.data(), dwpel.data(), dout.data(),
                                     tokens.data(), positions.data(), N, C, Vl, r * Vl);
   expect_near(dwl, shard_rows(dwte.data(), Vp, C, P, r), test::kTensorParallel, "dwte shard");
   expect_near(dwpel, dwpe, test::kTensorParallel, "dwpe (replicated)");
 }
 
-TEST(TensorParallel, VocabParallelCrossEntropyMatchesOneRank) {
+void VocabParallelCrossEntropyMatchesOneRank(Backend* be) {
   Communicator& tp = test::world();
   const int r = tp.rank(), P = tp.size();
   const int V = 250, Vp = 256, Vl = Vp / P;  // padded columns live on the last rank
@@ -124,14 +125,33 @@ TEST(TensorParallel, VocabParallelCrossEntropyMatchesOneRank) {
   cpu::crossentropy_backward(dlogits.data(), logits.data(), targets.data(), 1.0f / N, N, V, Vp);
   const auto ll = shard_cols(logits.data(), N, Vp, P, r);
   std::vector<float> lossl(N), lse(N), dl(ll.size());
-  vocab_parallel_cross_entropy_forward(nullptr, &tp, lossl.data(), lse.data(), ll.data(),
+  vocab_parallel_cross_entropy_forward(be, &tp, lossl.data(), lse.data(), ll.data(),
                                        targets.data(), N, V, Vl, r * Vl);
   expect_near(lossl, losses, test::kTensorParallel, "vocab-parallel loss");
   EXPECT_EQ(lossl[3], 0.f) << "ignored target";
-  vocab_parallel_cross_entropy_backward(nullptr, &tp, dl.data(), ll.data(), lse.data(),
+  vocab_parallel_cross_entropy_backward(be, &tp, dl.data(), ll.data(), lse.data(),
                                         targets.data(), 1.0f / N, N, V, Vl, r * Vl);
   expect_near(dl, shard_cols(dlogits.data(), N, Vp, P, r), test::kTensorParallel,
               "vocab-parallel dlogits");
+}
+
+// Every primitive on the CPU backend, and on the CUDA backend's ops run on the host
+// (tests/host_items_backend.h), whose buffers are host memory like these vectors.
+TEST(TensorParallel, ColumnLinearMatchesOneRank) {
+  ColumnLinearMatchesOneRank(nullptr);
+  ColumnLinearMatchesOneRank(test::make_host_items_backend().get());
+}
+TEST(TensorParallel, RowLinearMatchesOneRank) {
+  RowLinearMatchesOneRank(nullptr);
+  RowLinearMatchesOneRank(test::make_host_items_backend().get());
+}
+TEST(TensorParallel, VocabParallelEmbeddingMatchesOneRank) {
+  VocabParallelEmbeddingMatchesOneRank(nullptr);
+  VocabParallelEmbeddingMatchesOneRank(test::make_host_items_backend().get());
+}
+TEST(TensorParallel, VocabParallelCrossEntropyMatchesOneRank) {
+  VocabParallelCrossEntropyMatchesOneRank(nullptr);
+  VocabParallelCrossEntropyMatchesOneRank(test::make_host_items_backend().get());
 }
 
 TEST(TensorParallel, ShardingRefusesIndivisibleDimensions) {

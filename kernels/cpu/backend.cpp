@@ -133,6 +133,38 @@ class CpuBackend final : public Backend {
                              float dloss, int N, int V, int Vp) override {
     cpu::crossentropy_backward(dlogits, logits, targets, dloss, N, V, Vp);
   }
+  void vocab_embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,
+                               const float* wte_local, const float* wpe, int N, int C,
+                               int Vp_local, int offset) override {
+    cpu::vocab_embedding_forward(out, tokens, positions, wte_local, wpe, N, C, Vp_local, offset);
+  }
+  void vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout,
+                                const int32_t* tokens, const int32_t* positions, int N, int C,
+                                int Vp_local, int offset) override {
+    cpu::vocab_embedding_backward(dwte_local, dwpe, dout, tokens, positions, N, C, Vp_local,
+                                  offset);
+  }
+  void vocab_ce_max(float* mx, const float* logits_local, int N, int real, int Vp_local) override {
+    cpu::vocab_ce_max(mx, logits_local, N, real, Vp_local);
+  }
+  void vocab_ce_partials(float* st, const float* logits_local, const float* mx,
+                         const int32_t* targets, int N, int real, int Vp_local,
+                         int offset) override {
+    cpu::vocab_ce_partials(st, logits_local, mx, targets, N, real, Vp_local, offset);
+  }
+  void vocab_ce_finish(float* losses, float* lse, const float* mx, const float* st,
+                       const int32_t* targets, int N) override {
+    cpu::vocab_ce_finish(losses, lse, mx, st, targets, N);
+  }
+  void vocab_ce_backward(float* dlogits_local, const float* logits_local, const float* lse,
+                         const int32_t* targets, float dloss, int N, int real, int Vp_local,
+                         int offset) override {
+    cpu::vocab_ce_backward(dlogits_local, logits_local, lse, targets, dloss, N, real, Vp_local,
+                           offset);
+  }
+  void bias_add(float* out, const float* bias, int N, int OC) override {
+    cpu::bias_add(out, bias, N, OC);
+  }
   void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                     int64_t t) override {

@@ -131,6 +131,52 @@ class ItemBackend final : public Exec {
       body::crossentropy_backward(int(n), dlogits, logits, targets, dloss, V, Vp);
     });
   }
+  void vocab_embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,
+                               const float* wte_local, const float* wpe, int N, int C,
+                               int Vp_local, int offset) override {
+    this->launch("vocab_embedding_forward", int64_t(N) * C, [=] BERTH_LAMBDA(int64_t i) {
+      body::vocab_embedding_forward(i, out, tokens, positions, wte_local, wpe, C, Vp_local,
+                                    offset);
+    });
+  }
+  void vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout,
+                                const int32_t* tokens, const int32_t* positions, int N, int C,
+                                int Vp_local, int offset) override {
+    this->launch("vocab_embedding_backward", int64_t(N) * C, [=] BERTH_LAMBDA(int64_t i) {
+      body::vocab_embedding_backward(i, dwte_local, dwpe, dout, tokens, positions, C, Vp_local,
+                                     offset);
+    });
+  }
+  void vocab_ce_max(float* mx, const float* logits_local, int N, int real, int Vp_local) override {
+    this->launch("vocab_ce_max", N, [=] BERTH_LAMBDA(int64_t n) {
+      body::vocab_ce_max(int(n), mx, logits_local, real, Vp_local);
+    });
+  }
+  void vocab_ce_partials(float* st, const float* logits_local, const float* mx,
+                         const int32_t* targets, int N, int real, int Vp_local,
+                         int offset) override {
+    this->launch("vocab_ce_partials", N, [=] BERTH_LAMBDA(int64_t n) {
+      body::vocab_ce_partials(int(n), st, logits_local, mx, targets, real, Vp_local, offset);
+    });
+  }
+  void vocab_ce_finish(float* losses, float* lse, const float* mx, const float* st,
+                       const int32_t* targets, int N) override {
+    this->launch("vocab_ce_finish", N, [=] BERTH_LAMBDA(int64_t n) {
+      body::vocab_ce_finish(int(n), losses, lse, mx, st, targets);
+    });
+  }
+  void vocab_ce_backward(float* dlogits_local, const float* logits_local, const float* lse,
+                         const int32_t* targets, float dloss, int N, int real, int Vp_local,
+                         int offset) override {
+    this->launch("vocab_ce_backward", N, [=] BERTH_LAMBDA(int64_t n) {
+      body::vocab_ce_backward(int(n), dlogits_local, logits_local, lse, targets, dloss, real,
+                              Vp_local, offset);
+    });
+  }
+  void bias_add(float* out, const float* bias, int N, int OC) override {
+    this->launch("bias_add", int64_t(N) * OC,
+                 [=] BERTH_LAMBDA(int64_t i) { body::add_bias(i, out, bias, OC); });
+  }
   void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                     int64_t t) override {

@@ -151,6 +151,61 @@ BERTH_HD void crossentropy_backward(int n, float* dlogits, const float* logits,
   for (int v = V; v < Vp; v++) drow[v] = 0;
 }
 
+// ---- tensor parallelism: vocabulary shards --------------------------------------------------------
+// item i over N·C
+BERTH_HD void vocab_embedding_forward(int64_t i, float* out, const int32_t* tokens,
+                                      const int32_t* positions, const float* wte_local,
+                                      const float* wpe, int C, int Vp_local, int offset) {
+  const int64_t n = i / C, c = i % C;
+  const int32_t t = tokens[n] - offset;
+  const float w = t >= 0 && t < Vp_local ? wte_local[int64_t(t) * C + c] : 0.0f;
+  out[i] = w + (wpe != nullptr ? wpe[int64_t(positions[n]) * C + c] : 0.0f);
+}
+BERTH_HD void vocab_embedding_backward(int64_t i, float* dwte_local, float* dwpe,
+                                       const float* dout, const int32_t* tokens,
+                                       const int32_t* positions, int C, int Vp_local,
+                                       int offset) {
+  const int64_t n = i / C, c = i % C;
+  const int32_t t = tokens[n] - offset;
+  if (t >= 0 && t < Vp_local) atomic_add(dwte_local + int64_t(t) * C + c, dout[i]);
+  if (dwpe != nullptr) atomic_add(dwpe + int64_t(positions[n]) * C + c, dout[i]);
+}
+// row n
+BERTH_HD void vocab_ce_max(int n, float* mx, const float* logits_local, int real, int Vp_local) {
+  const float* row = logits_local + int64_t(n) * Vp_local;
+  float m = neg_inf();
+  for (int v = 0; v < real; v++) m = row[v] > m ? row[v] : m;
+  mx[n] = m;
+}
+BERTH_HD void vocab_ce_partials(int n, float* st, const float* logits_local, const float* mx,
+                                const int32_t* targets, int real, int Vp_local, int offset) {
+  const float* row = logits_local + int64_t(n) * Vp_local;
+  float sum = 0;
+  for (int v = 0; v < real; v++) sum += expf(row[v] - mx[n]);
+  st[2 * int64_t(n)] = sum;
+  const int32_t t = targets[n];
+  st[2 * int64_t(n) + 1] = t >= offset && t < offset + real ? row[t - offset] : 0.0f;
+}
+BERTH_HD void vocab_ce_finish(int n, float* losses, float* lse, const float* mx, const float* st,
+                              const int32_t* targets) {
+  lse[n] = mx[n] + logf(st[2 * int64_t(n)]);
+  losses[n] = targets[n] < 0 ? 0.0f : lse[n] - st[2 * int64_t(n) + 1];
+}
+BERTH_HD void vocab_ce_backward(int n, float* dlogits_local, const float* logits_local,
+                                const float* lse, const int32_t* targets, float dloss, int real,
+                                int Vp_local, int offset) {
+  const float* row = logits_local + int64_t(n) * Vp_local;
+  float* drow = dlogits_local + int64_t(n) * Vp_local;
+  const int32_t t = targets[n];
+  if (t < 0) {
+    for (int v = 0; v < Vp_local; v++) drow[v] = 0;
+    return;
+  }
+  for (int v = 0; v < real; v++) drow[v] = dloss * expf(row[v] - lse[n]);  // read, then write
+  for (int v = real; v < Vp_local; v++) drow[v] = 0;
+  if (t >= offset && t < offset + real) drow[t - offset] -= dloss;
+}
+
 // ---- AdamW: item i (inv_bc1, inv_bc2 = 1 / bias corrections, computed once on the host) ---------
 BERTH_HD void adamw_update(int64_t i, float* params, const float* grads, float* m, float* v,
                            float lr, float beta1, float beta2, float eps, float weight_decay,

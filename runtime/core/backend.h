@@ -91,6 +91,24 @@ class Backend {
                                     int N, int V, int Vp) = 0;
   virtual void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                                      float dloss, int N, int V, int Vp) = 0;
+  virtual void vocab_embedding_forward(float* out, const int32_t* tokens,
+                                       const int32_t* positions, const float* wte_local,
+                                       const float* wpe, int N, int C, int Vp_local,
+                                       int offset) = 0;
+  virtual void vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout,
+                                        const int32_t* tokens, const int32_t* positions, int N,
+                                        int C, int Vp_local, int offset) = 0;
+  virtual void vocab_ce_max(float* mx, const float* logits_local, int N, int real,
+                            int Vp_local) = 0;
+  virtual void vocab_ce_partials(float* st, const float* logits_local, const float* mx,
+                                 const int32_t* targets, int N, int real, int Vp_local,
+                                 int offset) = 0;
+  virtual void vocab_ce_finish(float* losses, float* lse, const float* mx, const float* st,
+                               const int32_t* targets, int N) = 0;
+  virtual void vocab_ce_backward(float* dlogits_local, const float* logits_local,
+                                 const float* lse, const int32_t* targets, float dloss, int N,
+                                 int real, int Vp_local, int offset) = 0;
+  virtual void bias_add(float* out, const float* bias, int N, int OC) = 0;
   virtual void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                             float lr, float beta1, float beta2, float eps, float weight_decay,
                             float grad_scale, int64_t t) = 0;

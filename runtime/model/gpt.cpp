@@ -29,10 +29,6 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard,
       max_T_(max_T) {
   BERTH_CHECK(max_B > 0 && max_T > 0, "batch shape must be positive, got B={} T={}", max_B,
               max_T);
-  BERTH_CHECK(shard.tp == 1 || mem_->kind() == DeviceKind::kCpu,
-              "tensor parallelism on {} is not built yet: its vocabulary-parallel embedding and "
-              "loss are host loops (docs/gpu.md); use tp = 1 there",
-              mem_->name());
   BERTH_CHECK(max_T <= cfg.maxT, "seq_len ({}) > max_seq_len ({})", max_T, cfg.maxT);
   BERTH_CHECK(slots >= 1, "a model needs at least one activation slot, got {}", slots);
   BERTH_CHECK(shard.tp == 1 || (tp_ != nullptr && tp_->size() == shard.tp &&

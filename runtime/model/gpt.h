@@ -36,8 +36,7 @@ class GPT {
   // held at once (the pipeline's micro-batches in flight on this stage); each slot holds one
   // max_B × max_T batch.
   // `backend`: where the buffers live and the ops run (null = the CPU backend). fp64 runs on the
-  // CPU only. Tensor parallelism (tp > 1) has host loops (vocabulary-parallel embedding and loss):
-  // it needs a backend on host memory.
+  // CPU only.
   GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard = {},
       Communicator* tp = nullptr, int slots = 1, Backend* backend = nullptr);
 

@@ -158,13 +158,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
               "{}: run.device = \"{}\" found a GPU on some ranks only; set run.device = \"cuda\" "
               "or \"cpu\" explicitly",
               where, cfg_.run.device);
-  if (cuda) {
-    BERTH_CHECK(shape.tp == 1,
-                "{}: tensor parallelism on the GPU is not built yet (its vocabulary-parallel "
-                "embedding and loss are host loops; docs/gpu.md): use parallel.tp = 1",
-                where);
-    device_world_ = make_nccl_world(*backend_);
-  }
+  if (cuda) device_world_ = make_nccl_world(*backend_);
   grid_ = std::make_unique<ProcessGrid>(cuda ? *device_world_ : world, shape);
   // Checkpoints hold the model at the plain padding (128); a TP run pads to 128·tp.
   canonical_ = make_gpt_config(cfg_.model.n_layer, cfg_.model.n_head, cfg_.model.d_model,
