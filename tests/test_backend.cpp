@@ -365,6 +365,19 @@ TEST_F(BackendOps, MemoryIsAccountedAndReturned) {
 }
 
 #if !BERTH_TEST_CUDA
+// The guarded host-items backend (tests/host_items_backend.h) faults on host access to its memory
+// outside its calls, as a GPU's memory would: what test_model_backend and test_train rely on.
+TEST(GuardedHostItems, HostAccessOutsideACallFaults) {
+  auto be = test::make_host_items_backend(true);
+  DeviceBuffer<float> buf(*be, 16);
+  be->fill(buf.data(), 16, 2.0f);
+  std::vector<float> h(16);
+  be->download(h.data(), buf.data(), buf.bytes());
+  EXPECT_EQ(h[15], 2.0f);
+  volatile float* raw = buf.data();
+  EXPECT_DEATH({ h[0] = raw[3]; }, "");
+}
+
 TEST(BackendFactory, ChoosesAndExplains) {
   EXPECT_EQ(make_backend("cpu", 0)->kind(), DeviceKind::kCpu);
   try {

@@ -14,7 +14,9 @@
 #include "runtime/core/check.h"
 #include "runtime/io/token_dataset.h"
 #include "runtime/train/trainer.h"
+#include "runtime/train/checkpoint.h"
 #include "tests/expect_error.h"
+#include "tests/host_items_backend.h"
 #include "tests/mpi_world.h"
 #include "tests/synthetic_data.h"
 #include "tests/tolerance.h"
@@ -114,6 +116,40 @@ TEST_F(TrainTest, DeviceAutoIsTheCpuWithoutAGpuAndCudaSaysWhy) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
   }
+}
+
+// The whole trainer (steps, evaluation, checkpoint save, resume) on the CUDA backend's ops run on
+// the host, guarded: its memory faults on any host access outside the backend's calls, as a
+// GPU's would. Losses and validation losses match the CPU backend's to kBackendLoss, and a resume
+// continues exactly as on the CPU.
+TEST_F(TrainTest, TrainerOnTheCudaBackendsOpsMatchesTheCpuAndNeverTouchesItsMemory) {
+  RunConfig cfg = config(8);
+  cfg.eval.interval = 4;
+  cfg.eval.batches = 2;
+  cfg.checkpoint.interval = 4;
+  auto run = [&](Backend* be, const std::string& name, const std::string& resume) {
+    RunConfig c = cfg;
+    c.run.name = name;
+    Trainer t(c, *world(), be);
+    if (!resume.empty()) t.resume(resume);
+    std::vector<double> out;
+    for (const StepStats& st : t.run()) {
+      out.push_back(st.loss);
+      if (st.val_loss >= 0) out.push_back(st.val_loss);
+    }
+    return std::make_pair(out, t.run_dir());
+  };
+  const auto cpu = run(nullptr, "cpu", "").first;
+  auto items = test::make_host_items_backend(true);
+  const auto [gpu_ops, dir] = run(items.get(), "items", "");
+  ASSERT_EQ(cpu.size(), gpu_ops.size());
+  test::expect_close(gpu_ops.data(), cpu.data(), int64_t(cpu.size()), test::kBackendLoss,
+                     "trainer losses, host-items vs CPU");
+  // resume the guarded run from its step-4 checkpoint: the same last 4 steps (and eval)
+  const auto resumed = run(items.get(), "items2", dir + "/checkpoints/" + checkpoint_dir_name(4)).first;
+  ASSERT_EQ(resumed.size(), 5u);
+  for (size_t i = 0; i < resumed.size(); ++i)
+    EXPECT_EQ(resumed[i], gpu_ops[gpu_ops.size() - 5 + i]) << i;
 }
 
 TEST_F(TrainTest, OneAndTwoThreadsAgree) {

@@ -118,7 +118,8 @@ void check_dataset_fits(const TokenDataset& ds, const std::string& path, const R
               path, ds.n_tokens(), cfg.data.seq_len + 1);
 }
 
-Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(world) {
+Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
+    : cfg_(cfg), world_(world) {
   heap_baseline_ = heap_in_use_bytes();
   validate_config(cfg_);
   const std::string where = cfg_.source.empty() ? "config" : cfg_.source;
@@ -132,26 +133,31 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
   const GridShape shape = resolve_grid(
       GridRequest{cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.cp, cfg_.parallel.dp},
       world.size(), cfg_.model.n_head, cfg_.model.n_layer);
-  // The device (run.device): every rank the same kind. With CUDA the grid's groups are NCCL
-  // communicators over the same ranks (the model's buffers are on the device); host-side
-  // control stays on `world`.
-  // A GPU device picks its GPU by the rank's place on its host (a collective over
-  // MPI_COMM_WORLD: a trainer on a GPU spans the world).
-  if (cfg_.run.device == "cpu") {
-    backend_ = make_cpu_backend();
+  // The device (run.device): every rank the same kind. A GPU is picked by the rank's place on
+  // its host (a collective over MPI_COMM_WORLD: a trainer on a GPU spans the world). With CUDA
+  // the grid's groups are NCCL communicators over the same ranks (the model's buffers are on the
+  // device); host-side control stays on `world`.
+  if (backend != nullptr) {
+    BERTH_CHECK(backend->kind() == DeviceKind::kCpu,
+                "a backend given to the trainer must be on host memory (tests), not {}",
+                backend->name());
+    backend_ = backend;
+  } else if (cfg_.run.device == "cpu") {
+    own_backend_ = make_cpu_backend();
   } else {
     const LocalRank local = mpi_local_rank();
-    backend_ = make_backend(cfg_.run.device, local.rank, local.size);
-    if (backend_->kind() == DeviceKind::kCuda && !nccl_built()) {
+    own_backend_ = make_backend(cfg_.run.device, local.rank, local.size);
+    if (own_backend_->kind() == DeviceKind::kCuda && !nccl_built()) {
       BERTH_CHECK(cfg_.run.device == "auto",
                   "{}: run.device = \"cuda\" needs the NCCL communicator, which this berth was "
                   "built without (install NCCL where CUDA is and rebuild)",
                   where);
       log_warn("run.device = \"auto\": a GPU is visible but this berth has no NCCL; training "
                "on the CPU");
-      backend_ = make_cpu_backend();
+      own_backend_ = make_cpu_backend();
     }
   }
+  if (backend_ == nullptr) backend_ = own_backend_.get();
   const bool cuda = backend_->kind() == DeviceKind::kCuda;
   BERTH_CHECK(cfg_.run.device == "cpu" ||
                   world.all_reduce_value(int(cuda), ReduceOp::SUM) % world.size() == 0,
@@ -201,7 +207,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world) : cfg_(cfg), world_(
   }
 
   model_ = std::make_unique<GPT<float>>(gcfg_, B, T / cp, shard_, &grid_->tp(),
-                                        max_in_flight(train_actions_), backend_.get());
+                                        max_in_flight(train_actions_), backend_);
   model_->init_weights(uint64_t(cfg_.run.seed));
   model_->set_context_parallel(&grid_->cp());
   cp_batches_.resize(size_t(cfg_.parallel.microbatches));

@@ -47,7 +47,9 @@ class Trainer {
   // Validates the config and the parallel layout against `world`, reads the datasets and checks
   // them against the model, allocates everything. Throws Error with an actionable message on any
   // bad input. Collective over `world` (every rank constructs its Trainer together).
-  Trainer(const RunConfig& cfg, Communicator& world);
+  // `backend` (tests): run on this backend, on host memory, instead of making run.device's; the
+  // caller keeps it alive.
+  Trainer(const RunConfig& cfg, Communicator& world, Backend* backend = nullptr);
 
   // Continues from a checkpoint: `spec` is a checkpoint directory or "auto" (the newest complete
   // checkpoint in checkpoint.dir; none there = start at step 0, with a notice). Restores weights,
@@ -104,7 +106,8 @@ class Trainer {
 
   RunConfig cfg_;
   Communicator& world_;  // MPI: host-side control (decisions, checkpoints, metrics)
-  std::unique_ptr<Backend> backend_;           // where the model runs (run.device)
+  std::unique_ptr<Backend> own_backend_;       // run.device's backend, unless one was given
+  Backend* backend_ = nullptr;                 // where the model runs
   std::unique_ptr<Communicator> device_world_;  // NCCL over the same ranks with the CUDA backend
   std::unique_ptr<ProcessGrid> grid_;           // on device_world_ when it exists, else world_
   GPTConfig gcfg_;       // the model as trained (vocabulary padded to 128·tp)
