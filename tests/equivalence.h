@@ -26,8 +26,9 @@ struct TrainedRun {
   std::vector<float> params;
 };
 
-inline TrainedRun train_run(const RunConfig& cfg, Communicator& comm) {
-  Trainer t(cfg, comm);
+// `be` (optional): the backend to train on (tests/host_items_backend.h), else run.device's.
+inline TrainedRun train_run(const RunConfig& cfg, Communicator& comm, Backend* be = nullptr) {
+  Trainer t(cfg, comm, be);
   TrainedRun r;
   for (int64_t s = 0; s < cfg.train.steps; s++) r.losses.push_back(t.train_step(s).loss);
   std::vector<float> whole = t.full_params();  // collective

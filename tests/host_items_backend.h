@@ -12,12 +12,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <map>
+#include <vector>
 #include <memory>
 #include <string>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/item_backend.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/core/check.h"
 
 namespace berth::test {
@@ -90,13 +93,18 @@ class HostExec : public Backend {
     for (int64_t i = 0; i < n; ++i) f(i);
   }
 
- private:
-  // Makes every allocation readable and writable for its scope (guarded mode).
+ public:
+  // Makes every allocation readable and writable for its scope (guarded mode): the backend's own
+  // calls, and a communicator's on its memory (GuardedComm), as NCCL reads device memory.
   struct Open {
     explicit Open(HostExec* e) : e(e) { e->protect(PROT_READ | PROT_WRITE); }
     ~Open() { e->protect(PROT_NONE); }
+    Open(const Open&) = delete;
+    Open& operator=(const Open&) = delete;
     HostExec* e;
   };
+
+ private:
   void protect(int prot) {
     if (!guarded_) return;
     for (auto& [p, n] : maps_) mprotect(p, n, prot);
@@ -111,5 +119,67 @@ class HostExec : public Backend {
 inline std::unique_ptr<Backend> make_host_items_backend(bool guarded = false) {
   return std::make_unique<cuda::ItemBackend<HostExec>>(guarded);
 }
+
+// A communicator over another (MPI, host memory) whose calls may read and write a guarded
+// host-items backend's memory, as NCCL reads and writes device memory: each call opens the
+// guard. Between calls the memory is closed again, and MPI moves a posted message only inside
+// its calls, so a transfer in flight cannot touch it either. split() wraps the new group too.
+class GuardedComm final : public Communicator {
+ public:
+  GuardedComm(Communicator& inner, Backend& guarded)
+      : inner_(&inner), exec_(dynamic_cast<HostExec*>(&guarded)) {
+    BERTH_CHECK(exec_ != nullptr, "GuardedComm needs a host-items backend");
+  }
+  GuardedComm(std::unique_ptr<Communicator> owned, Backend& guarded)
+      : GuardedComm(*owned, guarded) {
+    owned_ = std::move(owned);
+  }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void all_reduce(const void* s, void* r, size_t n, DType t, ReduceOp op) override {
+    call([&] { inner_->all_reduce(s, r, n, t, op); });
+  }
+  void reduce_scatter(const void* s, void* r, const std::vector<size_t>& c, DType t,
+                      ReduceOp op) override {
+    call([&] { inner_->reduce_scatter(s, r, c, t, op); });
+  }
+  void all_gather(const void* s, void* r, const std::vector<size_t>& c, DType t) override {
+    call([&] { inner_->all_gather(s, r, c, t); });
+  }
+  void broadcast(void* b, size_t n, DType t, int root) override {
+    call([&] { inner_->broadcast(b, n, t, root); });
+  }
+  void group_begin() override { call([&] { inner_->group_begin(); }); }
+  void group_end() override { call([&] { inner_->group_end(); }); }
+  void group_end_async() override { call([&] { inner_->group_end_async(); }); }
+  void wait() override { call([&] { inner_->wait(); }); }
+  void send(const void* b, size_t n, DType t, int peer) override {
+    call([&] { inner_->send(b, n, t, peer); });
+  }
+  void recv(void* b, size_t n, DType t, int peer) override {
+    call([&] { inner_->recv(b, n, t, peer); });
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    std::unique_ptr<Communicator> sub = inner_->split(color, key);
+    if (!sub) return nullptr;
+    return std::make_unique<GuardedComm>(std::move(sub), *dynamic_cast<Backend*>(exec_));
+  }
+  void barrier() override { call([&] { inner_->barrier(); }); }
+  [[noreturn]] void abort(int code) override {
+    inner_->abort(code);
+    std::abort();  // not reached: the inner abort does not return
+  }
+
+ private:
+  template <typename F>
+  void call(F f) {
+    const HostExec::Open open(exec_);
+    f();
+    stats_ = inner_->stats();
+  }
+  std::unique_ptr<Communicator> owned_;
+  Communicator* inner_;
+  HostExec* exec_;
+};
 
 }  // namespace berth::test

@@ -22,6 +22,7 @@
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/trainer.h"
 #include "tests/equivalence.h"
+#include "tests/host_items_backend.h"
 #include "tests/mpi_world.h"
 #include "tests/synthetic_data.h"
 #include "tests/tolerance.h"
@@ -132,6 +133,26 @@ TEST_F(ModelParallelTest, EveryLayoutOfThisWorldMatchesOneRank) {
   }
   if (tested == 0) GTEST_SKIP() << "no layout of the matrix has " << world().size() << " ranks";
   RecordProperty("layouts", tested);
+}
+
+// The same layouts with every op on the CUDA backend's ops run on the host, guarded (host code
+// never touches the backend's memory; the communicator opens it for its calls, as NCCL reads
+// device memory): pipeline transfers, tensor-parallel collectives, the ring, ZeRO and the tied
+// embeddings all move "device" buffers, and every loss and the final model match one CPU rank.
+TEST_F(ModelParallelTest, EveryLayoutOnTheCudaBackendsOpsMatchesOneRank) {
+  int tested = 0;
+  for (const Layout& l : kMatrix) {
+    if (l.world() != world().size()) continue;
+    auto be = test::make_host_items_backend(true);
+    test::GuardedComm comm(world(), *be);
+    const Run& ref = reference(l.dp, 4);
+    RunConfig c = config(l, kRowsPerMicroBatch, 4);
+    c.run.name += " host-items";
+    expect_same_training(test::train_run(c, comm, be.get()), ref,
+                         l.name() + ", 4 micro-batches, host-items (guarded)");
+    ++tested;
+  }
+  if (tested == 0) GTEST_SKIP() << "no layout of the matrix has " << world().size() << " ranks";
 }
 
 TEST_F(ModelParallelTest, AllForwardAllBackwardMatchesOneRank) {
