@@ -56,6 +56,15 @@ class Ops<float> {
                           int C, int NH) const {
     be_->attention_backward(dqkv, datt, dout, qkv, att, cu, cu_host, S, C, NH);
   }
+  void attention_varlen_forward(float* out, float* lse, const float* qkv, const int32_t* cu,
+                                const int32_t* cu_host, int S, int C, int NH) const {
+    be_->attention_varlen_forward(out, lse, qkv, cu, cu_host, S, C, NH);
+  }
+  void attention_varlen_backward(float* dqkv, const float* dout, const float* out,
+                                 const float* lse, const float* qkv, const int32_t* cu,
+                                 const int32_t* cu_host, int S, int C, int NH) const {
+    be_->attention_varlen_backward(dqkv, dout, out, lse, qkv, cu, cu_host, S, C, NH);
+  }
   void gelu_forward(float* out, const float* inp, int64_t n) const {
     be_->gelu_forward(out, inp, n);
   }

@@ -90,6 +90,18 @@ void attention_block_backward(float* dq, float* dk, float* dv, const float* dout
                               const int32_t* q_seq, const int32_t* q_pos, const int32_t* k_seq,
                               const int32_t* k_pos, int nq, int nk, int C, int NH);
 
+// ---- causal attention per sequence, flash-style (never an L×L matrix) -------------------------
+// The same attention as attention_forward on qkv (N,3C) and cu_seqlens (S+1 entries, N tokens),
+// by an online softmax per (query, head): out (N,C), and lse (N,NH) = log Σ exp(scores) over the
+// keys the query sees instead of the probabilities. fp32, exact exp.
+void attention_varlen_forward(float* out, float* lse, const float* qkv, const int32_t* cu_seqlens,
+                              int S, int C, int NH);
+// dqkv (N,3C) overwritten, from the forward's out and lse and dout (scores recomputed):
+// D = rowsum(dout ∘ out); P = exp(scores − lse); dV = Pᵀ dout; dS = P ∘ (dout·vᵀ − D);
+// dQ = dS k / √HS; dK = dSᵀ q / √HS.
+void attention_varlen_backward(float* dqkv, const float* dout, const float* out, const float* lse,
+                               const float* qkv, const int32_t* cu_seqlens, int S, int C, int NH);
+
 // ---- GELU (tanh approximation) ----------------------------------------------------------------
 // out (n) = gelu(inp); dinp (n) = gelu'(inp) * dout (overwrite; dinp may alias dout)
 template <typename T>

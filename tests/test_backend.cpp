@@ -176,6 +176,41 @@ TEST_F(BackendOps, PackedCausalAttentionForwardAndBackward) {
   }
 }
 
+// The flash-style varlen attention (online softmax, LSE kept) against the probabilities kernels,
+// on packed documents of 17, 31 and 11 tokens, head sizes 64 and 128: the CPU reference first,
+// then the backend's against it.
+TEST_F(BackendOps, FlashStyleVarlenAttentionEqualsTheProbabilitiesKernels) {
+  for (int NH : {2, 1}) {
+    const int C = 128;
+    SCOPED_TRACE(NH);
+    const auto qkv = randn(size_t(kN) * 3 * C, 40), dout = randn(size_t(kN) * C, 41);
+    const size_t na = static_cast<size_t>(cpu::attention_att_size(kCu.data(), kS, NH));
+    std::vector<float> out(size_t(kN) * C), att(na), dqkv(qkv.size()), datt(na);
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), kCu.data(), kS, C, NH);
+    cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(),
+                            kCu.data(), kS, C, NH);
+    std::vector<float> fo(out.size()), lse(size_t(kN) * NH), fd(qkv.size());
+    cpu::attention_varlen_forward(fo.data(), lse.data(), qkv.data(), kCu.data(), kS, C, NH);
+    cpu::attention_varlen_backward(fd.data(), dout.data(), fo.data(), lse.data(), qkv.data(),
+                                   kCu.data(), kS, C, NH);
+    {
+      const auto a = as_double(fo), b = as_double(out), c = as_double(fd), d = as_double(dqkv);
+      expect_close(a.data(), b.data(), int64_t(a.size()), test::kBackendF32, "cpu varlen out");
+      expect_close(c.data(), d.data(), int64_t(c.size()), test::kBackendF32, "cpu varlen dqkv");
+    }
+    auto d_qkv = up(qkv), d_dout = up(dout);
+    auto d_cu = up(kCu);
+    DeviceBuffer<float> d_out(*be_, kN * C), d_lse(*be_, kN * NH), d_dqkv(*be_, kN * 3 * C);
+    be_->attention_varlen_forward(d_out.data(), d_lse.data(), d_qkv.data(), d_cu.data(),
+                                  kCu.data(), kS, C, NH);
+    be_->attention_varlen_backward(d_dqkv.data(), d_dout.data(), d_out.data(), d_lse.data(),
+                                   d_qkv.data(), d_cu.data(), kCu.data(), kS, C, NH);
+    check(d_out, fo, "varlen out");
+    check(d_lse, lse, "varlen lse");
+    check(d_dqkv, fd, "varlen dqkv");
+  }
+}
+
 // Ring attention's pieces: a query block against two key blocks (sequence ids and global
 // positions as cp_shard gives them), merged by LSE, and the block backward.
 TEST_F(BackendOps, AttentionBlocksAndLseMerge) {

@@ -98,6 +98,16 @@ class CpuBackend final : public Backend {
                           int C, int NH) override {
     cpu::attention_backward(dqkv, datt, dout, qkv, att, cu_seqlens, S, C, NH);
   }
+  void attention_varlen_forward(float* out, float* lse, const float* qkv, const int32_t* cu,
+                                const int32_t*, int S, int C, int NH) override {
+    cpu::attention_varlen_forward(out, lse, qkv, cu, S, C, NH);
+  }
+  void attention_varlen_backward(float* dqkv, const float* dout, const float* out,
+                                 const float* lse, const float* qkv, const int32_t* cu,
+                                 const int32_t*, int S, int C, int NH) override {
+    cpu::attention_varlen_backward(dqkv, dout, out, lse, qkv, cu, S, C, NH);
+  }
+  bool prefers_flash_attention() const override { return false; }
   void attention_block_forward(float* out, float* lse, const float* q, const float* k,
                                const float* v, const int32_t* q_seq, const int32_t* q_pos,
                                const int32_t* k_seq, const int32_t* k_pos, int nq, int nk, int C,

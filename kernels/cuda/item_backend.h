@@ -81,6 +81,25 @@ class ItemBackend final : public Exec {
       body::attention_backward(item, dqkv, datt, dout, qkv, att, cu_seqlens, off, S, C, NH);
     });
   }
+  void attention_varlen_forward(float* out, float* lse, const float* qkv, const int32_t* cu,
+                                const int32_t* cu_host, int S, int C, int NH) override {
+    check_head_size(C, NH);
+    const int N = cu_host[S];
+    this->launch("attention_varlen_forward", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_varlen_forward(item, out, lse, qkv, cu, S, C, NH);
+    });
+  }
+  void attention_varlen_backward(float* dqkv, const float* dout, const float* out,
+                                 const float* lse, const float* qkv, const int32_t* cu,
+                                 const int32_t* cu_host, int S, int C, int NH) override {
+    const int N = cu_host[S];
+    this->zero(dqkv, size_t(N) * 3 * size_t(C) * sizeof(float));
+    this->launch("attention_varlen_backward", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_varlen_backward(item, dqkv, dout, out, lse, qkv, cu, S, C, NH);
+    });
+  }
+  // The online-softmax kernels: never an L×L matrix in device memory.
+  bool prefers_flash_attention() const override { return true; }
   void attention_block_forward(float* out, float* lse, const float* q, const float* k,
                                const float* v, const int32_t* q_seq, const int32_t* q_pos,
                                const int32_t* k_seq, const int32_t* k_pos, int nq, int nk, int C,

@@ -306,6 +306,62 @@ BERTH_HD void attention_backward(int64_t item, float* dqkv, float* datt, const f
   }
 }
 
+// ---- causal attention per sequence, flash-style: item (token n, head h) ------------------------
+BERTH_HD void attention_varlen_forward(int64_t item, float* out, float* lse, const float* qkv,
+                                       const int32_t* cu_seqlens, int S, int C, int NH) {
+  const int n = int(item / NH), h = int(item % NH), HS = C / NH;
+  const int start = cu_seqlens[sequence_of(n, cu_seqlens, S)];
+  const float scale = 1.0f / sqrtf(float(HS));
+  const float* q = qkv + int64_t(n) * 3 * C + h * HS;
+  float acc[kMaxHeadSize];
+  for (int x = 0; x < HS; x++) acc[x] = 0;
+  float m = neg_inf(), l = 0;
+  for (int j = start; j <= n; j++) {
+    const float* k = qkv + int64_t(j) * 3 * C + C + h * HS;
+    float d = 0;
+    for (int x = 0; x < HS; x++) d += q[x] * k[x];
+    const float sc = d * scale, m_new = sc > m ? sc : m;
+    const float corr = expf(m - m_new), p = expf(sc - m_new);
+    l = l * corr + p;
+    const float* v = qkv + int64_t(j) * 3 * C + 2 * C + h * HS;
+    for (int x = 0; x < HS; x++) acc[x] = acc[x] * corr + p * v[x];
+    m = m_new;
+  }
+  float* o = out + int64_t(n) * C + h * HS;
+  for (int x = 0; x < HS; x++) o[x] = acc[x] / l;
+  lse[item] = m + logf(l);
+}
+// dqkv must be zeroed first: dk and dv rows are shared between queries (atomics).
+BERTH_HD void attention_varlen_backward(int64_t item, float* dqkv, const float* dout,
+                                        const float* out, const float* lse, const float* qkv,
+                                        const int32_t* cu_seqlens, int S, int C, int NH) {
+  const int n = int(item / NH), h = int(item % NH), HS = C / NH;
+  const int start = cu_seqlens[sequence_of(n, cu_seqlens, S)];
+  const float scale = 1.0f / sqrtf(float(HS));
+  const float* q = qkv + int64_t(n) * 3 * C + h * HS;
+  const float* d = dout + int64_t(n) * C + h * HS;
+  const float* o = out + int64_t(n) * C + h * HS;
+  const float l = lse[item];
+  float D = 0;
+  for (int x = 0; x < HS; x++) D += d[x] * o[x];
+  float* dq = dqkv + int64_t(n) * 3 * C + h * HS;
+  for (int j = start; j <= n; j++) {
+    const float* k = qkv + int64_t(j) * 3 * C + C + h * HS;
+    const float* v = qkv + int64_t(j) * 3 * C + 2 * C + h * HS;
+    float sdot = 0, dp = 0;
+    for (int x = 0; x < HS; x++) sdot += q[x] * k[x], dp += d[x] * v[x];
+    const float p = expf(sdot * scale - l);
+    const float ds = p * (dp - D) * scale;
+    float* dk = dqkv + int64_t(j) * 3 * C + C + h * HS;
+    float* dv = dqkv + int64_t(j) * 3 * C + 2 * C + h * HS;
+    for (int x = 0; x < HS; x++) {
+      dq[x] += ds * k[x];
+      atomic_add(dk + x, ds * q[x]);
+      atomic_add(dv + x, p * d[x]);
+    }
+  }
+}
+
 // ---- attention of a query block against a key/value block (ring attention): item (i, h) --------
 BERTH_HD bool sees(const int32_t* q_seq, const int32_t* q_pos, const int32_t* k_seq,
                    const int32_t* k_pos, int i, int j) {

@@ -73,6 +73,17 @@ class Backend {
   virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                   const float* att, const int32_t* cu_seqlens,
                                   const int32_t* cu_seqlens_host, int S, int C, int NH) = 0;
+  virtual void attention_varlen_forward(float* out, float* lse, const float* qkv,
+                                        const int32_t* cu_seqlens, const int32_t* cu_seqlens_host,
+                                        int S, int C, int NH) = 0;
+  virtual void attention_varlen_backward(float* dqkv, const float* dout, const float* out,
+                                         const float* lse, const float* qkv,
+                                         const int32_t* cu_seqlens,
+                                         const int32_t* cu_seqlens_host, int S, int C,
+                                         int NH) = 0;
+  // Which causal attention the model should run on this backend: the flash-style varlen ops
+  // (keep the LSE; GPUs) or attention_forward/backward (keep the probabilities; BLAS on the CPU).
+  virtual bool prefers_flash_attention() const = 0;
   virtual void attention_block_forward(float* out, float* lse, const float* q, const float* k,
                                        const float* v, const int32_t* q_seq, const int32_t* q_pos,
                                        const int32_t* k_seq, const int32_t* k_pos, int nq, int nk,

@@ -44,8 +44,12 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard,
   const LayerRange range = stage_layers(cfg.L, shard.pp, shard.stage);
   const int L = int(range.size());
   const size_t N = size_t(max_B) * size_t(max_T), C = size_t(cfg.C);
-  // Causal blocks of sequences inside rows: Σ NH·L² <= B·NH·T² (this rank's heads).
-  const size_t att = size_t(max_B) * size_t(NHl_) * size_t(max_T) * size_t(max_T);
+  // Attention keeps, per layer, the probabilities of the causal blocks of sequences inside rows
+  // (Σ NH·L² <= B·NH·T², this rank's heads) for the BLAS kernels of the CPU, or the log-sum-exp
+  // (N × NH) for the flash-style kernels a GPU backend prefers.
+  flash_ = std::is_same_v<T, float> && mem_->prefers_flash_attention();
+  const size_t att = flash_ ? N * size_t(NHl_)
+                            : size_t(max_B) * size_t(NHl_) * size_t(max_T) * size_t(max_T);
   Backend& m = *mem_;
   params_ = Buf(m, layout_.total);
   grads_ = Buf(m, layout_.total);
@@ -97,7 +101,7 @@ GPT<T>::GPT(const GPTConfig& cfg, int max_B, int max_T, const ModelShard& shard,
   alloc(dqkv_, N * 3 * size_t(Cq_));
   alloc(datty_, N * size_t(Cq_));
   alloc(dfch_, N * size_t(F_));
-  alloc(datt_, att);
+  if (!flash_) alloc(datt_, att);
   activation_bytes_ = elems * int64_t(sizeof(T));
   // Offsets of every tensor, looked up once so a step does no name lookups.
   auto off = [&](const std::string& name) { return layout_.find(name).offset; };
@@ -264,6 +268,13 @@ void GPT<T>::attention_fwd(LayerActs& a, Slot& sl, const PackedBatch& batch) {
       return;
     }
   }
+  if constexpr (std::is_same_v<T, float>) {
+    if (flash_) {  // a.att keeps the log-sum-exp (N × NH)
+      ops_.attention_varlen_forward(a.atty.data(), a.att.data(), a.qkv.data(),
+                                    sl.cu_seqlens.data(), batch.cu_seqlens.data(), S, C, NHl_);
+      return;
+    }
+  }
   ops_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), sl.cu_seqlens.data(),
                          batch.cu_seqlens.data(), S, C, NHl_);
 }
@@ -284,6 +295,14 @@ void GPT<T>::attention_bwd(LayerActs& a, Slot& sl, const PackedBatch& batch) {
       mem_->copy_2d(dqkv_.data(), pitch, cp_dq_.data(), row, row, size_t(N));
       mem_->copy_2d(dqkv_.data() + C, pitch, cp_dk_.data(), row, row, size_t(N));
       mem_->copy_2d(dqkv_.data() + 2 * C, pitch, cp_dv_.data(), row, row, size_t(N));
+      return;
+    }
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (flash_) {
+      ops_.attention_varlen_backward(dqkv_.data(), datty_.data(), a.atty.data(), a.att.data(),
+                                     a.qkv.data(), sl.cu_seqlens.data(), batch.cu_seqlens.data(),
+                                     S, C, NHl_);
       return;
     }
   }

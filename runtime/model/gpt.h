@@ -139,6 +139,7 @@ class GPT {
   int64_t activation_bytes_ = 0;
   std::vector<LayerIdx> idx_;
   Communicator* cp_ = nullptr;
+  bool flash_ = false;  // attention by the flash-style varlen ops (the backend prefers them)
   Buf cp_q_, cp_k_, cp_v_, cp_dq_, cp_dk_, cp_dv_;  // ring attention scratch
   void attention_fwd(LayerActs& a, Slot& sl, const PackedBatch& batch);
   void attention_bwd(LayerActs& a, Slot& sl, const PackedBatch& batch);
