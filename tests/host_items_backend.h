@@ -122,8 +122,9 @@ inline std::unique_ptr<Backend> make_host_items_backend(bool guarded = false) {
 
 // A communicator over another (MPI, host memory) whose calls may read and write a guarded
 // host-items backend's memory, as NCCL reads and writes device memory: each call opens the
-// guard. Between calls the memory is closed again, and MPI moves a posted message only inside
-// its calls, so a transfer in flight cannot touch it either. split() wraps the new group too.
+// guard. Between calls the memory is closed again; MPI moves a posted message only inside its
+// calls when Open MPI's single-copy shared-memory path (a peer reading this rank's pages) is off,
+// which the MPI tests set (OMPI_MCA_btl_vader_single_copy_mechanism=none). split() wraps the new group too.
 class GuardedComm final : public Communicator {
  public:
   GuardedComm(Communicator& inner, Backend& guarded)

@@ -261,7 +261,7 @@ void GPT<T>::attention_fwd(LayerActs& a, Slot& sl, const PackedBatch& batch) {
       mem_->copy_2d(cp_q_.data(), row, a.qkv.data(), pitch, row, size_t(N));
       mem_->copy_2d(cp_k_.data(), row, a.qkv.data() + C, pitch, row, size_t(N));
       mem_->copy_2d(cp_v_.data(), row, a.qkv.data() + 2 * C, pitch, row, size_t(N));
-      // a.att (sized for B·T² probabilities) keeps the log-sum-exp (N × NH) instead.
+      // a.att keeps the log-sum-exp (N × NH), not probabilities.
       ring_attention_forward(*mem_, *cp_, a.atty.data(), a.att.data(), cp_q_.data(),
                              cp_k_.data(), cp_v_.data(), sl.seq_ids.data(), sl.positions.data(),
                              N, C, NHl_);
