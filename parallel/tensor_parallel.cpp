@@ -1,8 +1,6 @@
 #include "parallel/tensor_parallel.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 
 #include "kernels/dispatch.h"
 #include "runtime/core/check.h"
@@ -15,6 +13,11 @@ bool split(const Communicator* tp) { return tp != nullptr && tp->size() > 1; }
 template <typename T>
 void sum_over(Communicator* tp, T* buf, size_t count) {
   tp->all_reduce(buf, buf, count, dtype_of<T>(), ReduceOp::SUM);
+}
+
+// This rank's vocabulary columns that are real (global index < V), from the first.
+int real_columns(int V, int Vp_local, int vocab_offset) {
+  return std::max(0, std::min(Vp_local, V - vocab_offset));
 }
 
 }  // namespace
@@ -91,7 +94,7 @@ void vocab_parallel_cross_entropy_forward(Backend* be, Communicator* tp, T* loss
     ops.crossentropy_forward(losses, logits_local, targets, N, V, Vp_local);
     return;
   }
-  const int real = std::max(0, std::min(Vp_local, V - vocab_offset));  // global index < V
+  const int real = real_columns(V, Vp_local, vocab_offset);
   DeviceBuffer<T> mx(ops.memory(), N), st(ops.memory(), 2 * int64_t(N));
   ops.vocab_ce_max(mx.data(), logits_local, N, real, Vp_local);
   tp->all_reduce(mx.data(), mx.data(), size_t(N), dtype_of<T>(), ReduceOp::MAX);
@@ -111,7 +114,7 @@ void vocab_parallel_cross_entropy_backward(Backend* be, Communicator* tp, T* dlo
     ops.crossentropy_backward(dlogits_local, logits_local, targets, dloss, N, V, Vp_local);
     return;
   }
-  const int real = std::max(0, std::min(Vp_local, V - vocab_offset));
+  const int real = real_columns(V, Vp_local, vocab_offset);
   ops.vocab_ce_backward(dlogits_local, logits_local, lse, targets, dloss, N, real, Vp_local,
                         vocab_offset);
 }
