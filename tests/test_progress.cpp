@@ -136,6 +136,43 @@ TEST(Progress, SteadyRunWithinOnePercentAtTenPercent) {
             ape(predict_at(f, rows, 0.01).total_s, truth));
 }
 
+TEST(Progress, VariableLengthBatchesWithAFixedPartAreNotOverestimated) {
+  // Packed batches of 30..100 % of the scheduled tokens; a step costs a fixed 0.3 s plus 0.7 s per
+  // full batch. The rate is the window's total time over its total cost, not the mean of per-step
+  // rates, which a fixed part biases upward (by ~5 % here).
+  // The fills cycle evenly through 30..100 % (every 10 steps), so a window's mean fill is the
+  // future's and what remains is the estimator's own bias.
+  const auto f = steady_facts(3000);
+  std::mt19937 rng(7);
+  std::normal_distribution<double> nd(0.0, 0.02);
+  std::vector<StepRecord> rows;
+  for (int64_t k = 1; k <= f.session_steps; ++k) {
+    const double x = 0.3 + 0.7 * static_cast<double>((k * 7) % 10) / 9.0;
+    StepRecord r = record(k, (0.3 + 0.7 * x) * (1.0 + nd(rng)) + (k == 1 ? 15.0 : 0.0));
+    r.tokens = static_cast<int64_t>(x * static_cast<double>(kTokens));
+    r.seq_len = 4096;
+    if (k == 1) r.event = "first_step";
+    rows.push_back(r);
+  }
+  const double truth = total_of(rows);
+  for (double p : {0.1, 0.25, 0.5})
+    EXPECT_LT(ape(predict_at(f, rows, p).total_s, truth), 0.01) << "at " << p;
+}
+
+TEST(Progress, LabelledSpikesCountInFull) {
+  // A step the runtime labels (here every 100th, +3 step times) counts in full in the unplanned
+  // rate, not only its part above 1.5 × the median step.
+  const auto f = steady_facts(4000);
+  Synth s;
+  s.noise_rel = 0.02;
+  auto rows = synth_trace(f, s);
+  for (auto& r : rows)
+    if (r.step % 100 == 50) r.duration_s += 3.0, r.event = "spike";
+  const double truth = total_of(rows);
+  for (double p : {0.1, 0.25})
+    EXPECT_LT(ape(predict_at(f, rows, p).total_s, truth), 0.01) << "at " << p;
+}
+
 TEST(Progress, CompileWarmupIsExcludedFromTheRate) {
   const auto f = steady_facts(3000);
   Synth s;

@@ -15,13 +15,13 @@ namespace berth {
 namespace {
 
 // ---- model constants (phenomena-level, see docs/progress.md) -----------------------------------
-constexpr int64_t kMinWindow = 30;  // recent window of normal steps: n/4 clamped to [30, 400]
+constexpr int64_t kMinWindow = 30;  // recent window of normal steps: n/2 clamped to [30, 400]
 constexpr int64_t kMaxWindow = 400;
 constexpr double kWarmupTolerance =
     1.15;  // transient ends at the first step within 15 % of the steady rate
 constexpr double kClipMads = 4.0;  // winsorize window rates at median ± 4 MAD
 constexpr double kStallFactor = 1.5;
-constexpr double kExcessPriorSteps = 200.0;  // unplanned overhead rate shrunk toward 0 by 200 steps
+constexpr double kExcessPriorSteps = 50.0;  // unplanned overhead rate shrunk toward 0 by 200 steps
 // Priors for the extra cost of a checkpoint / eval step before one was seen, in median step times.
 constexpr double kCkptPriorSteps = 100.0;
 // Drift is followed when its slope is kDriftT standard errors from 0 over the whole span and
@@ -127,16 +127,15 @@ Prediction ProgressPredictor::predict() const {
   // Normal steps: no event, not the session's first row. Rates are seconds per cost unit.
   // The configured warm-up steps are left out while later ones exist.
   std::vector<size_t> normal;
-  std::vector<double> rate;
+  std::vector<double> rate, cost;
   for (int64_t warm = facts_.start_step + facts_.warmup_steps; normal.empty(); warm = 0) {
     for (size_t i = 0; i < records_.size(); ++i) {
       const auto& r = records_[i];
       if (i == 0 || !r.event.empty() || r.tokens <= 0 || r.step <= warm) continue;
       normal.push_back(i);
-      rate.push_back(r.duration_s / step_cost(r.tokens,
-                                              r.seq_len > 0 ? r.seq_len
-                                                            : schedule_at(facts_, r.step).seq_len,
-                                              h));
+      cost.push_back(step_cost(
+          r.tokens, r.seq_len > 0 ? r.seq_len : schedule_at(facts_, r.step).seq_len, h));
+      rate.push_back(r.duration_s / cost.back());
     }
     if (warm == 0) break;
   }
@@ -167,7 +166,7 @@ Prediction ProgressPredictor::predict() const {
       ++begin;
   }
   const int64_t n_post = static_cast<int64_t>(rate.size() - begin);
-  const int64_t window = std::clamp<int64_t>(n_post / 4, kMinWindow, kMaxWindow);
+  const int64_t window = std::clamp<int64_t>(n_post / 2, kMinWindow, kMaxWindow);
   size_t wbegin =
       std::max<size_t>(begin, rate.size() - static_cast<size_t>(std::min<int64_t>(window, n_post)));
   auto median_mad = [&](size_t from, double* m, double* d) {
@@ -195,9 +194,15 @@ Prediction ProgressPredictor::predict() const {
   std::vector<double> wrates(rate.begin() + static_cast<std::ptrdiff_t>(wbegin), rate.end());
   const double clip_hi = med + kClipMads * std::max(mad, 0.01 * med);
   const double clip_lo = med - kClipMads * std::max(mad, 0.01 * med);
-  double base = 0.0, sq = 0.0;
-  for (double x : wrates) base += std::clamp(x, clip_lo, clip_hi);
-  base /= static_cast<double>(wrates.size());
+  // The base rate is the cost-weighted mean of the winsorized rates (seconds per cost unit over
+  // the window's total cost): with variable-length batches a plain mean of per-step rates is
+  // biased upward when a step also has a part that does not scale with its tokens.
+  double base = 0.0, wcost = 0.0, sq = 0.0;
+  for (size_t k = wbegin; k < rate.size(); ++k) {
+    base += std::clamp(rate[k], clip_lo, clip_hi) * cost[k];
+    wcost += cost[k];
+  }
+  base /= wcost;
   for (double x : wrates)
     sq += (std::clamp(x, clip_lo, clip_hi) - base) * (std::clamp(x, clip_lo, clip_hi) - base);
   const double cv =
@@ -245,7 +250,9 @@ Prediction ProgressPredictor::predict() const {
       eval_sum += excess, ++eval_n;
     } else {
       // a stall is > 1.5× the current median step: a level that changed earlier is not a stall
-      const double x = std::max(0.0, r.duration_s - std::max(clip_hi, kStallFactor * med) * c);
+      // (a step the runtime labelled, e.g. a spike or an epoch boundary, counts in full)
+      const double x = std::max(
+          0.0, r.duration_s - (r.event.empty() ? std::max(clip_hi, kStallFactor * med) : base) * c);
       unplanned += x;
       unplanned_max = std::max(unplanned_max, x);
       unplanned_n += x > 0;
@@ -379,6 +386,7 @@ Prediction ProgressPredictor::predict() const {
                      (epoch_model ? epoch_extra
                                   : unplanned_rate * static_cast<double>(rem_steps));
 
+  if (getenv("ETA_DBG")) fprintf(stderr, "DBG step %ld base %.4e slope %.3e center %.0f fill %.4f wbegin %zu n %zu unpl %.4f rem_normal %.1f ckpt %.1f eval %.1f epoch %d %.1f\n", (long)last_step, base, slope, center, fill, wbegin, rate.size(), unplanned_rate, rem_normal, ckpt_cost, eval_cost, (int)epoch_model, epoch_extra);
   out.remaining_s = rem;
   out.total_s = elapsed_s_ + rem;
   // Band: rate uncertainty (standard error of the window mean, plus a 2 % floor for drift the
