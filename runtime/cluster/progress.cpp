@@ -133,8 +133,8 @@ Prediction ProgressPredictor::predict() const {
       const auto& r = records_[i];
       if (i == 0 || !r.event.empty() || r.tokens <= 0 || r.step <= warm) continue;
       normal.push_back(i);
-      cost.push_back(step_cost(
-          r.tokens, r.seq_len > 0 ? r.seq_len : schedule_at(facts_, r.step).seq_len, h));
+      cost.push_back(
+          step_cost(r.tokens, r.seq_len > 0 ? r.seq_len : schedule_at(facts_, r.step).seq_len, h));
       rate.push_back(r.duration_s / cost.back());
     }
     if (warm == 0) break;
@@ -386,7 +386,6 @@ Prediction ProgressPredictor::predict() const {
                      (epoch_model ? epoch_extra
                                   : unplanned_rate * static_cast<double>(rem_steps));
 
-  if (getenv("ETA_DBG")) fprintf(stderr, "DBG step %ld base %.4e slope %.3e center %.0f fill %.4f wbegin %zu n %zu unpl %.4f rem_normal %.1f ckpt %.1f eval %.1f epoch %d %.1f\n", (long)last_step, base, slope, center, fill, wbegin, rate.size(), unplanned_rate, rem_normal, ckpt_cost, eval_cost, (int)epoch_model, epoch_extra);
   out.remaining_s = rem;
   out.total_s = elapsed_s_ + rem;
   // Band: rate uncertainty (standard error of the window mean, plus a 2 % floor for drift the
