@@ -50,11 +50,20 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 // out (N,OC) = inp (N,IC) · weightᵀ (OC,IC) + bias (OC, may be null)
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int N, int IC, int OC);
-// dinp (N,IC) = dout · weight (overwrite; skipped when null); dweight (OC,IC) += doutᵀ · inp;
-// dbias (OC) += Σ_n dout (skipped when null)
+// dinp (N,IC) = dout · weight (overwrite; skipped when null); dweight (OC,IC) += doutᵀ · inp
+// (skipped when null); dbias (OC) += Σ_n dout (skipped when null)
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int N, int IC, int OC);
+
+// ---- bfloat16 rounding (bf16 GEMMs) -----------------------------------------------------------
+// x rounded to the nearest bfloat16 (1 sign, 8 exponent, 7 mantissa bits), ties to even, kept in
+// fp32: NaN stays NaN, values past bf16's largest finite value round to ±inf (as CUDA's
+// __float2bfloat16_rn). A bf16 GEMM is, by definition here, matmul_* on inputs rounded so (the
+// products of two bf16 values are exact in fp32; sums accumulate in fp32, outputs stay fp32).
+float round_to_bf16(float x);
+// out (n) = round_to_bf16(inp) element-wise (out may alias inp)
+void round_to_bf16(float* out, const float* inp, int64_t n);
 
 // ---- causal attention per sequence ------------------------------------------------------------
 // qkv (N,3C) holds q | k | v, head h at columns [h*HS, (h+1)*HS) of each third.

@@ -80,11 +80,13 @@ class HostExec : public Backend {
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                       int IC, int OC) override {
     const Open o(this);
+    mem_->set_matmul_precision(this->matmul_precision());
     mem_->matmul_forward(out, inp, weight, bias, N, IC, OC);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int N, int IC, int OC) override {
     const Open o(this);
+    mem_->set_matmul_precision(this->matmul_precision());
     mem_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
   }
   template <typename F>

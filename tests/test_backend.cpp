@@ -7,7 +7,10 @@
 // Plus the CPU backend's memory accounting and the factory's errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -149,6 +152,50 @@ TEST_F(BackendOps, MatmulForwardAndBackward) {
   check(d_dinp, dinp, "matmul dinp");
   check(d_dw, dw, "matmul dweight (+=)");
   check(d_db, db, "matmul dbias (+=)");
+}
+
+// bf16 precision: the backend's GEMMs equal the fp32 GEMMs of inputs rounded to bf16 (products
+// exact, fp32 accumulation: only the summation order may differ), dbias is summed from the fp32
+// gradient, and the result is not the fp32 one (the mode is not a no-op).
+TEST_F(BackendOps, Bf16MatmulIsTheFp32GemmOfRoundedInputs) {
+  const int IC = 96, OC = 40;
+  const auto inp = randn(size_t(kN) * IC, 12), w = randn(size_t(OC) * IC, 13, 0.1f),
+             b = randn(OC, 14);
+  const auto dout = randn(size_t(kN) * OC, 15);
+  auto rounded = [](std::vector<float> v) {
+    cpu::round_to_bf16(v.data(), v.data(), int64_t(v.size()));
+    return v;
+  };
+  const auto inp16 = rounded(inp), w16 = rounded(w), dout16 = rounded(dout);
+  std::vector<float> out(size_t(kN) * OC), dinp(inp.size()), dw(w.size(), 0.5f), db(OC, 0.5f);
+  cpu::matmul_forward(out.data(), inp16.data(), w16.data(), b.data(), kN, IC, OC);
+  cpu::matmul_backward<float>(dinp.data(), dw.data(), nullptr, dout16.data(), inp16.data(),
+                              w16.data(), kN, IC, OC);
+  cpu::matmul_backward<float>(nullptr, nullptr, db.data(), dout.data(), nullptr, nullptr, kN, IC,
+                              OC);
+  std::vector<float> out32(out.size());
+  cpu::matmul_forward(out32.data(), inp.data(), w.data(), b.data(), kN, IC, OC);
+  double max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    max_diff = std::max(max_diff, double(std::fabs(out[i] - out32[i])));
+    max_abs = std::max(max_abs, double(std::fabs(out32[i])));
+  }
+  EXPECT_GT(max_diff, 1e-3 * max_abs) << "bf16 rounding must change the GEMM's result";
+
+  be_->set_matmul_precision(MatmulPrecision::kBf16);
+  auto d_inp = up(inp), d_w = up(w), d_b = up(b), d_dout = up(dout);
+  DeviceBuffer<float> d_out(*be_, kN * OC), d_dinp(*be_, kN * IC);
+  auto d_dw = up(std::vector<float>(w.size(), 0.5f)), d_db = up(std::vector<float>(OC, 0.5f));
+  be_->matmul_forward(d_out.data(), d_inp.data(), d_w.data(), d_b.data(), kN, IC, OC);
+  be_->matmul_backward(d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
+                       d_w.data(), kN, IC, OC);
+  check(d_out, out, "bf16 matmul out");
+  check(d_dinp, dinp, "bf16 matmul dinp");
+  check(d_dw, dw, "bf16 matmul dweight (+=)");
+  check(d_db, db, "bf16 matmul dbias (+=, fp32 dout)");
+  // the inputs themselves are left as they were
+  EXPECT_EQ(down(d_inp), inp);
+  EXPECT_EQ(down(d_dout), dout);
 }
 
 TEST_F(BackendOps, PackedCausalAttentionForwardAndBackward) {
@@ -411,6 +458,27 @@ TEST(GuardedHostItems, HostAccessOutsideACallFaults) {
   EXPECT_EQ(h[15], 2.0f);
   volatile float* raw = buf.data();
   EXPECT_DEATH({ h[0] = raw[3]; }, "");
+}
+
+TEST(Bf16, RoundsToNearestEvenAndKeepsSpecials) {
+  const float one = 1.0f, ulp = std::ldexp(1.0f, -7);  // bf16's spacing in [1, 2)
+  EXPECT_EQ(cpu::round_to_bf16(one), one);
+  EXPECT_EQ(cpu::round_to_bf16(-2.5f), -2.5f);
+  EXPECT_EQ(cpu::round_to_bf16(one + 0.5f * ulp), one) << "a tie goes to the even neighbour";
+  EXPECT_EQ(cpu::round_to_bf16(one + 1.5f * ulp), one + 2 * ulp) << "a tie goes to the even one";
+  EXPECT_EQ(cpu::round_to_bf16(one + 0.5f * ulp + std::ldexp(1.0f, -20)), one + ulp);
+  EXPECT_EQ(cpu::round_to_bf16(one + 0.49f * ulp), one);
+  EXPECT_EQ(cpu::round_to_bf16(std::numeric_limits<float>::max()),
+            std::numeric_limits<float>::infinity())
+      << "past bf16's largest finite value";
+  EXPECT_EQ(cpu::round_to_bf16(-std::numeric_limits<float>::infinity()),
+            -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(cpu::round_to_bf16(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isnan(cpu::round_to_bf16(std::bit_cast<float>(0x7f800001u))))
+      << "a NaN whose payload sits in the dropped bits stays NaN";
+  // every result is a bf16 value: its low 16 bits are zero
+  const auto v = randn(1000, 16, 100.0f);
+  for (float x : v) EXPECT_EQ(std::bit_cast<uint32_t>(cpu::round_to_bf16(x)) & 0xffffu, 0u);
 }
 
 TEST(BackendFactory, ChoosesAndExplains) {

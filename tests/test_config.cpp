@@ -70,6 +70,7 @@ void expect_same(const RunConfig& a, const RunConfig& b) {
   EXPECT_EQ(a.run.out_dir, b.run.out_dir);
   EXPECT_EQ(a.run.seed, b.run.seed);
   EXPECT_EQ(a.run.device, b.run.device);
+  EXPECT_EQ(a.run.precision, b.run.precision);
   EXPECT_EQ(a.model.n_layer, b.model.n_layer);
   EXPECT_EQ(a.model.n_head, b.model.n_head);
   EXPECT_EQ(a.model.d_model, b.model.d_model);
@@ -377,6 +378,13 @@ TEST(Config, ValidationRunDevice) {
   EXPECT_EQ(parse_config("[run]\ndevice = \"cuda\"\n", "configs/x.toml").run.device, "cuda");
   const std::string msg = parse_error("[run]\ndevice = \"gpu\"\n");
   EXPECT_CONTAINS(msg, "unknown run.device \"gpu\"; use \"cpu\", \"cuda\" or \"auto\"");
+}
+
+TEST(Config, ValidationRunPrecision) {
+  EXPECT_EQ(parse_config("", "configs/x.toml").run.precision, "fp32");
+  EXPECT_EQ(parse_config("[run]\nprecision = \"bf16\"\n", "configs/x.toml").run.precision, "bf16");
+  const std::string msg = parse_error("[run]\nprecision = \"fp16\"\n");
+  EXPECT_CONTAINS(msg, "unknown run.precision \"fp16\"; use \"fp32\" or \"bf16\"");
 }
 
 TEST(Config, ValidationDataMode) {

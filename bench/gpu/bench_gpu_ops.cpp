@@ -1,10 +1,10 @@
 // The CUDA backend on a GPU, timed (bench/README.md, "bench/gpu"): block attention forward +
-// backward (causal, one document per row) at T = 1024 and 4096, head size 64, 12 heads; the fp32
-// cuBLAS GEMM of GPT-2 124M's MLP at 16 × 1024 tokens; and a whole GPT-2 124M training step (fp32,
-// AdamW) at micro-batch 16 × 1024 as tokens/s and MFU against 989 TFLOP/s. The same shapes in
-// PyTorch come from bench/gpu/torch_reference.py, run beside it by scripts/gpu_check.sh. Without
-// CUDA or a GPU it says why and exits 0; `--cpu` runs the training step on the CPU backend at
-// B = 1, T = 128 instead.
+// backward (causal, one document per row) at T = 1024 and 4096, head size 64, 12 heads; the GEMM
+// of GPT-2 124M's MLP at 16 × 1024 tokens and a whole GPT-2 124M training step (AdamW) at
+// micro-batch 16 × 1024 as tokens/s and MFU against 989 TFLOP/s, each with fp32 GEMMs and with
+// bf16 GEMMs (run.precision). The same shapes in PyTorch come from bench/gpu/torch_reference.py,
+// run beside it by scripts/gpu_check.sh. Without CUDA or a GPU it says why and exits 0; `--cpu`
+// runs the training step on the CPU backend at B = 1, T = 128 instead (bf16 emulated there).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -74,16 +74,21 @@ void attention(Backend& be, int T, int NH, int HS) {
               (flop_fwd + flop_bwd) / (fwd + bwd) * 1e-9);
 }
 
+// The GEMM in the backend's current precision (bf16: the two rounding passes included).
 void gemm(Backend& be, int N, int IC, int OC) {
   auto inp = random_buffer(be, int64_t(N) * IC, 5), w = random_buffer(be, int64_t(OC) * IC, 6);
   DeviceBuffer<float> out(be, int64_t(N) * OC);
   const double ms = time_ms(be, 10, [&] {
     be.matmul_forward(out.data(), inp.data(), w.data(), nullptr, N, IC, OC);
   });
-  std::printf("berth cuda fp32 matmul_forward %dx%dx%d (cuBLAS, no TF32): %.3f ms, %.2f TFLOP/s\n",
-              N, IC, OC, ms, 2.0 * N * IC * OC / ms * 1e-9);
+  const bool bf16 = be.matmul_precision() == berth::MatmulPrecision::kBf16;
+  std::printf("berth cuda %s matmul_forward %dx%dx%d (%s): %.3f ms, %.2f TFLOP/s\n",
+              bf16 ? "bf16" : "fp32", N, IC, OC,
+              bf16 ? "cublasGemmEx bf16 in, fp32 out, with the rounding" : "cuBLAS, no TF32", ms,
+              2.0 * N * IC * OC / ms * 1e-9);
 }
 
+// One AdamW step of GPT-2 124M with the backend's GEMM precision.
 void gpt2_step(Backend& be, int B, int T) {
   const berth::GPTConfig cfg = berth::make_gpt_config(12, 12, 768, 50257, 1024);
   berth::GPT<float> model(cfg, B, T, {}, nullptr, 1, &be);
@@ -110,10 +115,12 @@ void gpt2_step(Backend& be, int B, int T) {
   };
   const double ms = time_ms(be, 3, step);
   const double flops = double(berth::gpt_flops_per_token(cfg, T)) * B * T;
-  std::printf("berth %s fp32 GPT-2 124M train step B=%d T=%d: %.1f ms, %.0f tok/s, MFU %.2f%% of "
-              "989 TFLOP/s (loss %.3f)\n",
-              be.kind() == berth::DeviceKind::kCuda ? "cuda" : "cpu", B, T, ms, B * T / ms * 1e3,
-              flops / (ms * 1e-3) / 989e12 * 100, loss);
+  std::printf(
+      "berth %s %s GPT-2 124M train step B=%d T=%d: %.1f ms, %.0f tok/s, MFU %.2f%% of "
+      "989 TFLOP/s (loss %.3f)\n",
+      be.kind() == berth::DeviceKind::kCuda ? "cuda" : "cpu",
+      berth::matmul_precision_name(be.matmul_precision()), B, T, ms, B * T / ms * 1e3,
+      flops / (ms * 1e-3) / 989e12 * 100, loss);
 }
 
 }  // namespace
@@ -121,7 +128,11 @@ void gpt2_step(Backend& be, int B, int T) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--cpu") {  // the step on the CPU backend, small
     std::printf("bench_gpu_ops --cpu: the training step on the CPU backend, B=1 T=128\n");
-    gpt2_step(berth::cpu_backend(), 1, 128);
+    auto cpu = berth::make_backend("cpu", 0);
+    for (auto p : {berth::MatmulPrecision::kFp32, berth::MatmulPrecision::kBf16}) {
+      cpu->set_matmul_precision(p);
+      gpt2_step(*cpu, 1, 128);
+    }
     return 0;
   }
   if (!berth::cuda_built()) {
@@ -137,8 +148,11 @@ int main(int argc, char** argv) {
   }
   std::printf("bench_gpu_ops on %s\n", be->name().c_str());
   for (int T : {1024, 4096}) attention(*be, T, 12, 64);
-  gemm(*be, 16 * 1024, 768, 3072);
-  gpt2_step(*be, 16, 1024);
+  for (auto p : {berth::MatmulPrecision::kFp32, berth::MatmulPrecision::kBf16}) {
+    be->set_matmul_precision(p);
+    gemm(*be, 16 * 1024, 768, 3072);
+    gpt2_step(*be, 16, 1024);
+  }
   std::printf("device pool peak %.1f MiB\n", double(be->peak_bytes()) / (1 << 20));
   return 0;
 }

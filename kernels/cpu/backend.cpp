@@ -1,11 +1,13 @@
 // The CPU backend: host memory (malloc) and the reference kernels of kernels/cpu, unchanged.
+#include "kernels/backend.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
-#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "runtime/core/check.h"
 
@@ -81,12 +83,28 @@ class CpuBackend final : public Backend {
                           const float* rstd, int N, int C) override {
     cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   }
+  // In bf16 precision the GEMM inputs are rounded into scratch first (kernels/ops.h: a bf16 GEMM
+  // is the fp32 GEMM of rounded inputs); the scratch grows to the largest GEMM once.
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                       int IC, int OC) override {
+    if (matmul_precision() == MatmulPrecision::kBf16) {
+      inp = rounded(0, inp, int64_t(N) * IC);
+      weight = rounded(1, weight, int64_t(OC) * IC);
+    }
     cpu::matmul_forward(out, inp, weight, bias, N, IC, OC);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int N, int IC, int OC) override {
+    if (matmul_precision() == MatmulPrecision::kBf16) {
+      inp = rounded(0, inp, int64_t(N) * IC);
+      weight = dinp != nullptr ? rounded(1, weight, int64_t(OC) * IC) : weight;
+      // dbias sums the fp32 output gradient; only the GEMMs see it rounded
+      float* d = rounded(2, dout, int64_t(N) * OC);
+      cpu::matmul_backward<float>(dinp, dweight, nullptr, d, inp, weight, N, IC, OC);
+      if (dbias != nullptr)
+        cpu::matmul_backward<float>(nullptr, nullptr, dbias, dout, nullptr, nullptr, N, IC, OC);
+      return;
+    }
     cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
   }
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens,
@@ -183,6 +201,15 @@ class CpuBackend final : public Backend {
   double sum_squares(const float* x, int64_t n) override { return cpu::sum_squares(x, n); }
 
  private:
+  // scratch[slot] holds round_to_bf16(x) (slots: 0 activations, 1 weights, 2 output gradients)
+  float* rounded(int slot, const float* x, int64_t n) {
+    std::vector<float>& s = scratch_[slot];
+    if (int64_t(s.size()) < n) s.resize(size_t(n));
+    cpu::round_to_bf16(s.data(), x, n);
+    return s.data();
+  }
+
+  std::vector<float> scratch_[3];
   mutable std::mutex mu_;
   std::unordered_map<void*, size_t> sizes_;
   int64_t in_use_ = 0, peak_ = 0;

@@ -23,7 +23,7 @@ template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int N, int IC, int OC) {
   if (dinp != nullptr) gemm(false, false, N, IC, OC, T(1), dout, OC, weight, IC, T(0), dinp, IC);
-  gemm(true, false, OC, IC, N, T(1), dout, OC, inp, IC, T(1), dweight, IC);
+  if (dweight != nullptr) gemm(true, false, OC, IC, N, T(1), dout, OC, inp, IC, T(1), dweight, IC);
   if (dbias != nullptr) {
     constexpr int kChunk = 16;
     const int n_chunks = (OC + kChunk - 1) / kChunk;

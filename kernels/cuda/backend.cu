@@ -1,13 +1,16 @@
 // The CUDA backend: memory from the device's stream-ordered pool (cudaMallocAsync with the
 // release threshold at its maximum, so freed blocks stay cached and a steady step allocates
 // nothing from the driver), every op queued on one stream, GEMMs through cuBLAS in fp32 (no TF32:
-// the fp32 mode compares with the CPU reference), the other ops as one thread per work item
-// running the bodies of thread_bodies.h. Every launch is checked, with the kernel's name.
+// the fp32 mode compares with the CPU reference) or, in bf16 precision, on bf16 copies of their
+// inputs with fp32 accumulation and output (cublasGemmEx, tensor cores), the other ops as one
+// thread per work item running the bodies of thread_bodies.h. Every launch is checked, with the
+// kernel's name.
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 
 #include <cmath>
-#include <exception>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -49,6 +52,12 @@ void launch_on(const char* name, cudaStream_t stream, int64_t n, F f) {
               n, cudaGetErrorName(err), cudaGetErrorString(err), identity());
 }
 
+// dst (n) = x rounded to bf16, to nearest even
+void round_to_bf16_on(cudaStream_t stream, __nv_bfloat16* dst, const float* x, int64_t n) {
+  launch_on("round_to_bf16", stream, n,
+            [=] __device__(int64_t i) { dst[i] = __float2bfloat16_rn(x[i]); });
+}
+
 class CudaExec : public Backend {
  public:
   explicit CudaExec(int device) : device_(device) {
@@ -70,6 +79,9 @@ class CudaExec : public Backend {
     // While an error unwinds, queued work may wait on a peer that never comes (an NCCL
     // transfer): do not wait for it, so main can abort the job.
     if (std::uncaught_exceptions() == 0) cudaStreamSynchronize(stream_);
+    for (Scratch& sc : bf16_) {
+      if (sc.p != nullptr) cudaFreeAsync(sc.p, stream_);
+    }
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
   }
@@ -126,23 +138,23 @@ class CudaExec : public Backend {
   // Row-major (N, IC) · (OC, IC)ᵀ is column-major outᵀ (OC, N) = W (IC, OC)ᵀ · inpᵀ (IC, N).
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                       int IC, int OC) override {
-    const float one = 1.0f, zero_f = 0.0f;
-    CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, &one, weight, IC, inp,
-                             IC, &zero_f, out, OC));
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, operand(weight, int64_t(OC) * IC, 1), IC,
+         operand(inp, int64_t(N) * IC, 0), IC, 0.0f, out, OC);
     if (bias != nullptr)
       launch_on("add_bias", stream_, int64_t(N) * OC,
                 [=] __device__(int64_t i) { body::add_bias(i, out, bias, OC); });
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int N, int IC, int OC) override {
-    const float one = 1.0f, zero_f = 0.0f;
+    const void* d = operand(dout, int64_t(N) * OC, 2);
     if (dinp != nullptr)  // dinpᵀ (IC, N) = W (IC, OC) · doutᵀ (OC, N)
-      CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, &one, weight, IC, dout,
-                               OC, &zero_f, dinp, IC));
+      gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, operand(weight, int64_t(OC) * IC, 1), IC, d, OC,
+           0.0f, dinp, IC);
     // dWᵀ (IC, OC) += inpᵀ (IC, N) · dout (N, OC)
-    CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, &one, inp, IC, dout, OC,
-                             &one, dweight, IC));
-    if (dbias != nullptr)
+    if (dweight != nullptr)
+      gemm(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, operand(inp, int64_t(N) * IC, 0), IC, d, OC, 1.0f,
+           dweight, IC);
+    if (dbias != nullptr)  // from the fp32 output gradient in either precision
       launch_on("bias_grad", stream_, OC,
                 [=] __device__(int64_t o) { body::bias_grad(int(o), dbias, dout, N, OC); });
   }
@@ -155,6 +167,42 @@ class CudaExec : public Backend {
   }
 
  private:
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  // A GEMM input of n fp32 values as the GEMM reads it: itself in fp32 precision; in bf16, its
+  // copy rounded to bf16 (to nearest even, as kernels/ops.h round_to_bf16) in scratch slot `slot`
+  // (0 activations, 1 weights, 2 output gradients), which grows (stream-ordered) to the largest
+  // such operand once, so a steady step allocates nothing.
+  const void* operand(const float* x, int64_t n, int slot) {
+    if (matmul_precision() == MatmulPrecision::kFp32) return x;
+    Scratch& sc = bf16_[slot];
+    const size_t bytes = size_t(n) * sizeof(__nv_bfloat16);
+    if (sc.bytes < bytes) {
+      void* old = sc.p;
+      sc.p = nullptr, sc.bytes = 0;
+      release(old);
+      sc.p = alloc(bytes);
+      sc.bytes = bytes;
+    }
+    round_to_bf16_on(stream_, static_cast<__nv_bfloat16*>(sc.p), x, n);
+    return sc.p;
+  }
+  // Column-major C (m, n) = op(A) · op(B) + beta·C with fp32 C and accumulation; A and B as
+  // operand() gave them (fp32: cublasSgemm; bf16: cublasGemmEx on tensor cores).
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a, int lda,
+            const void* b, int ldb, float beta, float* c, int ldc) {
+    const float one = 1.0f;
+    if (matmul_precision() == MatmulPrecision::kFp32) {
+      CUBLAS_CHECK(cublasSgemm(cublas_, ta, tb, m, n, k, &one, static_cast<const float*>(a), lda,
+                               static_cast<const float*>(b), ldb, &beta, c, ldc));
+    } else {
+      CUBLAS_CHECK(cublasGemmEx(cublas_, ta, tb, m, n, k, &one, a, CUDA_R_16BF, lda, b, CUDA_R_16BF,
+                                ldb, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+    }
+  }
   int64_t pool_attr(cudaMemPoolAttr attr) const {
     uint64_t v = 0;
     CUDA_CHECK(cudaMemPoolGetAttribute(pool_, attr, &v));
@@ -165,6 +213,7 @@ class CudaExec : public Backend {
   cudaStream_t stream_ = nullptr;
   cudaMemPool_t pool_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  Scratch bf16_[3];
 };
 
 }  // namespace

@@ -42,6 +42,7 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(run, out_dir),
     BERTH_CONFIG_FIELD(run, seed),
     BERTH_CONFIG_FIELD(run, device),
+    BERTH_CONFIG_FIELD(run, precision),
     BERTH_CONFIG_FIELD(model, n_layer),
     BERTH_CONFIG_FIELD(model, n_head),
     BERTH_CONFIG_FIELD(model, d_model),
@@ -412,6 +413,10 @@ void validate_config(const RunConfig& cfg) {
   if (cfg.run.device != "cpu" && cfg.run.device != "cuda" && cfg.run.device != "auto") {
     BERTH_FAIL("{}: unknown run.device {}; use \"cpu\", \"cuda\" or \"auto\"", w,
                quote_toml(cfg.run.device));
+  }
+  if (cfg.run.precision != "fp32" && cfg.run.precision != "bf16") {
+    BERTH_FAIL("{}: unknown run.precision {}; use \"fp32\" or \"bf16\"", w,
+               quote_toml(cfg.run.precision));
   }
   if (cfg.data.mode != "stream" && cfg.data.mode != "packed" && cfg.data.mode != "padded") {
     BERTH_FAIL("{}: unknown data.mode {}; use \"stream\", \"packed\" or \"padded\"", w,

@@ -21,6 +21,10 @@ struct RunSection {
   // Where the model runs: "cpu", "cuda" (a GPU per rank: local rank % GPUs of the host) or "auto"
   // (CUDA when this berth has it and a GPU is visible, else the CPU).
   std::string device = "cpu";
+  // The GEMMs' precision: "fp32", or "bf16" (bf16 inputs, fp32 accumulation and outputs; fp32
+  // master weights, moments, gradients and loss). On the CPU bf16 is emulated (kernels/ops.h
+  // round_to_bf16): it has the numerics of a GPU run, not its speed.
+  std::string precision = "fp32";
 };
 
 struct ModelSection {

@@ -16,6 +16,16 @@ namespace berth {
 
 enum class DeviceKind { kCpu, kCuda };
 
+// What a GEMM (matmul_forward / matmul_backward) computes in:
+//   kFp32: fp32 inputs and products (on CUDA no TF32: the mode that compares with the CPU);
+//   kBf16: the inputs (activations, weights, output gradients) rounded to bfloat16, products
+//          accumulated in fp32, outputs and bias in fp32: bf16 tensor cores on CUDA, the same
+//          rounding emulated on the CPU (kernels/ops.h round_to_bf16). The parameters the
+//          optimizer updates stay fp32 (master weights), as do moments, gradients and the loss.
+enum class MatmulPrecision { kFp32, kBf16 };
+const char* matmul_precision_name(MatmulPrecision p);
+MatmulPrecision parse_matmul_precision(const std::string& name);  // "fp32" | "bf16"; throws
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -49,6 +59,10 @@ class Backend {
   // The stream the ops are queued on, as an opaque handle (a cudaStream_t on CUDA), so a
   // communicator on device buffers can order its own stream against it; null on the CPU.
   virtual void* stream_handle() const { return nullptr; }
+
+  // The precision of the GEMMs that follow (default kFp32).
+  void set_matmul_precision(MatmulPrecision p) { matmul_precision_ = p; }
+  MatmulPrecision matmul_precision() const { return matmul_precision_; }
 
   // ---- ops (kernels/ops.h) ----------------------------------------------------------------------
   virtual void encoder_forward(float* out, const int32_t* tokens, const int32_t* positions,
@@ -125,6 +139,9 @@ class Backend {
                             float grad_scale, int64_t t) = 0;
   // Σ x² accumulated in double; the result is returned to the host.
   virtual double sum_squares(const float* x, int64_t n) = 0;
+
+ private:
+  MatmulPrecision matmul_precision_ = MatmulPrecision::kFp32;
 };
 
 // Memory of `n` values of T on a backend, released on destruction. Move-only.

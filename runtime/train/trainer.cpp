@@ -158,6 +158,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
     }
   }
   if (backend_ == nullptr) backend_ = own_backend_.get();
+  backend_->set_matmul_precision(parse_matmul_precision(cfg_.run.precision));
   const bool cuda = backend_->kind() == DeviceKind::kCuda;
   BERTH_CHECK(cfg_.run.device == "cpu" ||
                   world.all_reduce_value(int(cuda), ReduceOp::SUM) % world.size() == 0,
@@ -597,14 +598,14 @@ std::vector<StepStats> Trainer::run() {
   log_info("berth {} | resolved config ({} → {}/config.toml):\n{}", BERTH_VERSION,
            cfg_.source.empty() ? "built-in" : cfg_.source, run_dir_, resolved);
   const int64_t n_params = gpt_param_layout(canonical_).total;
-  log_info("model: {} parameters ({:.2f} M; {} on this rank), L={} C={} NH={} V={} (padded {}) | "
-           "batch {}x{} | {:.1f} MFLOP/token | {} OpenMP threads | activations {:.1f} MiB in {} "
-           "slot(s) | device {}",
-           n_params, double(n_params) / 1e6, model_->layout().total, gcfg_.L, gcfg_.C,
-           gcfg_.NH, gcfg_.V, gcfg_.Vp, cfg_.train.micro_batch_size, cfg_.data.seq_len,
-           flops_per_token_ / 1e6, omp_get_max_threads(),
-           double(model_->activation_bytes()) / (1024.0 * 1024.0), model_->slots(),
-           backend_->name());
+  log_info(
+      "model: {} parameters ({:.2f} M; {} on this rank), L={} C={} NH={} V={} (padded {}) | "
+      "batch {}x{} | {:.1f} MFLOP/token | {} OpenMP threads | activations {:.1f} MiB in {} "
+      "slot(s) | device {}, {} GEMMs",
+      n_params, double(n_params) / 1e6, model_->layout().total, gcfg_.L, gcfg_.C, gcfg_.NH, gcfg_.V,
+      gcfg_.Vp, cfg_.train.micro_batch_size, cfg_.data.seq_len, flops_per_token_ / 1e6,
+      omp_get_max_threads(), double(model_->activation_bytes()) / (1024.0 * 1024.0),
+      model_->slots(), backend_->name(), matmul_precision_name(backend_->matmul_precision()));
   log_info("data: {} tokens in {} documents | {}", train_ds_.n_tokens(), train_ds_.n_docs(),
            data_summary_);
   const GridShape& shape = grid_->shape();

@@ -1,0 +1,17 @@
+#include "runtime/core/backend.h"
+
+#include "runtime/core/check.h"
+
+namespace berth {
+
+const char* matmul_precision_name(MatmulPrecision p) {
+  return p == MatmulPrecision::kBf16 ? "bf16" : "fp32";
+}
+
+MatmulPrecision parse_matmul_precision(const std::string& name) {
+  if (name == "fp32") return MatmulPrecision::kFp32;
+  if (name == "bf16") return MatmulPrecision::kBf16;
+  BERTH_FAIL("unknown matmul precision \"{}\"; use \"fp32\" or \"bf16\"", name);
+}
+
+}  // namespace berth
