@@ -3,6 +3,7 @@
 
 #include "launcher/commands.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/watchdog.h"
 #include "runtime/config/config.h"
 #include "runtime/core/check.h"
 #include "runtime/core/log.h"
@@ -49,6 +50,7 @@ void register_train_command(CLI::App& app) {
     std::vector<std::string> overrides = args->overrides;
     if (args->reservation > 0) overrides.push_back(fmt::format("reservation.id={}", args->reservation));
     const RunConfig cfg = load_config(args->config, overrides);
+    install_comm_watchdog(cfg.parallel.comm_timeout_s, kExitCommTimeout);
     std::unique_ptr<Communicator> world = make_mpi_world();
     Trainer trainer(cfg, *world);
     if (!args->resume.empty()) trainer.resume(args->resume);

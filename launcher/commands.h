@@ -26,6 +26,9 @@ void register_ledger_commands(CLI::App& app);
 constexpr int kExitNotNow = 2;        // reserve: cannot book when asked (earliest start printed)
 constexpr int kExitWindowEnded = 3;   // train: the booked window ends; checkpointed, resumable
 constexpr int kExitLeaseLost = 4;     // train: no lease (refused, taken over, or cancelled)
+// Not an outcome but a failure with its own status: a communicator call outlived
+// parallel.comm_timeout_s; the process exits at once (runtime/comm/watchdog.h).
+constexpr int kExitCommTimeout = 5;
 struct ExitStatus {
   int code;
 };

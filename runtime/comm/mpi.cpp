@@ -18,6 +18,7 @@
 #include "runtime/comm/call_timer.h"
 #include "runtime/comm/check_mpi.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/watchdog.h"
 #include "runtime/core/check.h"
 
 namespace berth {
@@ -142,6 +143,7 @@ class MpiCommunicator final : public Communicator {
 
   void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
     const CallTimer timer(&stats_.seconds);
+    const WatchedCall watch("all_reduce", count * dtype_size(dtype), size_);
     not_in_group("all_reduce");
     const MPI_Op mop = mpi_op(op, dtype);
     const MPI_Datatype mtype = mpi_type(dtype);
@@ -164,6 +166,7 @@ class MpiCommunicator final : public Communicator {
   void reduce_scatter(const void* send, void* recv, const std::vector<size_t>& counts, DType dtype,
                       ReduceOp op) override {
     const CallTimer timer(&stats_.seconds);
+    const WatchedCall watch("reduce_scatter", sum(counts) * dtype_size(dtype), size_);
     not_in_group("reduce_scatter");
     const std::vector<int> icounts = int_counts(counts, "reduce_scatter");
     const MPI_Op mop = mpi_op(op, dtype);
@@ -179,6 +182,7 @@ class MpiCommunicator final : public Communicator {
   void all_gather(const void* send, void* recv, const std::vector<size_t>& counts,
                   DType dtype) override {
     const CallTimer timer(&stats_.seconds);
+    const WatchedCall watch("all_gather", sum(counts) * dtype_size(dtype), size_);
     not_in_group("all_gather");
     const std::vector<int> icounts = int_counts(counts, "all_gather");
     std::vector<int> displs(counts.size());
@@ -198,6 +202,7 @@ class MpiCommunicator final : public Communicator {
 
   void broadcast(void* buf, size_t count, DType dtype, int root) override {
     const CallTimer timer(&stats_.seconds);
+    const WatchedCall watch("broadcast", count * dtype_size(dtype), size_);
     not_in_group("broadcast");
     BERTH_CHECK(root >= 0 && root < size_,
                 "broadcast root {} is not a rank of this group (size {})", root, size_);
@@ -226,6 +231,7 @@ class MpiCommunicator final : public Communicator {
 
   void group_end() override {
     const CallTimer timer(&stats_.seconds);
+    const WatchedCall watch("send/recv group", p2p_bytes(pending_), size_);
     BERTH_CHECK(in_group_, "group_end without a matching group_begin");
     in_group_ = false;
     std::vector<P2pOp> ops;
@@ -245,6 +251,7 @@ class MpiCommunicator final : public Communicator {
   void wait() override {
     const CallTimer timer(&stats_.seconds);
     if (in_flight_.empty()) return;
+    const WatchedCall watch("wait for a send/recv group", 0, size_);
     std::vector<MPI_Request> reqs;
     reqs.swap(in_flight_);
     MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
@@ -252,12 +259,14 @@ class MpiCommunicator final : public Communicator {
 
   void send(const void* buf, size_t count, DType dtype, int peer) override {
     const CallTimer timer(&stats_.seconds);
+    const WatchedCall watch("send", count * dtype_size(dtype), size_);
     p2p(P2pOp{true, const_cast<void*>(buf), count, dtype, peer});
     count_bytes(stats_.send_bytes, count, dtype);
   }
 
   void recv(void* buf, size_t count, DType dtype, int peer) override {
     const CallTimer timer(&stats_.seconds);
+    const WatchedCall watch("recv", count * dtype_size(dtype), size_);
     p2p(P2pOp{false, buf, count, dtype, peer});
     count_bytes(stats_.recv_bytes, count, dtype);
   }
@@ -279,6 +288,7 @@ class MpiCommunicator final : public Communicator {
 
   void barrier() override {
     const CallTimer timer(&stats_.seconds);
+    const WatchedCall watch("barrier", 0, size_);
     not_in_group("barrier");
     MPI_CHECK(MPI_Barrier(comm_));
   }
@@ -306,6 +316,11 @@ class MpiCommunicator final : public Communicator {
   static size_t sum(const std::vector<size_t>& counts) {
     size_t total = 0;
     for (size_t c : counts) total += c;
+    return total;
+  }
+  static size_t p2p_bytes(const std::vector<P2pOp>& ops) {
+    size_t total = 0;
+    for (const P2pOp& op : ops) total += op.count * dtype_size(op.dtype);
     return total;
   }
 

@@ -24,6 +24,7 @@
 
 #include "runtime/comm/call_timer.h"
 #include "runtime/comm/check_mpi.h"
+#include "runtime/comm/watchdog.h"
 #include "runtime/core/check.h"
 
 #define NCCL_CHECK(expr)                                                                       \
@@ -124,7 +125,7 @@ class NcclCommunicator final : public Communicator {
     Staged st(this, send, bytes, recv, bytes);
     NCCL_CHECK(ncclAllReduce(st.send(), st.recv(), count, nccl_type(dtype), nccl_op(op, dtype),
                              comm_, stream_));
-    st.finish();
+    st.finish("all_reduce", bytes);
     count_bytes(stats_.all_reduce_bytes, count, dtype);
   }
 
@@ -149,7 +150,7 @@ class NcclCommunicator final : public Communicator {
       }
       NCCL_CHECK(ncclGroupEnd());
     }
-    st.finish();
+    st.finish("reduce_scatter", total * ds);
     count_bytes(stats_.reduce_scatter_bytes, total, dtype);
   }
 
@@ -172,7 +173,7 @@ class NcclCommunicator final : public Communicator {
       }
       NCCL_CHECK(ncclGroupEnd());
     }
-    st.finish();
+    st.finish("all_gather", total * ds);
     count_bytes(stats_.all_gather_bytes, total, dtype);
   }
 
@@ -182,7 +183,7 @@ class NcclCommunicator final : public Communicator {
     const size_t bytes = count * dtype_size(dtype);
     Staged st(this, buf, bytes, buf, bytes);
     NCCL_CHECK(ncclBroadcast(st.send(), st.recv(), count, nccl_type(dtype), root, comm_, stream_));
-    st.finish();
+    st.finish("broadcast", bytes);
     count_bytes(stats_.broadcast_bytes, count, dtype);
   }
 
@@ -206,6 +207,8 @@ class NcclCommunicator final : public Communicator {
     in_group_ = false;
     NCCL_CHECK(ncclGroupEnd());
     CUDA_RT_CHECK(cudaEventRecord(after_, stream_));
+    watch("send/recv group", group_bytes_);
+    group_bytes_ = 0;
     in_flight_ = true;
   }
   void wait() override {
@@ -217,11 +220,13 @@ class NcclCommunicator final : public Communicator {
   void send(const void* buf, size_t count, DType dtype, int peer) override {
     p2p_check(buf, count, peer, "send");
     NCCL_CHECK(ncclSend(buf, count, nccl_type(dtype), peer, comm_, stream_));
+    group_bytes_ += count * dtype_size(dtype);
     count_bytes(stats_.send_bytes, count, dtype);
   }
   void recv(void* buf, size_t count, DType dtype, int peer) override {
     p2p_check(buf, count, peer, "recv");
     NCCL_CHECK(ncclRecv(buf, count, nccl_type(dtype), peer, comm_, stream_));
+    group_bytes_ += count * dtype_size(dtype);
     count_bytes(stats_.recv_bytes, count, dtype);
   }
 
@@ -273,7 +278,9 @@ class NcclCommunicator final : public Communicator {
     }
     const void* send() const { return staged_ ? d_send_ : send_; }
     void* recv() const { return staged_ ? d_recv_ : recv_; }
-    void finish() {
+    // `op` of `bytes` is queued: report it to the watchdog, then copy a staged output back
+    void finish(const char* op, size_t bytes) {
+      c_->watch(op, bytes);
       if (staged_) {
         if (recv_bytes_)
           CUDA_RT_CHECK(
@@ -295,6 +302,17 @@ class NcclCommunicator final : public Communicator {
     bool staged_ = false;
   };
 
+  // Reports the call just queued on stream_ to the process's watchdog (if any): it stays open
+  // until an event recorded after it on stream_ has completed.
+  void watch(const char* op, size_t bytes) {
+    CallWatchdog* w = comm_watchdog();
+    if (w == nullptr) return;
+    cudaEvent_t ev = nullptr;
+    CUDA_RT_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    const std::shared_ptr<CUevent_st> event(ev, [](cudaEvent_t e) { cudaEventDestroy(e); });
+    CUDA_RT_CHECK(cudaEventRecord(ev, stream_));
+    w->open(op, bytes, size_, [event] { return cudaEventQuery(event.get()) != cudaErrorNotReady; });
+  }
   void order_after_compute() {
     CUDA_RT_CHECK(cudaEventRecord(before_, compute_));
     CUDA_RT_CHECK(cudaStreamWaitEvent(stream_, before_, 0));
@@ -344,6 +362,7 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t before_ = nullptr, after_ = nullptr;
   int device_ = 0, rank_ = 0, size_ = 1;
   bool in_group_ = false, in_flight_ = false;
+  size_t group_bytes_ = 0;  // payload of the send/recv group being built
 };
 
 }  // namespace

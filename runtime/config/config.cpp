@@ -80,6 +80,7 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(parallel, zero),
     BERTH_CONFIG_FIELD(parallel, microbatches),
     BERTH_CONFIG_FIELD(parallel, schedule),
+    BERTH_CONFIG_FIELD(parallel, comm_timeout_s),
     BERTH_CONFIG_FIELD(checkpoint, dir),
     BERTH_CONFIG_FIELD(checkpoint, interval),
     BERTH_CONFIG_FIELD(checkpoint, keep_last),
@@ -479,6 +480,12 @@ void validate_config(const RunConfig& cfg) {
   if (cfg.parallel.dp < 0) {
     BERTH_FAIL("{}: parallel.dp must be >= 1, or 0 to take world size / (tp·pp·cp); got {}", w,
                cfg.parallel.dp);
+  }
+  if (!(cfg.parallel.comm_timeout_s >= 0) || !std::isfinite(cfg.parallel.comm_timeout_s)) {
+    BERTH_FAIL(
+        "{}: parallel.comm_timeout_s must be a number of seconds >= 0 (0 = no timeout), "
+        "got {}",
+        w, cfg.parallel.comm_timeout_s);
   }
   if (cfg.parallel.zero != 0 && cfg.parallel.zero != 1) {
     BERTH_FAIL("{}: parallel.zero must be 0 (replicated optimizer state) or 1 (moments sharded "

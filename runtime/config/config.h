@@ -77,6 +77,10 @@ struct ParallelSection {
   int64_t zero = 0;          // 0: replicated optimizer state; 1: AdamW moments sharded over dp×cp
   int64_t microbatches = 1;  // micro-batches per step and rank (gradient accumulation)
   std::string schedule = "1f1b";  // pipeline schedule when pp > 1: "1f1b" | "afab"
+  // A communicator call still waiting after this many seconds ends the job (exit 5) with the
+  // call's name: a peer hangs or died. 0 = never. Must exceed the longest wait one rank can
+  // cause the others (a checkpoint save, an evaluation, a slow step).
+  double comm_timeout_s = 600;
 };
 
 struct CheckpointSection {

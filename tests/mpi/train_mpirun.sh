@@ -65,6 +65,20 @@ check "an injected failure on rank 1 ends the job non-zero in ${elapsed}s (rc $r
 grep -q "rank 1/2@.*failure injected by debug.fail_rank = 1 at step 3" "$tmp/fail.log"
 check "the failure message carries rank@host" $?
 
+# A hung rank: rank 1 sleeps 8 s in step 2 (debug.slow_rank) while rank 0 waits in the gradient
+# all-reduce; with parallel.comm_timeout_s = 1 rank 0's watchdog ends the job with status 5, naming
+# the call, well before the sleep is over.
+start=$(date +%s)
+timeout 60 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=hang \
+    --set train.steps=3 --set debug.slow_rank=1 --set debug.slow_rank_s=8 \
+    --set parallel.comm_timeout_s=1 > "$tmp/hang.log" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+[ $rc -eq 5 ] && [ $elapsed -lt 8 ]
+check "a rank that hangs 8 s ends the job with status 5 in ${elapsed}s (timeout 1 s; rc $rc)" $?
+grep -q "rank 0/2@.*communicator timeout: all_reduce of .* in a group of 2 rank(s) has not completed after [0-9.]* s (limit 1 s)" "$tmp/hang.log"
+check "rank 0 names the call it waited in" $?
+
 timeout 60 "${mpi[@]}" -np 3 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=np3 \
     --set parallel.dp=2 > "$tmp/np3.log" 2>&1
 rc=$?

@@ -1,0 +1,145 @@
+#include "runtime/comm/watchdog.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include "runtime/core/check.h"
+#include "runtime/core/log.h"
+
+namespace berth {
+
+CallWatchdog::CallWatchdog(double timeout_s, Fire fire, Clock clock)
+    : timeout_s_(timeout_s), fire_(std::move(fire)), clock_(std::move(clock)) {
+  BERTH_CHECK(timeout_s_ > 0, "the communicator watchdog needs a timeout > 0 s, got {}",
+              timeout_s_);
+  if (!clock_) {
+    clock_ = [] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+  }
+}
+
+CallWatchdog::~CallWatchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+uint64_t CallWatchdog::open(const char* op, size_t bytes, int group_size, Done done) {
+  const double now = clock_();
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t token = next_++;
+  calls_.push_back(Call{token, op, bytes, group_size, now, std::move(done)});
+  return token;
+}
+
+void CallWatchdog::close(uint64_t token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // blocking calls close in the order they opened, so this is nearly always the back
+  for (auto it = calls_.rbegin(); it != calls_.rend(); ++it) {
+    if (it->token == token) {
+      it->closed = true;
+      break;
+    }
+  }
+  while (!calls_.empty() && calls_.front().closed) calls_.pop_front();
+}
+
+bool CallWatchdog::check() {
+  std::string message;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Call& c : calls_)
+      if (!c.closed && c.done && c.done()) c.closed = true;
+    while (!calls_.empty() && calls_.front().closed) calls_.pop_front();
+    if (calls_.empty()) return false;
+    Call* oldest = nullptr;
+    for (Call& c : calls_) {
+      if (!c.closed) {
+        oldest = &c;
+        break;
+      }
+    }
+    const double waited = clock_() - oldest->t0;
+    if (oldest->fired || waited <= timeout_s_) return false;
+    oldest->fired = true;
+    message = fmt::format(
+        "communicator timeout: {} of {} in a group of {} rank(s) has not completed after "
+        "{:.1f} s (limit {:g} s): a peer hangs, died, or never reached this call; ending the "
+        "job. If the wait is legitimate (a long checkpoint save or evaluation), raise "
+        "parallel.comm_timeout_s",
+        oldest->op,
+        oldest->bytes < (1u << 20) ? fmt::format("{} bytes", oldest->bytes)
+                                   : fmt::format("{:.1f} MiB", double(oldest->bytes) / (1 << 20)),
+        oldest->group_size, waited, timeout_s_);
+  }
+  fire_(message);
+  return true;
+}
+
+void CallWatchdog::start(double poll_s) {
+  BERTH_CHECK(!thread_.joinable(), "the communicator watchdog's thread is already running");
+  thread_ = std::thread([this, poll_s] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, std::chrono::duration<double>(poll_s));
+      if (stop_) break;
+      lock.unlock();
+      check();
+      lock.lock();
+    }
+  });
+}
+
+size_t CallWatchdog::open_calls() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const Call& c : calls_) n += !c.closed;
+  return n;
+}
+
+namespace {
+std::atomic<CallWatchdog*> g_watchdog{nullptr};
+std::unique_ptr<CallWatchdog> g_owned;
+}  // namespace
+
+CallWatchdog* comm_watchdog() { return g_watchdog.load(std::memory_order_acquire); }
+
+void install_comm_watchdog(std::unique_ptr<CallWatchdog> w) {
+  g_watchdog.store(w.get(), std::memory_order_release);
+  g_owned = std::move(w);  // the previous one (if any) stops its thread here
+}
+
+void install_comm_watchdog(double timeout_s, int exit_code) {
+  if (timeout_s <= 0) {
+    install_comm_watchdog(nullptr);
+    return;
+  }
+  auto w = std::make_unique<CallWatchdog>(timeout_s, [exit_code](const std::string& message) {
+    log_error("{}", message);
+    std::fflush(nullptr);
+    std::_Exit(exit_code);  // the hung call cannot be unwound; mpirun ends the other ranks
+  });
+  w->start(std::min(1.0, timeout_s / 10));
+  install_comm_watchdog(std::move(w));
+}
+
+WatchedCall::WatchedCall(const char* op, size_t bytes, int group_size) : w_(comm_watchdog()) {
+  if (w_ != nullptr) token_ = w_->open(op, bytes, group_size);
+}
+
+WatchedCall::~WatchedCall() {
+  if (w_ != nullptr) w_->close(token_);
+}
+
+}  // namespace berth
