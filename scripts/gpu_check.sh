@@ -36,8 +36,14 @@ if compgen -G "$debs/*.deb" >/dev/null; then
 fi
 command -v ninja >/dev/null && [ ! -f "$build/CMakeCache.txt" ] && cmake_args+=(-G Ninja)
 
-if [ -x "$build/bench/gpu/bench_gpu_ops" ] && [ -x "$build/tests/test_backend_gpu" ]; then
-  log "using the build in $build"
+# A build made elsewhere (carried to the GPU box) is used only when it was built from these very
+# sources: their hash is stored next to it. Anything else is (re)built.
+src_hash=$(find CMakeLists.txt cmake kernels runtime tests bench packing parallel launcher -type f \
+             \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cmake' \
+                -o -name 'CMakeLists.txt' \) 2>/dev/null | LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-16)
+if [ -x "$build/bench/gpu/bench_gpu_ops" ] && [ -x "$build/tests/test_backend_gpu" ] &&
+   [ "$(cat "$build/.berth-src-hash" 2>/dev/null)" = "$src_hash" ]; then
+  log "using the build in $build (built from these sources, $src_hash)"
 else
   log "configuring and building into $build ($jobs jobs)"
   if ! { cmake -S . -B "$build" "${cmake_args[@]}" &&
@@ -46,6 +52,7 @@ else
     tail -40 "$out/build.log"
     exit 2
   fi
+  echo "$src_hash" > "$build/.berth-src-hash"
   log "built"
 fi
 
