@@ -56,6 +56,10 @@ std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
 
 std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
+// Documents of 17, 31 and 11 tokens (a packed row: attention never crosses them).
+const std::vector<int32_t> kCu = {0, 17, 48, 59};
+constexpr int kN = 59, kS = 3;
+
 class BackendOps : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -80,12 +84,29 @@ class BackendOps : public ::testing::Test {
     ASSERT_EQ(g.size(), r.size()) << what;
     expect_close(g.data(), r.data(), int64_t(g.size()), test::kBackendF32, what);
   }
+  struct MatmulRef {
+    std::vector<float> out, dinp, dweight, dbias;  // dweight, dbias accumulate onto 0.5
+  };
+  // The backend's matmul_forward + matmul_backward (in its current precision) against `ref`;
+  // the inputs must come back unchanged.
+  void check_matmul(const std::vector<float>& inp, const std::vector<float>& w,
+                    const std::vector<float>& b, const std::vector<float>& dout, int IC, int OC,
+                    const MatmulRef& ref, const std::string& what) {
+    auto d_inp = up(inp), d_w = up(w), d_b = up(b), d_dout = up(dout);
+    DeviceBuffer<float> d_out(*be_, int64_t(kN) * OC), d_dinp(*be_, int64_t(kN) * IC);
+    auto d_dw = up(std::vector<float>(w.size(), 0.5f)), d_db = up(std::vector<float>(OC, 0.5f));
+    be_->matmul_forward(d_out.data(), d_inp.data(), d_w.data(), d_b.data(), kN, IC, OC);
+    be_->matmul_backward(d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
+                         d_w.data(), kN, IC, OC);
+    check(d_out, ref.out, (what + " out").c_str());
+    check(d_dinp, ref.dinp, (what + " dinp").c_str());
+    check(d_dw, ref.dweight, (what + " dweight (+=)").c_str());
+    check(d_db, ref.dbias, (what + " dbias (+=, from the fp32 dout)").c_str());
+    EXPECT_EQ(down(d_inp), inp) << what << ": inputs are left as they were";
+    EXPECT_EQ(down(d_dout), dout) << what << ": inputs are left as they were";
+  }
   std::unique_ptr<Backend> be_;
 };
-
-// Documents of 17, 31 and 11 tokens (a packed row: attention never crosses them).
-const std::vector<int32_t> kCu = {0, 17, 48, 59};
-constexpr int kN = 59, kS = 3;
 
 TEST_F(BackendOps, EncoderForwardAndBackward) {
   const int C = 32, Vp = 64, maxT = 64;
@@ -142,16 +163,7 @@ TEST_F(BackendOps, MatmulForwardAndBackward) {
   cpu::matmul_forward(out.data(), inp.data(), w.data(), b.data(), kN, IC, OC);
   cpu::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), kN, IC,
                        OC);
-  auto d_inp = up(inp), d_w = up(w), d_b = up(b), d_dout = up(dout);
-  DeviceBuffer<float> d_out(*be_, kN * OC), d_dinp(*be_, kN * IC);
-  auto d_dw = up(std::vector<float>(w.size(), 0.5f)), d_db = up(std::vector<float>(OC, 0.5f));
-  be_->matmul_forward(d_out.data(), d_inp.data(), d_w.data(), d_b.data(), kN, IC, OC);
-  be_->matmul_backward(d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
-                       d_w.data(), kN, IC, OC);
-  check(d_out, out, "matmul out");
-  check(d_dinp, dinp, "matmul dinp");
-  check(d_dw, dw, "matmul dweight (+=)");
-  check(d_db, db, "matmul dbias (+=)");
+  check_matmul(inp, w, b, dout, IC, OC, {out, dinp, dw, db}, "matmul");
 }
 
 // bf16 precision: the backend's GEMMs equal the fp32 GEMMs of inputs rounded to bf16 (products
@@ -183,19 +195,7 @@ TEST_F(BackendOps, Bf16MatmulIsTheFp32GemmOfRoundedInputs) {
   EXPECT_GT(max_diff, 1e-3 * max_abs) << "bf16 rounding must change the GEMM's result";
 
   be_->set_matmul_precision(MatmulPrecision::kBf16);
-  auto d_inp = up(inp), d_w = up(w), d_b = up(b), d_dout = up(dout);
-  DeviceBuffer<float> d_out(*be_, kN * OC), d_dinp(*be_, kN * IC);
-  auto d_dw = up(std::vector<float>(w.size(), 0.5f)), d_db = up(std::vector<float>(OC, 0.5f));
-  be_->matmul_forward(d_out.data(), d_inp.data(), d_w.data(), d_b.data(), kN, IC, OC);
-  be_->matmul_backward(d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
-                       d_w.data(), kN, IC, OC);
-  check(d_out, out, "bf16 matmul out");
-  check(d_dinp, dinp, "bf16 matmul dinp");
-  check(d_dw, dw, "bf16 matmul dweight (+=)");
-  check(d_db, db, "bf16 matmul dbias (+=, fp32 dout)");
-  // the inputs themselves are left as they were
-  EXPECT_EQ(down(d_inp), inp);
-  EXPECT_EQ(down(d_dout), dout);
+  check_matmul(inp, w, b, dout, IC, OC, {out, dinp, dw, db}, "bf16 matmul");
 }
 
 TEST_F(BackendOps, PackedCausalAttentionForwardAndBackward) {
