@@ -8,8 +8,10 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -82,6 +84,12 @@ class CudaExec : public Backend {
     for (Scratch& sc : bf16_) {
       if (sc.p != nullptr) cudaFreeAsync(sc.p, stream_);
     }
+    for (Stage& st : stage_) {
+      if (st.host == nullptr) continue;
+      if (std::uncaught_exceptions() == 0) cudaEventSynchronize(st.done);
+      cudaEventDestroy(st.done);
+      cudaFreeHost(st.host);
+    }
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
   }
@@ -113,17 +121,36 @@ class CudaExec : public Backend {
       CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
                                    cudaMemcpyDeviceToDevice, stream_));
   }
-  // From pageable memory cudaMemcpyAsync returns once the source is staged (CUDA's API
-  // synchronization rules), so the caller may reuse `host` at once, as the interface says; from
-  // pinned memory the copy reads the source later, so this waits for it.
+  // Uploads go through pinned staging the backend owns (kStageSlots slots of kStageBytes, used
+  // round-robin; a slot is reused once the copy that read it has completed, an event says when):
+  // the source is copied into a slot on the host, the DMA from it is queued on the stream, and
+  // the call returns, so the caller may reuse `host` at once, as the interface says, and the
+  // transfer overlaps the work queued before it. A source that is itself pinned is copied from
+  // directly and waited for (the copy reads it later).
   void upload(void* dst, const void* host, size_t bytes) override {
     if (!bytes) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, host) != cudaSuccess) {
-      cudaGetLastError();
+      cudaGetLastError();  // a plain host pointer on older runtimes
     } else if (a.type == cudaMemoryTypeHost) {
+      CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
       synchronize();
+      return;
+    }
+    for (size_t off = 0; off < bytes; off += kStageBytes) {
+      const size_t n = std::min(kStageBytes, bytes - off);
+      Stage& st = stage_[next_stage_];
+      next_stage_ = (next_stage_ + 1) % kStageSlots;
+      if (st.host == nullptr) {
+        CUDA_CHECK(cudaMallocHost(&st.host, kStageBytes));
+        CUDA_CHECK(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming));
+      } else {
+        CUDA_CHECK(cudaEventSynchronize(st.done));  // the copy that last read this slot
+      }
+      std::memcpy(st.host, static_cast<const char*>(host) + off, n);
+      CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + off, st.host, n, cudaMemcpyHostToDevice,
+                                 stream_));
+      CUDA_CHECK(cudaEventRecord(st.done, stream_));
     }
   }
   void download(void* host, const void* src, size_t bytes) override {
@@ -171,6 +198,13 @@ class CudaExec : public Backend {
     void* p = nullptr;
     size_t bytes = 0;
   };
+  // A pinned upload staging slot and the event recorded after the copy that last read it.
+  struct Stage {
+    void* host = nullptr;
+    cudaEvent_t done = nullptr;
+  };
+  static constexpr int kStageSlots = 8;
+  static constexpr size_t kStageBytes = size_t(1) << 20;
   // A GEMM input of n fp32 values as the GEMM reads it: itself in fp32 precision; in bf16, its
   // copy rounded to bf16 (to nearest even, as kernels/ops.h round_to_bf16) in scratch slot `slot`
   // (0 activations, 1 weights, 2 output gradients), which grows (stream-ordered) to the largest
@@ -214,6 +248,8 @@ class CudaExec : public Backend {
   cudaMemPool_t pool_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   Scratch bf16_[3];
+  Stage stage_[kStageSlots];
+  int next_stage_ = 0;
 };
 
 }  // namespace
