@@ -51,6 +51,9 @@ void register_train_command(CLI::App& app) {
     if (args->reservation > 0) overrides.push_back(fmt::format("reservation.id={}", args->reservation));
     const RunConfig cfg = load_config(args->config, overrides);
     install_comm_watchdog(cfg.parallel.comm_timeout_s, kExitCommTimeout);
+    struct Uninstall {  // before the communicators and the CUDA runtime go away
+      ~Uninstall() { install_comm_watchdog(nullptr); }
+    } uninstall;
     std::unique_ptr<Communicator> world = make_mpi_world();
     Trainer trainer(cfg, *world);
     if (!args->resume.empty()) trainer.resume(args->resume);

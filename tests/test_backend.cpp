@@ -103,6 +103,7 @@ class BackendOps : public ::testing::Test {
     check(d_dw, ref.dweight, (what + " dweight (+=)").c_str());
     check(d_db, ref.dbias, (what + " dbias (+=, from the fp32 dout)").c_str());
     EXPECT_EQ(down(d_inp), inp) << what << ": inputs are left as they were";
+    EXPECT_EQ(down(d_w), w) << what << ": inputs are left as they were";
     EXPECT_EQ(down(d_dout), dout) << what << ": inputs are left as they were";
   }
   std::unique_ptr<Backend> be_;

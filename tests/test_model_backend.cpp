@@ -168,6 +168,7 @@ TEST(ModelOnBackend, Bf16TracksFp32Over200Steps) {
   const std::vector<double> bf16 = run(MatmulPrecision::kBf16);
   EXPECT_LT(fp32.back(), 0.7 * fp32.front())
       << "the run must learn for the comparison to mean much";
+  EXPECT_NE(fp32, bf16) << "bf16 GEMMs must change the losses";
   double worst = 0;
   for (size_t w = 0; w < 200; w += 10) {
     double a = 0, c = 0;

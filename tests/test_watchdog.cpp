@@ -96,7 +96,7 @@ TEST(Watchdog, ItsThreadFiresOnTheRealClock) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(fired.load(), 1);
   EXPECT_GE(waited, 0.2);
-  EXPECT_LT(waited, 2.0);
+  EXPECT_LT(waited, 4.0);  // the timeout plus a poll, with room for a loaded machine
   EXPECT_NE(message.find("recv of 8 bytes"), std::string::npos) << message;
 }
 

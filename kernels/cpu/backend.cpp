@@ -96,7 +96,7 @@ class CpuBackend final : public Backend {
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int N, int IC, int OC) override {
     if (matmul_precision() == MatmulPrecision::kBf16) {
-      inp = rounded(0, inp, int64_t(N) * IC);
+      inp = dweight != nullptr ? rounded(0, inp, int64_t(N) * IC) : inp;
       weight = dinp != nullptr ? rounded(1, weight, int64_t(OC) * IC) : weight;
       // dbias sums the fp32 output gradient; only the GEMMs see it rounded
       float* d = rounded(2, dout, int64_t(N) * OC);

@@ -84,9 +84,8 @@ class CudaExec : public Backend {
     for (Scratch& sc : bf16_) {
       if (sc.p != nullptr) cudaFreeAsync(sc.p, stream_);
     }
-    for (Stage& st : stage_) {
-      if (st.host == nullptr) continue;
-      if (std::uncaught_exceptions() == 0) cudaEventSynchronize(st.done);
+    for (Stage& st : stage_) {  // cudaFreeHost synchronizes: not while an error unwinds
+      if (st.host == nullptr || std::uncaught_exceptions() > 0) continue;
       cudaEventDestroy(st.done);
       cudaFreeHost(st.host);
     }

@@ -21,7 +21,7 @@ constexpr double kWarmupTolerance =
     1.15;  // transient ends at the first step within 15 % of the steady rate
 constexpr double kClipMads = 4.0;  // winsorize window rates at median ± 4 MAD
 constexpr double kStallFactor = 1.5;
-constexpr double kExcessPriorSteps = 50.0;  // unplanned overhead rate shrunk toward 0 by 200 steps
+constexpr double kExcessPriorSteps = 50.0;  // unplanned overhead rate shrunk toward 0 by 50 steps
 // Priors for the extra cost of a checkpoint / eval step before one was seen, in median step times.
 constexpr double kCkptPriorSteps = 100.0;
 // Drift is followed when its slope is kDriftT standard errors from 0 over the whole span and

@@ -276,6 +276,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     not_in_group("split");
     MPI_Comm sub = MPI_COMM_NULL;
+    const WatchedCall watch("split", 0, size_);
     MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
     if (sub == MPI_COMM_NULL) return nullptr;
     try {

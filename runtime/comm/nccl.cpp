@@ -235,6 +235,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     not_in_group("split");
     ncclComm_t sub = nullptr;
+    const WatchedCall watch("split", 0, size_);
     NCCL_CHECK(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr));
     if (color < 0 || sub == nullptr) return nullptr;
     return std::make_unique<NcclCommunicator>(sub, compute_, device_);
@@ -309,9 +310,18 @@ class NcclCommunicator final : public Communicator {
     if (w == nullptr) return;
     cudaEvent_t ev = nullptr;
     CUDA_RT_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    const std::shared_ptr<CUevent_st> event(ev, [](cudaEvent_t e) { cudaEventDestroy(e); });
+    // The probe and the event's release run on the watchdog's thread: select this rank's GPU
+    // there first, or the runtime would make a context on GPU 0 for every rank.
+    const int dev = device_;
+    const std::shared_ptr<CUevent_st> event(ev, [dev](cudaEvent_t e) {
+      cudaSetDevice(dev);
+      cudaEventDestroy(e);
+    });
     CUDA_RT_CHECK(cudaEventRecord(ev, stream_));
-    w->open(op, bytes, size_, [event] { return cudaEventQuery(event.get()) != cudaErrorNotReady; });
+    w->open(op, bytes, size_, [event, dev] {
+      cudaSetDevice(dev);
+      return cudaEventQuery(event.get()) != cudaErrorNotReady;
+    });
   }
   void order_after_compute() {
     CUDA_RT_CHECK(cudaEventRecord(before_, compute_));
@@ -375,6 +385,7 @@ std::unique_ptr<Communicator> make_nccl_world(Backend& be) {
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
   CUDA_RT_CHECK(cudaGetDevice(&device));
   ncclUniqueId id{};
+  const WatchedCall watch("NCCL bootstrap", sizeof id, size);
   if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
   ncclComm_t comm = nullptr;

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
+#include <vector>
 
 #include "runtime/core/check.h"
 #include "runtime/core/log.h"
@@ -56,12 +57,29 @@ void CallWatchdog::close(uint64_t token) {
 }
 
 bool CallWatchdog::check() {
+  // The probes run without the lock (a device query may be slow, and the calling thread must
+  // still be able to open and close calls); entries popped here are destroyed after it is
+  // released too (a probe's event goes with them).
+  std::vector<std::pair<uint64_t, Done>> probes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Call& c : calls_)
+      if (!c.closed && c.done) probes.emplace_back(c.token, c.done);
+  }
+  std::vector<uint64_t> finished;
+  for (auto& [token, done] : probes)
+    if (done()) finished.push_back(token);
+  probes.clear();
+  std::deque<Call> popped;
   std::string message;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Call& c : calls_)
-      if (!c.closed && c.done && c.done()) c.closed = true;
-    while (!calls_.empty() && calls_.front().closed) calls_.pop_front();
+      if (std::find(finished.begin(), finished.end(), c.token) != finished.end()) c.closed = true;
+    while (!calls_.empty() && calls_.front().closed) {
+      popped.push_back(std::move(calls_.front()));
+      calls_.pop_front();
+    }
     if (calls_.empty()) return false;
     Call* oldest = nullptr;
     for (Call& c : calls_) {

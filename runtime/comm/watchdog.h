@@ -9,8 +9,9 @@
 //   - NCCL (stream-ordered): the call is open until an event recorded after it on the
 //     communicator's stream has completed (a `done` probe the watchdog polls).
 // The watchdog's own thread checks the oldest open call every poll interval. The timeout covers
-// waits in the call only, so it must exceed the longest time one rank can spend between two
-// collectives while the others wait (a checkpoint save, an evaluation, a slow step).
+// waits in the call (on NCCL from the moment it was queued, so the compute queued before it
+// counts too), so it must exceed the longest time one rank can spend between two collectives
+// while the others wait (a checkpoint save, an evaluation, a slow step).
 #pragma once
 
 #include <condition_variable>

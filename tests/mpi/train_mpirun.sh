@@ -65,7 +65,7 @@ check "an injected failure on rank 1 ends the job non-zero in ${elapsed}s (rc $r
 grep -q "rank 1/2@.*failure injected by debug.fail_rank = 1 at step 3" "$tmp/fail.log"
 check "the failure message carries rank@host" $?
 
-# A hung rank: rank 1 sleeps 8 s in step 2 (debug.slow_rank) while rank 0 waits in the gradient
+# A hung rank: rank 1 sleeps 8 s in every step (debug.slow_rank) while rank 0 waits in an
 # all-reduce; with parallel.comm_timeout_s = 1 rank 0's watchdog ends the job with status 5, naming
 # the call, well before the sleep is over.
 start=$(date +%s)
