@@ -102,9 +102,37 @@ TEST(Plan, TheBubbleIsThePipelineTheory) {
       const double pipe = p.step.compute + p.step.tp_comm + p.step.cp_comm + p.step.bubble;
       EXPECT_NEAR(p.step.bubble / pipe, double(pp - 1) / double(M + pp - 1), 1e-12)
           << "pp " << pp << " M " << M;
-      EXPECT_DOUBLE_EQ(p.comm.pp, 2.0 * double(M) * 2 * 2 * 32 * 64);  // bf16 (N, C) each way
+      EXPECT_DOUBLE_EQ(p.comm.pp, 2.0 * double(M) * 4 * 2 * 32 * 64);  // fp32 (N, C) each way
     }
   }
+}
+
+TEST(Plan, GpuProfilesModelBerthsCudaBackendInEitherPrecision) {
+  // GPT-2 124M, 8 x 1024 tokens on one H100: berth keeps fp32 weights, gradients, moments and
+  // activations in both precisions; fp32 GEMMs run at the fp32 peak (TF32 off), bf16 GEMMs at the
+  // bf16 peak, and bf16 adds the rounded operands' scratch.
+  PlanInput in = small(12, 12, 768, 50257, 1024, 8);
+  in.layout = PlanLayout{1, 1, 1, 1, 0, 1};
+  const HardwareProfile h100 = builtin_profile("h100");
+  const Plan fp32 = make_plan(in, h100);
+  in.bf16 = true;
+  const Plan bf16 = make_plan(in, h100);
+  const double P = double(fp32.params.padded);
+  EXPECT_DOUBLE_EQ(fp32.peak.params, 4 * P);
+  EXPECT_DOUBLE_EQ(fp32.peak.grads, 4 * P);
+  EXPECT_DOUBLE_EQ(fp32.peak.optimizer, 8 * P);
+  EXPECT_DOUBLE_EQ(bf16.peak.params, fp32.peak.params);
+  EXPECT_DOUBLE_EQ(bf16.peak.activations, fp32.peak.activations);
+  // the largest operands: the MLP's (N, 4C) input, the LM head's (Vp, C) weight, its (N, Vp)
+  // output gradient, at 2 bytes
+  const double N = 8 * 1024, C = 768, Vp = 50304;
+  EXPECT_DOUBLE_EQ(bf16.peak.workspace - fp32.peak.workspace, 2 * (N * 4 * C + Vp * C + N * Vp));
+  EXPECT_LT(bf16.step.compute, fp32.step.compute / 3) << "tensor cores vs fp32 GEMMs";
+  EXPECT_GT(bf16.tokens_per_s, fp32.tokens_per_s);
+  const std::string text = format_plan(fp32, 0);
+  EXPECT_NE(text.find("precision: fp32 GEMMs (no tensor cores: TF32 off)"), std::string::npos)
+      << text;
+  EXPECT_NE(format_plan(bf16, 0).find("precision: bf16 GEMMs (tensor cores)"), std::string::npos);
 }
 
 TEST(Plan, LayoutsAreRankedAndRejectionsSayWhy) {

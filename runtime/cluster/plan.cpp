@@ -21,16 +21,17 @@ int64_t layers_of(int64_t L, int64_t pp, int64_t s) { return L / pp + (s < L % p
 }  // namespace
 
 HardwareProfile builtin_profile(const std::string& name) {
-  // Vendor figures: dense bf16 peak, HBM bandwidth, capacity, per-GPU NVLink and InfiniBand bus
-  // bandwidth (A100 SXM: NVLink 3, 200 Gb/s IB; H100/H200 SXM: NVLink 4, 400 Gb/s IB), latency.
+  // Vendor figures: dense bf16 peak, dense fp32 (no tensor cores), HBM bandwidth, capacity,
+  // per-GPU NVLink and InfiniBand bus bandwidth (A100 SXM: NVLink 3, 200 Gb/s IB; H100/H200 SXM:
+  // NVLink 4, 400 Gb/s IB), latency.
   struct Row {
     const char* name;
-    double peak, mem_bw, capacity, intra, inter, latency;
+    double peak, fp32, mem_bw, capacity, intra, inter, latency;
   };
   static const Row kGpus[] = {
-      {"a100", 312e12, 2.0e12, 80.0 * kGiB, 240e9, 24e9, 20e-6},
-      {"h100", 989e12, 3.35e12, 80.0 * kGiB, 360e9, 45e9, 15e-6},
-      {"h200", 989e12, 4.8e12, 141.0 * 1e9, 360e9, 45e9, 15e-6},
+      {"a100", 312e12, 19.5e12, 2.0e12, 80.0 * kGiB, 240e9, 24e9, 20e-6},
+      {"h100", 989e12, 67e12, 3.35e12, 80.0 * kGiB, 360e9, 45e9, 15e-6},
+      {"h200", 989e12, 67e12, 4.8e12, 141.0 * 1e9, 360e9, 45e9, 15e-6},
   };
   HardwareProfile h;
   h.name = name;
@@ -38,6 +39,7 @@ HardwareProfile builtin_profile(const std::string& name) {
   for (const Row& r : kGpus) {
     if (name != r.name) continue;
     h.peak_flops = r.peak;
+    h.fp32_flops = r.fp32;
     h.mem_bandwidth = r.mem_bw;
     h.mem_capacity = r.capacity;
     h.intra_bandwidth = r.intra;
@@ -76,6 +78,7 @@ std::string hardware_profile_json(const HardwareProfile& h) {
                             {"source", h.source},
                             {"cpu", h.cpu},
                             {"peak_flops", h.peak_flops},
+                            {"fp32_flops", h.fp32_flops},
                             {"matmul_efficiency", h.matmul_efficiency},
                             {"gemm_rates", rates},
                             {"mem_bandwidth", h.mem_bandwidth},
@@ -102,12 +105,28 @@ HardwareProfile read_hardware_profile(const std::string& path) {
               "'{}' is not a hardware profile (a JSON object with format "
               "\"berth-hardware-profile\", as `berth plan --calibrate` writes)",
               path);
-  static const char* kKeys[] = {"format", "name", "source", "cpu", "peak_flops",
-                                "matmul_efficiency", "gemm_rates", "mem_bandwidth",
-                                "mem_capacity", "intra_bandwidth", "inter_bandwidth",
-                                "latency_s", "devices_per_node", "attention_rates",
-                                "block_attention_rate", "layernorm_s", "gelu_s", "residual_s",
-                                "crossentropy_s", "adamw_s", "grad_pass_s"};
+  static const char* kKeys[] = {"format",
+                                "name",
+                                "source",
+                                "cpu",
+                                "peak_flops",
+                                "fp32_flops",
+                                "matmul_efficiency",
+                                "gemm_rates",
+                                "mem_bandwidth",
+                                "mem_capacity",
+                                "intra_bandwidth",
+                                "inter_bandwidth",
+                                "latency_s",
+                                "devices_per_node",
+                                "attention_rates",
+                                "block_attention_rate",
+                                "layernorm_s",
+                                "gelu_s",
+                                "residual_s",
+                                "crossentropy_s",
+                                "adamw_s",
+                                "grad_pass_s"};
   for (const auto& [key, value] : j.items()) {
     BERTH_CHECK(std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) {
                   return key == k;
@@ -125,6 +144,7 @@ HardwareProfile read_hardware_profile(const std::string& path) {
   h.source = j.value("source", path);
   h.cpu = j.value("cpu", false);
   number("peak_flops", &h.peak_flops, true);
+  if (j.contains("fp32_flops")) number("fp32_flops", &h.fp32_flops, false);
   number("matmul_efficiency", &h.matmul_efficiency, true);
   number("mem_bandwidth", &h.mem_bandwidth, true);
   number("mem_capacity", &h.mem_capacity, true);
@@ -218,18 +238,21 @@ MemoryBreakdown stage_memory(const PlanInput& in, const HardwareProfile& hw, int
   if (l.cp > 1) workspace += 6 * N * Cq;
   if (l.tp > 1 && last) workspace += 3 * N;  // vocabulary-parallel loss reductions
   MemoryBreakdown mb;
-  const double act_bytes = hw.cpu ? 4 : 2;
-  if (hw.cpu) {  // fp32 everything
-    mb.params = 4 * P;
-    mb.grads = 4 * P;
-    mb.optimizer = 8 * range;
-  } else {  // bf16 weights, fp32 gradients, fp32 master weights and moments sharded with ZeRO
-    mb.params = 2 * P;
-    mb.grads = 4 * P;
-    mb.optimizer = 12 * range;
-  }
+  // berth keeps everything in fp32 on either device: the parameters (the master weights), their
+  // gradients, AdamW's moments (sharded with ZeRO-1) and the activations.
+  const double act_bytes = 4;
+  mb.params = 4 * P;
+  mb.grads = 4 * P;
+  mb.optimizer = 8 * range;
   mb.activations = act_bytes * slots * per_slot;
   mb.workspace = act_bytes * workspace;
+  if (in.bf16) {  // the GEMM operands rounded to bf16: the largest activation, weight and output
+                  // gradient, in bf16 on a GPU (fp32 on the CPU, which emulates the rounding)
+    const double head = first || last ? Vpl * C : 0;
+    const double largest =
+        N * std::max(C, F) + std::max(F * C, head) + N * std::max({F, 3 * Cq, last ? Vpl : 0.0});
+    mb.workspace += (hw.cpu ? 4 : 2) * largest;
+  }
   if (l.zero == 1) mb.comm += 4 * range;  // the reduce-scatter's gradient shard
   if (l.cp > 1) mb.comm += act_bytes * 4 * N * Cq;  // K/V blocks on the ring
   // Batches: M micro-batches of tokens, targets, positions (int32), and their CP shards.
@@ -251,8 +274,14 @@ double interpolate(const std::vector<std::pair<double, double>>& r, double x) {
   return r.back().second;
 }
 
-double gemm_rate(const HardwareProfile& hw, double M, double N, double K) {
-  if (hw.gemm_rates.empty()) return hw.peak_flops * hw.matmul_efficiency;
+// The peak a GEMM can reach: the profile's peak, except fp32 GEMMs on a GPU (no tensor cores:
+// berth's fp32 mode keeps TF32 off), which reach the fp32 peak.
+double gemm_peak(const HardwareProfile& hw, bool bf16) {
+  return hw.cpu || bf16 || hw.fp32_flops <= 0 ? hw.peak_flops : hw.fp32_flops;
+}
+
+double gemm_rate(const HardwareProfile& hw, bool bf16, double M, double N, double K) {
+  if (hw.gemm_rates.empty()) return gemm_peak(hw, bf16) * hw.matmul_efficiency;
   return interpolate(hw.gemm_rates, std::cbrt(std::max(1.0, M * N * K)));
 }
 
@@ -263,8 +292,8 @@ double per_elem(double measured, double bytes, const HardwareProfile& hw) {
 }
 
 // Time of a GEMM of (M, N, K) and its two backward GEMMs.
-double linear_s(const HardwareProfile& hw, double M, double N, double K) {
-  return 3.0 * 2.0 * M * N * K / gemm_rate(hw, M, N, K);
+double linear_s(const HardwareProfile& hw, bool bf16, double M, double N, double K) {
+  return 3.0 * 2.0 * M * N * K / gemm_rate(hw, bf16, M, N, K);
 }
 
 // Ring all-reduce of `bytes` over g ranks at `bw` bytes/s.
@@ -323,14 +352,14 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   const double B = double(in.micro_batch_size), Tl = T / double(l.cp), N = B * Tl;
   const double C = double(m.C), tp = double(l.tp), NHl = double(m.NH) / tp;
   const double HS = C / double(m.NH), Vpl = double(round_up(m.V, 128 * l.tp)) / tp;
-  const double act_bytes = hw.cpu ? 4 : 2;
+  const double act_bytes = 4;  // berth's activations are fp32 on either device
   const bool tp_intra = l.tp <= hw.devices_per_node;
   const double tp_bw = tp_intra ? hw.intra_bandwidth : hw.inter_bandwidth;
   const double cp_bw = l.tp * l.cp <= hw.devices_per_node ? hw.intra_bandwidth : hw.inter_bandwidth;
   const double pp_bw = l.tp * l.cp * l.pp <= hw.devices_per_node ? hw.intra_bandwidth
                                                                    : hw.inter_bandwidth;
   const double dp_bw = l.world() <= hw.devices_per_node ? hw.intra_bandwidth : hw.inter_bandwidth;
-  // Seconds per element of the memory-bound ops, forward + backward (bf16/fp32 passes).
+  // Seconds per element of the memory-bound ops, forward + backward (fp32 passes).
   const double a = act_bytes;
   const double t_ln = per_elem(hw.layernorm_s, 6 * a, hw);
   const double t_gelu = per_elem(hw.gelu_s, 5 * a, hw);
@@ -341,26 +370,29 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   const double doc = sq / T;  // the typical document length
   const double pairs = B * sq / double(l.cp) / (hw.cpu ? 1.0 : 2.0);
   const double attn_flops = 3.0 * 2.0 * 2.0 * pairs * HS * NHl;
-  double attn_rate = hw.peak_flops * hw.matmul_efficiency;
+  // berth's attention kernels are fp32 on either device (no tensor cores): the fp32 peak × the
+  // GEMM share, an upper bound for the GPU's one-thread-per-(query, head) kernels.
+  double attn_rate = gemm_peak(hw, false) * hw.matmul_efficiency;
   if (l.cp > 1 && hw.block_attention_rate > 0) {
     attn_rate = hw.block_attention_rate;  // the ring's block kernel
   } else if (!hw.attention_rates.empty()) {
     attn_rate = interpolate(hw.attention_rates, doc);
   } else if (!hw.gemm_rates.empty()) {
-    attn_rate = gemm_rate(hw, doc, doc, HS);
+    attn_rate = gemm_rate(hw, false, doc, doc, HS);
   }
   double stage_max = 0, tp_max = 0, cp_max = 0;
   for (int64_t s = 0; s < l.pp; ++s) {
     const double Lk = double(layers_of(m.L, l.pp, s));
     // GEMMs of one layer: qkv, attention out, MLP up and down (each with its two backward ones).
-    double t = Lk * (linear_s(hw, N, 3 * C / tp, C) + linear_s(hw, N, C, C / tp) +
-                     linear_s(hw, N, 4 * C / tp, C) + linear_s(hw, N, C, 4 * C / tp));
+    const bool b = in.bf16;
+    double t = Lk * (linear_s(hw, b, N, 3 * C / tp, C) + linear_s(hw, b, N, C, C / tp) +
+                     linear_s(hw, b, N, 4 * C / tp, C) + linear_s(hw, b, N, C, 4 * C / tp));
     t += Lk * attn_flops / attn_rate;
     // Memory-bound ops of a layer: two LayerNorms and two residual adds over (N, C), GELU over
     // this rank's (N, 4C/tp).
     t += Lk * (2 * N * C * (t_ln + t_res) + N * 4 * C / tp * t_gelu);
     if (s == l.pp - 1) {  // LM head and loss over this rank's vocabulary columns, final LayerNorm
-      t += linear_s(hw, N, Vpl, C) + N * Vpl * t_ce + N * C * t_ln;
+      t += linear_s(hw, b, N, Vpl, C) + N * Vpl * t_ce + N * C * t_ln;
     }
     // Tensor parallelism: 2 all-reduces of (N, C) per layer forward, 2 backward, and the
     // embedding / LM head's.
@@ -484,8 +516,16 @@ std::string si(double v, const char* unit) {
 std::string format_plan(const Plan& p, double price) {
   const PlanLayout& l = p.input.layout;
   std::string s;
-  s += fmt::format("hardware: {} ({}): {} peak, {} memory per device\n", p.hw.name, p.hw.source,
-                   si(p.hw.peak_flops, "FLOP/s"), format_bytes(p.hw.mem_capacity));
+  s += fmt::format("hardware: {} ({}): {} peak{}, {} memory per device\n", p.hw.name, p.hw.source,
+                   si(p.hw.peak_flops, "FLOP/s"),
+                   p.hw.cpu || p.hw.fp32_flops <= 0
+                       ? std::string()
+                       : fmt::format(" (bf16; fp32 {})", si(p.hw.fp32_flops, "FLOP/s")),
+                   format_bytes(p.hw.mem_capacity));
+  s += fmt::format("precision: {} GEMMs{}; fp32 weights, gradients, moments and activations\n",
+                   p.input.bf16 ? "bf16" : "fp32",
+                   p.hw.cpu ? (p.input.bf16 ? " (emulated)" : "")
+                            : (p.input.bf16 ? " (tensor cores)" : " (no tensor cores: TF32 off)"));
   const double n = double(p.params.total);
   s += fmt::format("parameters: {} ({}; embeddings {}; padded as stored {})\n", p.params.total,
                    n >= 1e9 ? fmt::format("{:.2f} B", n / 1e9) : fmt::format("{:.2f} M", n / 1e6),
@@ -547,8 +587,12 @@ std::string plan_to_json(const Plan& p, double price, const std::vector<LayoutCh
                 {"microbatches", l.microbatches}, {"micro_batch_size", mb}};
   };
   json j;
-  j["hardware"] = {{"name", p.hw.name}, {"source", p.hw.source}, {"peak_flops", p.hw.peak_flops},
+  j["hardware"] = {{"name", p.hw.name},
+                   {"source", p.hw.source},
+                   {"peak_flops", p.hw.peak_flops},
+                   {"fp32_flops", p.hw.fp32_flops},
                    {"mem_capacity", p.hw.mem_capacity}};
+  j["precision"] = p.input.bf16 ? "bf16" : "fp32";
   j["params"] = {{"total", p.params.total}, {"embedding", p.params.embedding},
                  {"padded", p.params.padded}, {"per_stage", p.params.per_stage}};
   j["flops"] = {{"per_token", p.flops_per_token}, {"per_step", p.flops_per_step},

@@ -10,14 +10,17 @@
 
 namespace berth {
 
-// One device type. GPU profiles describe the bf16 mixed-precision CUDA path (bf16 weights and
-// activations, fp32 master weights, gradients and moments, flash attention keeping only the
-// log-sum-exp); the CPU profile describes berth's fp32 reference kernels (the attention
-// probabilities kept for backward).
+// One device type. GPU profiles describe berth's CUDA backend as it is: fp32 weights, gradients,
+// moments and activations; GEMMs in fp32 without tensor cores (run.precision = "fp32") or on bf16
+// inputs with fp32 accumulation (run.precision = "bf16", at the bf16 peak); attention in fp32
+// keeping only the log-sum-exp. The CPU profile describes berth's fp32 reference kernels (the
+// attention probabilities kept for backward; bf16 GEMMs emulated at the fp32 rate).
 struct HardwareProfile {
   std::string name;                 // "h100", "cpu", or the calibrated host's name
   std::string source;               // "built-in" or how it was measured
-  double peak_flops = 0;            // dense FLOP/s per device at the training precision
+  double peak_flops = 0;            // dense FLOP/s per device: bf16 tensor cores on a GPU, fp32 on
+                                    // the CPU (what MFU is measured against)
+  double fp32_flops = 0;            // GPUs: dense fp32 FLOP/s without tensor cores (0 = peak)
   double matmul_efficiency = 0.5;   // share of peak the model's GEMMs reach (built-in profiles)
   // Measured GEMM rate by size (cube root of M·N·K) → FLOP/s per device, ascending; when set,
   // used instead of peak × efficiency (interpolated in log size).
@@ -36,7 +39,7 @@ struct HardwareProfile {
   double inter_bandwidth = 0;       // bytes/s per device between nodes
   double latency_s = 0;             // per collective or transfer
   int devices_per_node = 8;
-  bool cpu = false;                 // fp32 reference kernels (else bf16 mixed precision)
+  bool cpu = false;  // fp32 reference kernels (else the CUDA backend)
 };
 
 // "a100", "h100", "h200" or "cpu" (an uncalibrated guess: run `berth plan --calibrate`); throws
@@ -66,6 +69,7 @@ struct PlanInput {
   // (T² for one sequence per row, the default when 0).
   double attn_sq_per_row = 0;
   double data_bytes = 0;      // the token datasets a rank holds in memory (berth loads them whole)
+  bool bf16 = false;          // run.precision = "bf16": GEMMs on bf16 inputs (else fp32)
   std::vector<std::string> notes;  // what the input could not account for, printed with the plan
 };
 

@@ -46,6 +46,7 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
   in.seq_len = cfg.data.seq_len;
   in.micro_batch_size = cfg.train.micro_batch_size;
   in.steps = cfg.train.steps;
+  in.bf16 = cfg.run.precision == "bf16";
   PlanLayout& l = in.layout;
   l.tp = cfg.parallel.tp;
   l.pp = cfg.parallel.pp;
