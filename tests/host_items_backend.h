@@ -29,7 +29,10 @@ namespace berth::test {
 // from the CPU reference (the CUDA backend's are cuBLAS, checked by test_backend_gpu).
 class HostExec : public Backend {
  public:
-  explicit HostExec(bool guarded = false) : guarded_(guarded) {}
+  // device_capacity > 0 makes it report a device of that many bytes (free = capacity − what it
+  // holds), as the CUDA backend reports its GPU's; 0: host memory, like the CPU backend.
+  explicit HostExec(bool guarded = false, int64_t device_capacity = 0)
+      : guarded_(guarded), capacity_(device_capacity) {}
   ~HostExec() override {
     for (auto& [p, n] : maps_) munmap(p, n);
   }
@@ -77,6 +80,10 @@ class HostExec : public Backend {
   void synchronize() override {}
   int64_t bytes_in_use() const override { return guarded_ ? in_use_ : mem_->bytes_in_use(); }
   int64_t peak_bytes() const override { return guarded_ ? peak_ : mem_->peak_bytes(); }
+  DeviceMemory device_memory() const override {
+    if (capacity_ <= 0) return {};
+    return {capacity_, capacity_ - bytes_in_use()};
+  }
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                       int IC, int OC) override {
     const Open o(this);
@@ -113,13 +120,15 @@ class HostExec : public Backend {
   }
 
   bool guarded_;
+  int64_t capacity_;
   std::unique_ptr<Backend> mem_ = make_cpu_backend();
   std::map<void*, size_t> maps_, sizes_;
   int64_t in_use_ = 0, peak_ = 0;
 };
 
-inline std::unique_ptr<Backend> make_host_items_backend(bool guarded = false) {
-  return std::make_unique<cuda::ItemBackend<HostExec>>(guarded);
+inline std::unique_ptr<Backend> make_host_items_backend(bool guarded = false,
+                                                        int64_t device_capacity = 0) {
+  return std::make_unique<cuda::ItemBackend<HostExec>>(guarded, device_capacity);
 }
 
 // A communicator over another (MPI, host memory) whose calls may read and write a guarded

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -202,6 +203,42 @@ TEST_F(TrainTest, Bf16GemmsTrackFp32OnTheTinyConfigOver200Steps) {
       "bf16 vs fp32 over 200 steps: worst 10-step mean %.3f %%, worst single step %.3f %%, "
       "final loss fp32 %.4f bf16 %.4f\n",
       100 * worst_window, 100 * worst_step, fp32.back(), bf16.back());
+}
+
+// On a backend that reports a device (as the CUDA backend reports its GPU), the progress metrics
+// are the device's: memory in use and peak from the backend's allocator, the device's free memory
+// in metrics.jsonl, and the device's total as the capacity the memory warning compares with.
+TEST_F(TrainTest, ProgressReportsTheDevicesMemoryOnADevice) {
+  RunConfig cfg = config(4);
+  constexpr int64_t kCapacity = int64_t(3) << 30;  // a 3 GiB "device"
+  auto dev = test::make_host_items_backend(false, kCapacity);
+  Trainer t(cfg, *world(), dev.get());
+  t.run();
+  const double in_use = double(dev->bytes_in_use()) / double(1 << 30);
+  ASSERT_GT(in_use, 0);
+  std::ifstream facts(t.run_dir() + "/run_facts.json");
+  const nlohmann::json f = nlohmann::json::parse(facts);
+  EXPECT_DOUBLE_EQ(f.at("mem_capacity_gib").get<double>(), 3.0);
+  std::ifstream metrics(t.run_dir() + "/metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("wall_s")) continue;
+    ++lines;
+    const double mem = j.at("mem_gib").get<double>();
+    EXPECT_GT(mem, 0);
+    EXPECT_LT(mem, 0.1) << "the model's allocations (MiB), not the process's RSS";
+    EXPECT_NEAR(j.at("device_free_gib").get<double>(), 3.0 - mem, 1e-9);
+  }
+  EXPECT_EQ(lines, 4);
+  // On host memory (the CPU backend) the same run reports the RSS and no device
+  cfg.run.name = "host";
+  Trainer host(cfg, *world());
+  host.run();
+  std::ifstream hm(host.run_dir() + "/metrics.jsonl");
+  std::string first;
+  std::getline(hm, first);
+  EXPECT_FALSE(nlohmann::json::parse(first).contains("device_free_gib"));
 }
 
 TEST_F(TrainTest, OneAndTwoThreadsAgree) {

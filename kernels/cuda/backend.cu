@@ -158,6 +158,12 @@ class CudaExec : public Backend {
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   int64_t bytes_in_use() const override { return pool_attr(cudaMemPoolAttrUsedMemCurrent); }
+  DeviceMemory device_memory() const override {
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return {int64_t(total), int64_t(free)};
+  }
   int64_t peak_bytes() const override { return pool_attr(cudaMemPoolAttrUsedMemHigh); }
   void* stream_handle() const override { return stream_; }
 

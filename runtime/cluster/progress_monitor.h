@@ -32,8 +32,9 @@ struct RankStepMetrics {
   double bubble_s = 0;      // pipeline bubble (pp > 1): the part of comm_s blocked in stage transfers
   double overhead_s = 0;    // checkpoint save and evaluation
   double tokens = 0;        // tokens this rank processed (its share with tp, pp: Σ ranks = global)
-  double mem_gib = 0;       // memory in use at the end of the step (host: RSS)
-  double mem_peak_gib = 0;  // high-water mark so far (host: peak RSS)
+  double mem_gib = 0;       // memory in use at the end of the step (host: RSS; GPU: allocator)
+  double mem_peak_gib = 0;  // high-water mark so far (host: peak RSS; GPU: allocator peak)
+  double device_free_gib = 0;  // a GPU's free memory at the end of the step (0: not a GPU)
   double gather_s = 0;      // this rank's time in the previous step's gather of these records
 };
 constexpr size_t kRankStepMetricsDoubles = sizeof(RankStepMetrics) / sizeof(double);

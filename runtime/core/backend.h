@@ -56,6 +56,13 @@ class Backend {
   // Bytes this backend holds now and at most so far (its pool on CUDA, its allocations on CPU).
   virtual int64_t bytes_in_use() const = 0;
   virtual int64_t peak_bytes() const = 0;
+  // The device's memory: total and free now (cudaMemGetInfo on CUDA, whoever holds the rest).
+  // A backend on host memory has no device: total = free = 0, and host figures (RSS, MemTotal)
+  // describe it instead.
+  struct DeviceMemory {
+    int64_t total = 0, free = 0;
+  };
+  virtual DeviceMemory device_memory() const { return {}; }
   // The stream the ops are queued on, as an opaque handle (a cudaStream_t on CUDA), so a
   // communicator on device buffers can order its own stream against it; null on the CPU.
   virtual void* stream_handle() const { return nullptr; }

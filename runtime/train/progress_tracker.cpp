@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "runtime/comm/communicator.h"
@@ -13,13 +14,18 @@
 #include "runtime/train/trainer.h"
 
 namespace berth {
+namespace {
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+}  // namespace
 
 ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
                                  const std::string& run_dir, int64_t start_step,
                                  int64_t tokens_per_step, double flops_per_token,
-                                 double window_end_unix, int64_t reservation)
+                                 double window_end_unix, int64_t reservation,
+                                 const Backend* backend)
     : cfg_(cfg),
       grid_(grid),
+      backend_(backend),
       run_dir_(run_dir),
       start_step_(start_step),
       tokens_per_step_(tokens_per_step) {
@@ -36,9 +42,10 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
     f.eval_interval = cfg.eval.interval;
     f.schedule = {ScheduleEntry{0, cfg.data.seq_len, tokens_per_step}};
     f.hidden_size = cfg.model.d_model;
-    f.mem_capacity_gib = cfg.progress.mem_capacity_gib > 0
-                             ? cfg.progress.mem_capacity_gib
-                             : host_capacity_gib_per_rank(ranks_on_host);
+    const Backend::DeviceMemory dm = backend_ ? backend_->device_memory() : Backend::DeviceMemory{};
+    f.mem_capacity_gib = cfg.progress.mem_capacity_gib > 0 ? cfg.progress.mem_capacity_gib
+                         : dm.total > 0                    ? double(dm.total) / kGiB
+                                        : host_capacity_gib_per_rank(ranks_on_host);
     f.warmup_steps = cfg.progress.warmup_steps;
     f.final_ckpt = cfg.checkpoint.final ? 1 : 0;
     f.final_eval = cfg.eval.interval > 0 ? 1 : 0;
@@ -92,8 +99,15 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   // The tp ranks and pipeline stages of a replica process the same tokens: each counts its share,
   // so the sum over ranks is the global count.
   m.tokens = double(st.tokens) / double(grid_.shape().tp * grid_.shape().pp);
-  m.mem_gib = host_rss_gib();
-  m.mem_peak_gib = host_peak_rss_gib();
+  const Backend::DeviceMemory dm = backend_ ? backend_->device_memory() : Backend::DeviceMemory{};
+  if (dm.total > 0) {  // a GPU: its allocator's figures and what the device has left
+    m.mem_gib = double(backend_->bytes_in_use()) / kGiB;
+    m.mem_peak_gib = double(backend_->peak_bytes()) / kGiB;
+    m.device_free_gib = double(dm.free) / kGiB;
+  } else {
+    m.mem_gib = host_rss_gib();
+    m.mem_peak_gib = host_peak_rss_gib();
+  }
   m.gather_s = last_gather_s_;
   // The next step starts now: the gather below is communication of the next step.
   mark_ = now;
@@ -134,6 +148,11 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   j["overhead_s"] = r.overhead_s;
   j["tokens"] = r.tokens;
   j["mem_gib"] = r.mem_gib;
+  if (dm.total > 0) {  // the least free memory of any rank's device
+    double free = all.front().device_free_gib;
+    for (const RankStepMetrics& k : all) free = std::min(free, k.device_free_gib);
+    j["device_free_gib"] = free;
+  }
   j["gather_s"] = gather_s;  // the previous step's gather
   if (!r.event.empty()) j["event"] = r.event;
   double slowest = 0;

@@ -6,17 +6,17 @@
 // the ETA and the warnings that are due. docs/progress.md.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "parallel/grid.h"
 #include "runtime/cluster/progress_monitor.h"
 #include "runtime/config/config.h"
+#include "runtime/core/backend.h"
 
 namespace berth {
 
@@ -28,9 +28,13 @@ class ProgressTracker {
   // <run_dir>/trace.csv.partial (a resumed session first moves the previous session's trace to
   // trace.before-<start_step>.csv). `tokens_per_step`: tokens of one global batch.
   // `window_end_unix` / `reservation`: the lease's window (0 = progress.window_end, if set).
+  // `backend`: the model's; when it reports a device's memory (a GPU), memory is its allocator's
+  // in use and peak, the device's free memory, and the capacity the device's total; otherwise
+  // the host's RSS and memory.
   ProgressTracker(const RunConfig& cfg, ProcessGrid& grid, const std::string& run_dir,
                   int64_t start_step, int64_t tokens_per_step, double flops_per_token,
-                  double window_end_unix = 0, int64_t reservation = 0);
+                  double window_end_unix = 0, int64_t reservation = 0,
+                  const Backend* backend = nullptr);
 
   // Runs f() and books its wall time, less the communication inside it, as overhead of the
   // current step (evaluation, checkpoint save).
@@ -56,6 +60,7 @@ class ProgressTracker {
  private:
   const RunConfig& cfg_;
   ProcessGrid& grid_;
+  const Backend* backend_;  // null: host memory
   std::string run_dir_;
   int64_t start_step_, tokens_per_step_;
   std::unique_ptr<ProgressMonitor> monitor_;  // rank 0

@@ -77,7 +77,7 @@ std::vector<std::string> gather_rank_names(Communicator& world) {
 
 std::vector<RankStepMetrics> gather_step_metrics(Communicator& world,
                                                  const RankStepMetrics& mine) {
-  // NCCL has no gather; an all-gather of a 72-byte record is the same cost class at these sizes.
+  // NCCL has no gather; an all-gather of an 88-byte record is the same cost class at these sizes.
   std::vector<RankStepMetrics> all(size_t(world.size()));
   world.all_gather(&mine, all.data(),
                    std::vector<size_t>(size_t(world.size()), kRankStepMetricsDoubles), DType::F64);

@@ -678,7 +678,7 @@ std::vector<StepStats> Trainer::run() {
   const int64_t tokens_per_step = int64_t(shape.dp) * cfg_.parallel.microbatches *
                                   cfg_.train.micro_batch_size * cfg_.data.seq_len;
   ProgressTracker progress(cfg_, *grid_, run_dir_, start_step_, tokens_per_step, flops_per_token_,
-                           lease.window_end(), lease.reservation());
+                           lease.window_end(), lease.reservation(), backend_);
   int64_t saved_at = -1;  // step of the newest checkpoint this session
   double last_wall = 0;
   for (int64_t step = start_step_; step < steps; step++) {
