@@ -55,13 +55,17 @@ inline void drop_key_bias(const RunConfig& c, std::vector<double>* p) {
 }
 
 // `ref` is the one-rank run (empty on ranks that did not train it: nothing to compare there);
-// `shape` is a config of the model's shape. Parameters are compared where `got` holds them.
+// `shape` is a config of the model's shape. Parameters are compared where `got` holds them: in
+// relative L2 norm, and element-wise unless `params` is null. The bounds default to fp32's.
 inline void expect_same_training(const TrainedRun& got, const TrainedRun& ref,
-                                 const RunConfig& shape, const std::string& what) {
+                                 const RunConfig& shape, const std::string& what,
+                                 const Tol& losses = kDataParallelLoss,
+                                 double params_l2 = kDataParallelParamsL2,
+                                 const Tol* params = &kDataParallelParams) {
   if (ref.losses.empty()) return;
   ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
-  expect_close(got.losses.data(), ref.losses.data(), int64_t(ref.losses.size()),
-               kDataParallelLoss, what.c_str());
+  expect_close(got.losses.data(), ref.losses.data(), int64_t(ref.losses.size()), losses,
+               what.c_str());
   if (got.params.empty()) return;  // a slice: rank 0 compares the whole model
   std::vector<double> a(got.params.begin(), got.params.end());
   std::vector<double> b(ref.params.begin(), ref.params.end());
@@ -77,8 +81,8 @@ inline void expect_same_training(const TrainedRun& got, const TrainedRun& ref,
   if (std::getenv("BERTH_TOL_REPORT") != nullptr) {
     std::printf("[tol] %s params rel L2 %.2g\n", what.c_str(), rel_l2);
   }
-  EXPECT_LE(rel_l2, kDataParallelParamsL2) << what << ": ||params − reference|| / ||reference||";
-  expect_close(a.data(), b.data(), int64_t(b.size()), kDataParallelParams, what.c_str());
+  EXPECT_LE(rel_l2, params_l2) << what << ": ||params − reference|| / ||reference||";
+  if (params != nullptr) expect_close(a.data(), b.data(), int64_t(b.size()), *params, what.c_str());
 }
 
 }  // namespace berth::test

@@ -96,19 +96,20 @@ class ModelParallelTest : public ::testing::Test {
 
   // One rank with every row of the global batch (dp · micro · B rows in one micro-batch), trained
   // on rank 0 only (the others wait at the next collective), once per batch shape.
-  static const Run& reference(int64_t dp, int64_t micro) {
-    static std::map<int64_t, Run> cache;
+  static const Run& reference(int64_t dp, int64_t micro, const std::string& precision = "fp32") {
+    static std::map<std::pair<int64_t, std::string>, Run> cache;
     const int64_t rows = dp * micro * kRowsPerMicroBatch;
-    auto it = cache.find(rows);
+    auto it = cache.find({rows, precision});
     if (it != cache.end()) return it->second;
     Run r;
     std::unique_ptr<Communicator> self = world().split(world().rank(), 0);
     if (world().rank() == 0) {
       RunConfig c = config({1, 1, 1, 1}, rows, 1);
-      c.run.name = "reference " + std::to_string(rows);
+      c.run.name = "reference " + std::to_string(rows) + " " + precision;
+      c.run.precision = precision;
       r = test::train_run(c, *self);
     }
-    return cache.emplace(rows, std::move(r)).first->second;
+    return cache.emplace(std::pair{rows, precision}, std::move(r)).first->second;
   }
 
   // On rank 0 (where the reference is): losses and the whole model's parameters.
@@ -150,6 +151,39 @@ TEST_F(ModelParallelTest, EveryLayoutOnTheCudaBackendsOpsMatchesOneRank) {
     c.run.name += " host-items";
     expect_same_training(test::train_run(c, comm, be.get()), ref,
                          l.name() + ", 4 micro-batches, host-items (guarded)");
+    ++tested;
+  }
+  if (tested == 0) GTEST_SKIP() << "no layout of the matrix has " << world().size() << " ranks";
+}
+
+// bf16 GEMMs (run.precision = "bf16") in every layout of this world against one rank in bf16:
+// rounding is element-wise, so a tensor-parallel slice of a rounded operand is the rounded slice
+// and the layouts differ only by fp32 summation order, as in fp32.
+// A rounding flip makes the differences larger than fp32's: measured bounds in tests/tolerance.h.
+TEST_F(ModelParallelTest, EveryLayoutInBf16MatchesOneRankInBf16) {
+  int tested = 0;
+  for (const Layout& l : kMatrix) {
+    if (l.world() != world().size()) continue;
+    const Run& ref = reference(l.dp, 4, "bf16");
+    const Run& ref32 = reference(l.dp, 4, "fp32");  // collective; trained on rank 0
+    double apart = 0;  // the bounds must tell bf16 from fp32 on one rank
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+      apart = std::max(apart, std::fabs(ref.losses[i] - ref32.losses[i]) / ref32.losses[i]);
+    if (world().rank() == 0) {
+      double d2 = 0, r2 = 0;
+      for (size_t i = 0; i < ref.params.size(); ++i) {
+        d2 += (double(ref.params[i]) - ref32.params[i]) * (double(ref.params[i]) - ref32.params[i]);
+        r2 += double(ref32.params[i]) * ref32.params[i];
+      }
+      EXPECT_GT(apart, 1.5 * test::kBf16LayoutLoss.rtol) << "bf16 vs fp32 losses on one rank";
+      EXPECT_GT(std::sqrt(d2 / r2), 1.5 * test::kBf16LayoutParamsL2) << "bf16 vs fp32 params";
+    }
+    RunConfig c = config(l, kRowsPerMicroBatch, 4);
+    c.run.name += " bf16";
+    c.run.precision = "bf16";
+    test::expect_same_training(train(c, world()), ref, config({1, 1, 1, 1}, 1, 1),
+                               l.name() + ", 4 micro-batches, bf16 GEMMs", test::kBf16LayoutLoss,
+                               test::kBf16LayoutParamsL2, nullptr);
     ++tested;
   }
   if (tested == 0) GTEST_SKIP() << "no layout of the matrix has " << world().size() << " ranks";
