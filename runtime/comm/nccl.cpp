@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "runtime/comm/call_timer.h"
@@ -89,6 +90,42 @@ bool on_device(const void* p) {
   }
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
+
+// The events that mark NCCL calls for the watchdog, reused: a call takes one and its probe gives
+// it back when the watchdog drops the call (on the watchdog's thread, hence the lock), so a
+// collective costs a cudaEventRecord, not an event's creation and destruction. Shared by the
+// communicator and the probes still open, so it outlives whichever goes last.
+class EventPool {
+ public:
+  explicit EventPool(int device) : device_(device) {}
+  ~EventPool() {
+    cudaSetDevice(device_);
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  cudaEvent_t take() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        const cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    CUDA_RT_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void give_back(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(e);
+  }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -308,17 +345,14 @@ class NcclCommunicator final : public Communicator {
   void watch(const char* op, size_t bytes) {
     CallWatchdog* w = comm_watchdog();
     if (w == nullptr) return;
-    cudaEvent_t ev = nullptr;
-    CUDA_RT_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    // The probe and the event's release run on the watchdog's thread: select this rank's GPU
-    // there first, or the runtime would make a context on GPU 0 for every rank.
-    const int dev = device_;
-    const std::shared_ptr<CUevent_st> event(ev, [dev](cudaEvent_t e) {
-      cudaSetDevice(dev);
-      cudaEventDestroy(e);
-    });
+    const cudaEvent_t ev = events_->take();
+    // The probe runs on the watchdog's thread: it selects this rank's GPU there first, or the
+    // runtime would make a context on GPU 0 for every rank. The event goes back to the pool
+    // when the watchdog drops the call.
+    const std::shared_ptr<CUevent_st> event(
+        ev, [pool = events_](cudaEvent_t e) { pool->give_back(e); });
     CUDA_RT_CHECK(cudaEventRecord(ev, stream_));
-    w->open(op, bytes, size_, [event, dev] {
+    w->open(op, bytes, size_, [event, dev = device_] {
       cudaSetDevice(dev);
       return cudaEventQuery(event.get()) != cudaErrorNotReady;
     });
@@ -373,6 +407,7 @@ class NcclCommunicator final : public Communicator {
   int device_ = 0, rank_ = 0, size_ = 1;
   bool in_group_ = false, in_flight_ = false;
   size_t group_bytes_ = 0;  // payload of the send/recv group being built
+  std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>(device_);
 };
 
 }  // namespace
