@@ -81,13 +81,7 @@ bool CallWatchdog::check() {
       calls_.pop_front();
     }
     if (calls_.empty()) return false;
-    Call* oldest = nullptr;
-    for (Call& c : calls_) {
-      if (!c.closed) {
-        oldest = &c;
-        break;
-      }
-    }
+    Call* oldest = &calls_.front();  // open: the closed ones at the front were popped
     const double waited = clock_() - oldest->t0;
     if (oldest->fired || waited <= timeout_s_) return false;
     oldest->fired = true;

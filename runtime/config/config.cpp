@@ -16,6 +16,7 @@
 #include <variant>
 #include <vector>
 
+#include "runtime/core/backend.h"
 #include "runtime/core/check.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/fs.h"
@@ -415,9 +416,10 @@ void validate_config(const RunConfig& cfg) {
     BERTH_FAIL("{}: unknown run.device {}; use \"cpu\", \"cuda\" or \"auto\"", w,
                quote_toml(cfg.run.device));
   }
-  if (cfg.run.precision != "fp32" && cfg.run.precision != "bf16") {
-    BERTH_FAIL("{}: unknown run.precision {}; use \"fp32\" or \"bf16\"", w,
-               quote_toml(cfg.run.precision));
+  try {
+    parse_matmul_precision(cfg.run.precision);  // the one list of precisions
+  } catch (const Error& e) {
+    BERTH_FAIL("{}: {}", w, e.what());
   }
   if (cfg.data.mode != "stream" && cfg.data.mode != "packed" && cfg.data.mode != "padded") {
     BERTH_FAIL("{}: unknown data.mode {}; use \"stream\", \"packed\" or \"padded\"", w,

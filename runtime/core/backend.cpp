@@ -11,7 +11,7 @@ const char* matmul_precision_name(MatmulPrecision p) {
 MatmulPrecision parse_matmul_precision(const std::string& name) {
   if (name == "fp32") return MatmulPrecision::kFp32;
   if (name == "bf16") return MatmulPrecision::kBf16;
-  BERTH_FAIL("unknown matmul precision \"{}\"; use \"fp32\" or \"bf16\"", name);
+  BERTH_FAIL("unknown run.precision \"{}\"; use \"fp32\" or \"bf16\"", name);
 }
 
 }  // namespace berth
