@@ -38,7 +38,7 @@ command -v ninja >/dev/null && [ ! -f "$build/CMakeCache.txt" ] && cmake_args+=(
 
 # A build made elsewhere (carried to the GPU box) is used only when it was built from these very
 # sources: their hash is stored next to it. Anything else is (re)built.
-src_hash=$(find CMakeLists.txt cmake kernels runtime tests bench packing parallel launcher -type f \
+src_hash=$(find CMakeLists.txt kernels runtime tests bench packing parallel launcher -type f \
              \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cmake' \
                 -o -name 'CMakeLists.txt' \) 2>/dev/null | LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-16)
 if [ -x "$build/bench/gpu/bench_gpu_ops" ] && [ -x "$build/tests/test_backend_gpu" ] &&

@@ -105,28 +105,14 @@ HardwareProfile read_hardware_profile(const std::string& path) {
               "'{}' is not a hardware profile (a JSON object with format "
               "\"berth-hardware-profile\", as `berth plan --calibrate` writes)",
               path);
-  static const char* kKeys[] = {"format",
-                                "name",
-                                "source",
-                                "cpu",
-                                "peak_flops",
-                                "fp32_flops",
-                                "matmul_efficiency",
-                                "gemm_rates",
-                                "mem_bandwidth",
-                                "mem_capacity",
-                                "intra_bandwidth",
-                                "inter_bandwidth",
-                                "latency_s",
-                                "devices_per_node",
-                                "attention_rates",
-                                "block_attention_rate",
-                                "layernorm_s",
-                                "gelu_s",
-                                "residual_s",
-                                "crossentropy_s",
-                                "adamw_s",
-                                "grad_pass_s"};
+  // clang-format off
+  static const char* kKeys[] = {"format", "name", "source", "cpu", "peak_flops", "fp32_flops",
+                                "matmul_efficiency", "gemm_rates", "mem_bandwidth",
+                                "mem_capacity", "intra_bandwidth", "inter_bandwidth",
+                                "latency_s", "devices_per_node", "attention_rates",
+                                "block_attention_rate", "layernorm_s", "gelu_s", "residual_s",
+                                "crossentropy_s", "adamw_s", "grad_pass_s"};
+  // clang-format on
   for (const auto& [key, value] : j.items()) {
     BERTH_CHECK(std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) {
                   return key == k;
