@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -23,6 +22,7 @@
 #include "runtime/model/gpt.h"
 #include "runtime/train/optimizer.h"
 #include "tests/host_items_backend.h"
+#include "tests/license_corpus.h"
 #include "tests/tolerance.h"
 
 namespace berth {
@@ -119,17 +119,11 @@ TEST(ModelOnBackend, Bf16TracksFp32Over200Steps) {
 #else
   be = make_backend("cpu", 0);
 #endif
-  std::vector<int32_t> text;
-  if (std::filesystem::is_directory("/usr/share/common-licenses")) {
-    std::vector<std::string> files;
-    for (const auto& e : std::filesystem::directory_iterator("/usr/share/common-licenses"))
-      if (e.is_regular_file()) files.push_back(e.path().string());
-    std::sort(files.begin(), files.end());
-    for (const std::string& f : files) {
-      std::ifstream in(f, std::ios::binary);
-      for (char c; in.get(c);) text.push_back(int32_t(static_cast<unsigned char>(c)));
-      text.push_back(256);  // EOT
-    }
+  std::vector<int32_t> text;  // bytes, EOT 256 after each file (as `berth data import` does)
+  for (const std::string& f : test::license_corpus_files()) {
+    std::ifstream in(f, std::ios::binary);
+    for (char c; in.get(c);) text.push_back(int32_t(static_cast<unsigned char>(c)));
+    text.push_back(256);
   }
   if (text.size() < 100000) GTEST_SKIP() << "no /usr/share/common-licenses corpus here";
   constexpr int B = 4, T = 128, V = 257;
