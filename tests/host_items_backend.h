@@ -12,11 +12,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <map>
-#include <vector>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/item_backend.h"
@@ -101,6 +103,21 @@ class HostExec : public Backend {
     const Open o(this);
     for (int64_t i = 0; i < n; ++i) f(i);
   }
+  // A tiled kernel's blocks one after another, each played by one host thread (kernels/cuda/
+  // tiles.h), its shared memory filled with 0xff bytes (NaN as floats) first, so a read of shared
+  // memory the block has not written shows in the results.
+  template <class K>
+  void launch_tiles(const char*, int64_t blocks, int, size_t shared, const K& k) {
+    const Open o(this);
+    constexpr size_t kAlign = cuda::tiles::kSharedAlign;
+    std::vector<unsigned char> buf(shared + kAlign);
+    unsigned char* smem = buf.data() + (kAlign - reinterpret_cast<uintptr_t>(buf.data()) % kAlign);
+    for (int64_t b = 0; b < blocks; ++b) {
+      std::memset(smem, 0xff, shared);
+      k.run(int(b), cuda::tiles::Team{0, 1}, smem);
+    }
+  }
+  size_t max_block_shared_bytes() const { return SIZE_MAX; }
 
  public:
   // Makes every allocation readable and writable for its scope (guarded mode): the backend's own

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <random>
@@ -257,6 +258,149 @@ TEST_F(BackendOps, FlashStyleVarlenAttentionEqualsTheProbabilitiesKernels) {
     check(d_lse, lse, "varlen lse");
     check(d_dqkv, fd, "varlen dqkv");
   }
+}
+
+// Causal attention over a cu_seqlens layout as eager code computes it when every tensor it
+// stores is rounded by `r`: S = r(q·k/√HS), P = r(softmax(S)), O = r(P·V); dV = r(Pᵀ·dO),
+// dP = r(dO·Vᵀ), dS = r(P ∘ (dP − rowsum(P ∘ dP))), dQ = r(dS·K)/√HS, dK = r(dSᵀ·Q)/√HS, with
+// q, k, v, dO rounded first. r = identity is the fp64 reference; r = round_to_bf16 is the "naive
+// bf16 implementation" (PyTorch's math attention under bf16) the issue measures flash against.
+struct EagerAttention {
+  std::vector<double> out, lse, dqkv;
+};
+template <typename R>
+EagerAttention eager_attention(const std::vector<float>& qkv, const std::vector<float>& dout,
+                               const std::vector<int32_t>& cu, int C, int NH, R r) {
+  const int N = cu.back(), HS = C / NH;
+  const double scale = 1.0 / std::sqrt(double(HS));
+  EagerAttention e{std::vector<double>(size_t(N) * C), std::vector<double>(size_t(N) * NH),
+                   std::vector<double>(qkv.size(), 0.0)};
+  auto at = [&](int n, int part, int h, int x) {
+    return size_t(n) * 3 * C + part * C + h * HS + x;
+  };
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
+    const int b = cu[s], L = cu[s + 1] - b;
+    for (int h = 0; h < NH; ++h) {
+      auto val = [&](int i, int part, int x) { return r(double(qkv[at(b + i, part, h, x)])); };
+      auto dov = [&](int i, int x) { return r(double(dout[size_t(b + i) * C + h * HS + x])); };
+      std::vector<double> P(size_t(L) * L, 0.0), dS(P.size(), 0.0);
+      for (int i = 0; i < L; ++i) {
+        std::vector<double> S(size_t(i) + 1);
+        double mx = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int x = 0; x < HS; ++x) d += val(i, 0, x) * val(j, 1, x);
+          S[size_t(j)] = r(d * scale), mx = std::max(mx, S[size_t(j)]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= i; ++j) sum += std::exp(S[size_t(j)] - mx);
+        e.lse[size_t(b + i) * NH + h] = mx + std::log(sum);
+        for (int j = 0; j <= i; ++j) P[size_t(i) * L + j] = r(std::exp(S[size_t(j)] - mx) / sum);
+        for (int x = 0; x < HS; ++x) {
+          double o = 0;
+          for (int j = 0; j <= i; ++j) o += P[size_t(i) * L + j] * val(j, 2, x);
+          e.out[size_t(b + i) * C + h * HS + x] = r(o);
+        }
+        std::vector<double> dP(size_t(i) + 1);
+        double D = 0;
+        for (int j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int x = 0; x < HS; ++x) d += dov(i, x) * val(j, 2, x);
+          dP[size_t(j)] = r(d), D += P[size_t(i) * L + j] * dP[size_t(j)];
+        }
+        for (int j = 0; j <= i; ++j)
+          dS[size_t(i) * L + j] = r(P[size_t(i) * L + j] * (dP[size_t(j)] - D));
+      }
+      for (int i = 0; i < L; ++i) {
+        for (int x = 0; x < HS; ++x) {
+          double dq = 0, dk = 0, dv = 0;
+          for (int j = 0; j <= i; ++j) dq += dS[size_t(i) * L + j] * val(j, 1, x);
+          for (int t = i; t < L; ++t) {
+            dk += dS[size_t(t) * L + i] * val(t, 0, x);
+            dv += P[size_t(t) * L + i] * dov(t, x);
+          }
+          e.dqkv[at(b + i, 0, h, x)] = r(dq) * scale;
+          e.dqkv[at(b + i, 1, h, x)] = r(dk) * scale;
+          e.dqkv[at(b + i, 2, h, x)] = r(dv);
+        }
+      }
+    }
+  }
+  return e;
+}
+
+// ‖got − ref‖₂ / ‖ref‖₂ over part `part` (0 q, 1 k, 2 v) of (N, 3C) tensors, or all of `ref` for
+// part −1.
+double rel_l2(const std::vector<double>& got, const std::vector<double>& ref, int C = 0,
+              int part = -1) {
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (part >= 0 && int((i / size_t(C)) % 3) != part) continue;
+    d2 += (got[i] - ref[i]) * (got[i] - ref[i]), r2 += ref[i] * ref[i];
+  }
+  return std::sqrt(d2 / r2);
+}
+
+// bf16 precision: the varlen attention (the tiled tensor-core kernels on the CUDA backend,
+// kernels/cuda/flash_bodies.h, run block by block on the host in test_backend) against the fp64
+// reference: out, dQ, dK and dV within twice the error of the naive bf16 implementation, the LSE
+// too, and away from fp32's, so bf16 is what ran. Packed documents of 100, 1, 129 and 70 tokens
+// cross the 64-token tiles; head sizes 32, 64 and 128.
+TEST_F(BackendOps, Bf16AttentionIsWithinTwiceTheErrorOfANaiveBf16Implementation) {
+  const std::vector<int32_t> cu = {0, 100, 101, 230, 300};
+  const int N = cu.back(), S = int(cu.size()) - 1, C = 128;
+  be_->set_matmul_precision(MatmulPrecision::kBf16);
+  for (int NH : {4, 2, 1}) {
+    SCOPED_TRACE(NH);
+    const auto qkv = randn(size_t(N) * 3 * C, 50, 1.5f), dout = randn(size_t(N) * C, 51);
+    const EagerAttention ref = eager_attention(qkv, dout, cu, C, NH, [](double x) { return x; });
+    const EagerAttention naive = eager_attention(
+        qkv, dout, cu, C, NH, [](double x) { return double(cpu::round_to_bf16(float(x))); });
+    {  // the oracle itself against the CPU reference kernels
+      std::vector<double> out(size_t(N) * C), dqkv(qkv.size());
+      const size_t na = size_t(cpu::attention_att_size(cu.data(), S, NH));
+      std::vector<double> att(na), datt(na);
+      const std::vector<double> q64 = as_double(qkv), d64 = as_double(dout);
+      cpu::attention_forward(out.data(), att.data(), q64.data(), cu.data(), S, C, NH);
+      cpu::attention_backward(dqkv.data(), datt.data(), d64.data(), q64.data(), att.data(),
+                              cu.data(), S, C, NH);
+      ASSERT_LT(rel_l2(ref.out, out), 1e-12);
+      ASSERT_LT(rel_l2(ref.dqkv, dqkv), 1e-12);
+    }
+    auto d_qkv = up(qkv), d_dout = up(dout);
+    auto d_cu = up(cu);
+    DeviceBuffer<float> d_out(*be_, int64_t(N) * C), d_lse(*be_, int64_t(N) * NH),
+        d_dqkv(*be_, int64_t(N) * 3 * C);
+    be_->attention_varlen_forward(d_out.data(), d_lse.data(), d_qkv.data(), d_cu.data(), cu.data(),
+                                  S, C, NH);
+    be_->attention_varlen_backward(d_dqkv.data(), d_dout.data(), d_out.data(), d_lse.data(),
+                                   d_qkv.data(), d_cu.data(), cu.data(), S, C, NH);
+    const auto out = as_double(down(d_out)), lse = as_double(down(d_lse)),
+               dqkv = as_double(down(d_dqkv));
+    auto lse_err = [&](const std::vector<double>& got) {
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        worst = std::max(worst, std::fabs(got[i] - ref.lse[i]));
+      return worst;
+    };
+    const struct {
+      const char* what;
+      double got, naive;
+    } rows[] = {
+        {"out", rel_l2(out, ref.out), rel_l2(naive.out, ref.out)},
+        {"lse (max abs)", lse_err(lse), lse_err(naive.lse)},
+        {"dq", rel_l2(dqkv, ref.dqkv, C, 0), rel_l2(naive.dqkv, ref.dqkv, C, 0)},
+        {"dk", rel_l2(dqkv, ref.dqkv, C, 1), rel_l2(naive.dqkv, ref.dqkv, C, 1)},
+        {"dv", rel_l2(dqkv, ref.dqkv, C, 2), rel_l2(naive.dqkv, ref.dqkv, C, 2)},
+    };
+    for (const auto& r : rows) {
+      std::printf("bf16 attention HS=%d %-14s error %.3g (naive bf16 %.3g, ratio %.2f)\n", C / NH,
+                  r.what, r.got, r.naive, r.got / r.naive);
+      EXPECT_LE(r.got, 2 * r.naive) << r.what;
+      EXPECT_GT(r.got, 1e-5) << r.what << ": no bf16 rounding in it, so not the bf16 kernels";
+    }
+  }
+  be_->set_matmul_precision(MatmulPrecision::kFp32);
 }
 
 // Ring attention's pieces: a query block against two key blocks (sequence ids and global

@@ -105,20 +105,16 @@ TEST(ModelOnBackend, TrainsOnTheGpuLikeOnTheCpu) {
 // with fixed windows and no shuffling 3e-3 spikes, and two fp32 runs from different seeds then
 // differ by > 20 % in a 10-step mean, so the bound would measure chaos, not precision; at 1e-3
 // seeds differ by 9 % and bf16 by 0.94 % (CPU emulation, measured 2026-12-03).
-//   - test_model_backend (cpu): bf16 emulated on the CPU backend;
-//   - test_model_backend_gpu (gpu): cublasGemmEx on tensor cores against cuBLAS fp32.
+//   - test_model_backend (cpu): bf16 GEMMs emulated on the CPU backend (attention in fp32); and
+//     on the CUDA backend's ops run on the host, whose bf16 mode also runs the tiled tensor-core
+//     attention (kernels/cuda/flash_bodies.h, bf16 operands) block by block;
+//   - test_model_backend_gpu (gpu): cublasGemmEx on tensor cores and the tensor-core attention
+//     against cuBLAS fp32 and the fp32 attention.
 // test_train checks the same through the trainer with the tiny config itself.
-TEST(ModelOnBackend, Bf16TracksFp32Over200Steps) {
-  std::unique_ptr<Backend> be;
-#if BERTH_TEST_CUDA
-  try {
-    be = make_backend("cuda", 0);
-  } catch (const Error& e) {
-    GTEST_SKIP() << "no CUDA backend here: " << e.what();
-  }
-#else
-  be = make_backend("cpu", 0);
-#endif
+// fp32 on `fp32_be`, bf16 on `bf16_be` (the same backend, or one whose fp32 equals it: the
+// host-items backend's fp32 losses equal the CPU backend's to 1e-6,
+// ModelOnBackend.HostRunOfTheCudaBackendsOpsTrainsLikeTheCpuBackend).
+void expect_bf16_tracks_fp32(Backend& fp32_be, Backend& bf16_be) {
   std::vector<int32_t> text;  // bytes, EOT 256 after each file (as `berth data import` does)
   for (const std::string& f : test::license_corpus_files()) {
     std::ifstream in(f, std::ios::binary);
@@ -128,10 +124,11 @@ TEST(ModelOnBackend, Bf16TracksFp32Over200Steps) {
   if (text.size() < 100000) GTEST_SKIP() << "no /usr/share/common-licenses corpus here";
   constexpr int B = 4, T = 128, V = 257;
   auto run = [&](MatmulPrecision precision) {
+    Backend* be = precision == MatmulPrecision::kFp32 ? &fp32_be : &bf16_be;
     be->set_matmul_precision(precision);
-    GPT<float> model(make_gpt_config(4, 4, 128, V, T), B, T, {}, nullptr, 1, be.get());
+    GPT<float> model(make_gpt_config(4, 4, 128, V, T), B, T, {}, nullptr, 1, be);
     model.init_weights(1337);
-    AdamW opt(model.layout(), AdamWSettings{}, {0, -1}, be.get());
+    AdamW opt(model.layout(), AdamWSettings{}, {0, -1}, be);
     std::vector<double> losses;
     for (int step = 0; step < 200; ++step) {
       PackedBatch b;
@@ -171,8 +168,30 @@ TEST(ModelOnBackend, Bf16TracksFp32Over200Steps) {
     EXPECT_LT(std::fabs(c - a) / a, 0.02) << "steps " << w + 1 << ".." << w + 10;
   }
   std::printf("%s: bf16 vs fp32, 200 steps: worst 10-step mean %.3f %%, final %.4f vs %.4f\n",
-              be->name().c_str(), 100 * worst, bf16.back(), fp32.back());
+              bf16_be.name().c_str(), 100 * worst, bf16.back(), fp32.back());
 }
+
+TEST(ModelOnBackend, Bf16TracksFp32Over200Steps) {
+  std::unique_ptr<Backend> be;
+#if BERTH_TEST_CUDA
+  try {
+    be = make_backend("cuda", 0);
+  } catch (const Error& e) {
+    GTEST_SKIP() << "no CUDA backend here: " << e.what();
+  }
+#else
+  be = make_backend("cpu", 0);
+#endif
+  expect_bf16_tracks_fp32(*be, *be);
+}
+
+#if !BERTH_TEST_CUDA
+TEST(ModelOnBackend, Bf16WithTensorCoreAttentionTracksFp32Over200Steps) {
+  const std::unique_ptr<Backend> cpu = make_backend("cpu", 0);
+  const std::unique_ptr<Backend> items = test::make_host_items_backend();
+  expect_bf16_tracks_fp32(*cpu, *items);
+}
+#endif
 
 }  // namespace
 }  // namespace berth

@@ -1,5 +1,7 @@
-// The CUDA backend on a GPU, timed (bench/README.md, "bench/gpu"): block attention forward +
-// backward (causal, one document per row) at T = 1024 and 4096, head size 64, 12 heads; the GEMM
+// The CUDA backend on a GPU, timed (bench/README.md, "bench/gpu"): ring attention's block kernels
+// and the model's varlen attention forward + backward (causal, one document of T tokens) at
+// T = 1024 and 4096, head size 64, 12 heads (and 128 at 4096), the varlen one with fp32 and with
+// bf16 precision (the tiled tensor-core kernels); the GEMM
 // of GPT-2 124M's MLP at 16 × 1024 tokens and a whole GPT-2 124M training step (AdamW) at
 // micro-batch 16 × 1024 as tokens/s and MFU against 989 TFLOP/s, each with fp32 GEMMs and with
 // bf16 GEMMs (run.precision). The same shapes in PyTorch come from bench/gpu/torch_reference.py,
@@ -72,6 +74,32 @@ void attention(Backend& be, int T, int NH, int HS) {
               "bwd %.3f ms (%.2f TFLOP/s), fwd+bwd %.2f TFLOP/s\n",
               T, NH, HS, fwd, flop_fwd / fwd * 1e-9, bwd, flop_bwd / bwd * 1e-9,
               (flop_fwd + flop_bwd) / (fwd + bwd) * 1e-9);
+}
+
+// The model's attention (attention_varlen_*, one document of T tokens) in the backend's current
+// precision: fp32, the per-(query, head) kernels; bf16, the tiled tensor-core kernels.
+void varlen_attention(Backend& be, int T, int NH, int HS) {
+  const int C = NH * HS;
+  auto qkv = random_buffer(be, int64_t(T) * 3 * C, 7), dout = random_buffer(be, int64_t(T) * C, 8);
+  const std::vector<int32_t> cu = {0, T};
+  DeviceBuffer<int32_t> d_cu(be, 2);
+  be.upload(d_cu.data(), cu.data(), d_cu.bytes());
+  DeviceBuffer<float> out(be, int64_t(T) * C), lse(be, int64_t(T) * NH),
+      dqkv(be, int64_t(T) * 3 * C);
+  const double fwd = time_ms(be, 5, [&] {
+    be.attention_varlen_forward(out.data(), lse.data(), qkv.data(), d_cu.data(), cu.data(), 1, C,
+                                NH);
+  });
+  const double bwd = time_ms(be, 5, [&] {
+    be.attention_varlen_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(),
+                                 d_cu.data(), cu.data(), 1, C, NH);
+  });
+  const double flop_fwd = 4.0 * double(T) * T * HS * NH * 0.5, flop_bwd = 2.5 * flop_fwd;
+  std::printf(
+      "berth cuda %s attention_varlen T=%-5d NH=%d HS=%d: fwd %.3f ms (%.2f TFLOP/s), "
+      "bwd %.3f ms (%.2f TFLOP/s), fwd+bwd %.2f TFLOP/s\n",
+      berth::matmul_precision_name(be.matmul_precision()), T, NH, HS, fwd, flop_fwd / fwd * 1e-9,
+      bwd, flop_bwd / bwd * 1e-9, (flop_fwd + flop_bwd) / (fwd + bwd) * 1e-9);
 }
 
 // The GEMM in the backend's current precision (bf16: the two rounding passes included).
@@ -150,6 +178,8 @@ int main(int argc, char** argv) {
   for (int T : {1024, 4096}) attention(*be, T, 12, 64);
   for (auto p : {berth::MatmulPrecision::kFp32, berth::MatmulPrecision::kBf16}) {
     be->set_matmul_precision(p);
+    for (int T : {1024, 4096}) varlen_attention(*be, T, 12, 64);
+    varlen_attention(*be, 4096, 6, 128);
     gemm(*be, 16 * 1024, 768, 3072);
     gpt2_step(*be, 16, 1024);
   }

@@ -3,8 +3,9 @@
 // nothing from the driver), every op queued on one stream, GEMMs through cuBLAS in fp32 (no TF32:
 // the fp32 mode compares with the CPU reference) or, in bf16 precision, on bf16 copies of their
 // inputs with fp32 accumulation and output (cublasGemmEx, tensor cores), the other ops as one
-// thread per work item running the bodies of thread_bodies.h. Every launch is checked, with the
-// kernel's name.
+// thread per work item running the bodies of thread_bodies.h, and in bf16 the varlen attention as
+// the tiled tensor-core kernels of flash_bodies.h. Every launch is checked, with the kernel's
+// name.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -54,6 +55,13 @@ void launch_on(const char* name, cudaStream_t stream, int64_t n, F f) {
               n, cudaGetErrorName(err), cudaGetErrorString(err), identity());
 }
 
+// A tiled kernel (kernels/cuda/tiles.h): k.run(block, team, shared memory) per block.
+template <class K>
+__global__ void run_tiles(K k) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  k.run(int(blockIdx.x), tiles::Team{int(threadIdx.x), int(blockDim.x)}, smem);
+}
+
 // dst (n) = x rounded to bf16, to nearest even
 void round_to_bf16_on(cudaStream_t stream, __nv_bfloat16* dst, const float* x, int64_t n) {
   launch_on("round_to_bf16", stream, n,
@@ -67,6 +75,7 @@ class CudaExec : public Backend {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     name_ = fmt::format("cuda:{} {}", device, prop.name);
+    max_shared_ = prop.sharedMemPerBlockOptin;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device));
     uint64_t keep = UINT64_MAX;  // never give cached blocks back to the driver
@@ -197,6 +206,28 @@ class CudaExec : public Backend {
   void launch(const char* name, int64_t n, F f) {
     launch_on(name, stream_, n, f);
   }
+  // A block per tile, `threads` threads and `shared` bytes of dynamic shared memory each; above
+  // the default 48 KiB the kernel is allowed that much first.
+  template <class K>
+  void launch_tiles(const char* name, int64_t blocks, int threads, size_t shared, const K& k) {
+    if (blocks <= 0) return;
+    BERTH_CHECK(blocks <= int64_t(INT32_MAX), "{}: {} blocks are too many for one launch", name,
+                blocks);
+    BERTH_CHECK(shared <= max_shared_, "{}: a block needs {} bytes of shared memory, {} has {}",
+                name, shared, name_, max_shared_);
+    if (shared > 48 * 1024) {
+      CUDA_CHECK(cudaFuncSetAttribute(run_tiles<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(shared)));
+    }
+    run_tiles<K><<<unsigned(blocks), unsigned(threads), shared, stream_>>>(k);
+    const cudaError_t err = cudaGetLastError();
+    BERTH_CHECK(err == cudaSuccess,
+                "CUDA kernel {} failed to launch ({} blocks of {} threads, {} bytes shared): {} "
+                "({}) on {}",
+                name, blocks, threads, shared, cudaGetErrorName(err), cudaGetErrorString(err),
+                identity());
+  }
+  size_t max_block_shared_bytes() const { return max_shared_; }
 
  private:
   struct Scratch {
@@ -249,6 +280,7 @@ class CudaExec : public Backend {
   }
   int device_ = 0;
   std::string name_;
+  size_t max_shared_ = 0;  // a block's opt-in shared memory limit
   cudaStream_t stream_ = nullptr;
   cudaMemPool_t pool_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

@@ -1,7 +1,11 @@
-// The ops of the CUDA backend that run one thread per work item (every op but the GEMMs), written
-// once over an executor:
+// The ops of the CUDA backend that run one thread per work item (every op but the GEMMs), and the
+// tiled tensor-core attention of bf16 precision, written once over an executor:
 //   class Exec : public Backend {  // memory, synchronize, matmul_*, and
 //     template <typename F> void launch(const char* name, int64_t n, F f);  // f(i), i < n
+//     // k.run(block, team, shared memory) for each block, `threads` threads and `shared` bytes
+//     template <class K> void launch_tiles(const char* name, int64_t blocks, int threads,
+//                                          size_t shared, const K& k);
+//     size_t max_block_shared_bytes() const;  // the most shared memory a block may have
 //   };
 // kernels/cuda/backend.cu instantiates it with the CUDA executor (a kernel per launch on the
 // backend's stream, GEMMs in cuBLAS); tests/test_backend.cpp with a host executor (a loop per
@@ -13,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cuda/flash_bodies.h"
 #include "kernels/cuda/thread_bodies.h"
 #include "runtime/core/backend.h"
 #include "runtime/core/check.h"
@@ -85,6 +90,11 @@ class ItemBackend final : public Exec {
                                 const int32_t* cu_host, int S, int C, int NH) override {
     check_head_size(C, NH);
     const int N = cu_host[S];
+    if (tensor_core_attention(C / NH)) {
+      if (C / NH == 32) return flash_forward<32>(out, lse, qkv, cu, S, N, C, NH);
+      if (C / NH == 64) return flash_forward<64>(out, lse, qkv, cu, S, N, C, NH);
+      return flash_forward<128>(out, lse, qkv, cu, S, N, C, NH);
+    }
     this->launch("attention_varlen_forward", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
       body::attention_varlen_forward(item, out, lse, qkv, cu, S, C, NH);
     });
@@ -94,6 +104,11 @@ class ItemBackend final : public Exec {
                                  const int32_t* cu_host, int S, int C, int NH) override {
     const int N = cu_host[S];
     this->zero(dqkv, size_t(N) * 3 * size_t(C) * sizeof(float));
+    if (tensor_core_attention(C / NH)) {
+      if (C / NH == 32) return flash_backward<32>(dqkv, dout, out, lse, qkv, cu, S, N, C, NH);
+      if (C / NH == 64) return flash_backward<64>(dqkv, dout, out, lse, qkv, cu, S, N, C, NH);
+      return flash_backward<128>(dqkv, dout, out, lse, qkv, cu, S, N, C, NH);
+    }
     this->launch("attention_varlen_backward", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
       body::attention_varlen_backward(item, dqkv, dout, out, lse, qkv, cu, S, C, NH);
     });
@@ -221,8 +236,40 @@ class ItemBackend final : public Exec {
     return total;
   }
 
+ public:  // (an extended lambda's enclosing function may not be private)
+  template <int HS>
+  void flash_forward(float* out, float* lse, const float* qkv, const int32_t* cu, int S, int N,
+                     int C, int NH) {
+    const flash::Forward<HS> k{out, lse, qkv, cu, S, N, C, NH};
+    this->launch_tiles("attention_varlen_forward_bf16", k.blocks(), flash::kThreads,
+                       k.shared_bytes(), k);
+  }
+  // dqkv zeroed by the caller
+  template <int HS>
+  void flash_backward(float* dqkv, const float* dout, const float* out, const float* lse,
+                      const float* qkv, const int32_t* cu, int S, int N, int C, int NH) {
+    DeviceBuffer<float> delta(*this, int64_t(N) * NH);
+    float* dl = delta.data();
+    this->launch("attention_row_dot", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_row_dot(item, dl, dout, out, C, NH);
+    });
+    const flash::Backward<HS> k{dqkv, dout, lse, dl, qkv, cu, S, N, C, NH};
+    this->launch_tiles("attention_varlen_backward_bf16", k.blocks(), flash::kThreads,
+                       k.shared_bytes(), k);
+  }
 
  private:
+  // bf16 precision runs the varlen attention on tensor cores (flash_bodies.h) for the head sizes
+  // those kernels take, where a block's shared memory fits the device (the backward's is the
+  // larger); otherwise, and always in fp32, the fp32 kernels of thread_bodies.h.
+  bool tensor_core_attention(int head_size) const {
+    if (this->matmul_precision() != MatmulPrecision::kBf16 || !flash::supports(head_size))
+      return false;
+    const size_t need = head_size == 32   ? flash::Backward<32>::shared_bytes()
+                        : head_size == 64 ? flash::Backward<64>::shared_bytes()
+                                          : flash::Backward<128>::shared_bytes();
+    return need <= this->max_block_shared_bytes();
+  }
   // att_offsets[s] = Σ_{s' < s} NH·L_{s'}², on the device.
   DeviceBuffer<int64_t> att_offsets(const int32_t* cu_host, int S, int NH) {
     std::vector<int64_t> off(size_t(S) + 1, 0);

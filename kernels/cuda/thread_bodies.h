@@ -6,8 +6,9 @@
 // arithmetic against the CPU reference (kernels/ops.h) on any machine, GPU or not. Shared outputs
 // are accumulated with atomic_add (atomicAdd on the device, += on the host).
 //
-// These are the fp32 (tests) kernels: one thread per row or per (query, head), correct before
-// fast. The bf16 tensor-core attention is listed under "Not built yet" in docs/gpu.md.
+// These are the fp32 kernels: one thread per row or per (query, head), correct before fast, and the
+// ones the fp32 mode compares with the CPU reference. In bf16 precision the varlen attention runs
+// the tiled tensor-core kernels of flash_bodies.h instead.
 #pragma once
 
 #include <cmath>
@@ -360,6 +361,17 @@ BERTH_HD void attention_varlen_backward(int64_t item, float* dqkv, const float* 
       atomic_add(dv + x, p * d[x]);
     }
   }
+}
+
+// delta (N, NH) = Σ_x dO·O of token n, head h, the softmax backward's row term: item (n, h)
+BERTH_HD void attention_row_dot(int64_t item, float* delta, const float* dout, const float* out,
+                                int C, int NH) {
+  const int64_t n = item / NH, h = item % NH, HS = C / NH;
+  const float* d = dout + n * C + h * HS;
+  const float* o = out + n * C + h * HS;
+  float D = 0;
+  for (int x = 0; x < HS; x++) D += d[x] * o[x];
+  delta[item] = D;
 }
 
 // ---- attention of a query block against a key/value block (ring attention): item (i, h) --------

@@ -356,15 +356,17 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   const double doc = sq / T;  // the typical document length
   const double pairs = B * sq / double(l.cp) / (hw.cpu ? 1.0 : 2.0);
   const double attn_flops = 3.0 * 2.0 * 2.0 * pairs * HS * NHl;
-  // berth's attention kernels are fp32 on either device (no tensor cores): the fp32 peak × the
-  // GEMM share, an upper bound for the GPU's one-thread-per-(query, head) kernels.
-  double attn_rate = gemm_peak(hw, false) * hw.matmul_efficiency;
+  // berth's attention kernels: in bf16 on a GPU without the ring, the tiled tensor-core kernels
+  // (head sizes 32, 64, 128) at the bf16 peak × the GEMM share; otherwise fp32 kernels (no tensor
+  // cores) at the fp32 peak × the GEMM share. Both are upper bounds.
+  const bool tc_attention = in.bf16 && !hw.cpu && l.cp == 1 && (HS == 32 || HS == 64 || HS == 128);
+  double attn_rate = gemm_peak(hw, tc_attention) * hw.matmul_efficiency;
   if (l.cp > 1 && hw.block_attention_rate > 0) {
     attn_rate = hw.block_attention_rate;  // the ring's block kernel
   } else if (!hw.attention_rates.empty()) {
     attn_rate = interpolate(hw.attention_rates, doc);
   } else if (!hw.gemm_rates.empty()) {
-    attn_rate = gemm_rate(hw, false, doc, doc, HS);
+    attn_rate = gemm_rate(hw, tc_attention, doc, doc, HS);
   }
   double stage_max = 0, tp_max = 0, cp_max = 0;
   for (int64_t s = 0; s < l.pp; ++s) {
