@@ -47,6 +47,10 @@ class Ops<float> {
                        const float* w, int N, int IC, int OC) const {
     be_->matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
   }
+  void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* w, const float* b,
+                           int N, int IC, int OC) const {
+    be_->matmul_gelu_forward(out, pre, inp, w, b, N, IC, OC);
+  }
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu,
                          const int32_t* cu_host, int S, int C, int NH) const {
     be_->attention_forward(out, att, qkv, cu, cu_host, S, C, NH);
@@ -153,6 +157,11 @@ class Ops<double> {
   void matmul_backward(double* dinp, double* dw, double* db, const double* dout,
                        const double* inp, const double* w, int N, int IC, int OC) const {
     cpu::matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
+  }
+  void matmul_gelu_forward(double* out, double* pre, const double* inp, const double* w,
+                           const double* b, int N, int IC, int OC) const {
+    cpu::matmul_forward(pre, inp, w, b, N, IC, OC);
+    cpu::gelu_forward(out, pre, int64_t(N) * OC);
   }
   void attention_forward(double* out, double* att, const double* qkv, const int32_t* cu,
                          const int32_t*, int S, int C, int NH) const {

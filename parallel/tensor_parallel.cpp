@@ -29,6 +29,12 @@ void column_linear_forward(Backend* be, T* out, const T* inp, const T* w, const 
 }
 
 template <typename T>
+void column_linear_gelu_forward(Backend* be, T* out, T* pre, const T* inp, const T* w, const T* b,
+                                int N, int IC, int OC_local) {
+  Ops<T>(be).matmul_gelu_forward(out, pre, inp, w, b, N, IC, OC_local);
+}
+
+template <typename T>
 void column_linear_backward(Backend* be, Communicator* tp, T* dinp, T* dw, T* db, const T* dout,
                             const T* inp, const T* w, int N, int IC, int OC_local) {
   Ops<T>(be).matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC_local);
@@ -122,6 +128,8 @@ void vocab_parallel_cross_entropy_backward(Backend* be, Communicator* tp, T* dlo
 #define BERTH_TP_INSTANTIATE(T)                                                                    \
   template void column_linear_forward<T>(Backend*, T*, const T*, const T*, const T*, int, int,     \
                                          int);                                                     \
+  template void column_linear_gelu_forward<T>(Backend*, T*, T*, const T*, const T*, const T*, int, \
+                                              int, int);                                           \
   template void column_linear_backward<T>(Backend*, Communicator*, T*, T*, T*, const T*, const T*, \
                                           const T*, int, int, int);                                \
   template void row_linear_forward<T>(Backend*, Communicator*, T*, const T*, const T*, const T*,   \

@@ -30,6 +30,11 @@ namespace berth {
 template <typename T>
 void column_linear_forward(Backend* be, T* out, const T* inp, const T* w, const T* b, int N, int IC,
                            int OC_local);
+// The same into pre, then out = gelu(pre) (the MLP's first layer; one fused op where the backend
+// has one).
+template <typename T>
+void column_linear_gelu_forward(Backend* be, T* out, T* pre, const T* inp, const T* w, const T* b,
+                                int N, int IC, int OC_local);
 // dinp (N, IC) = Σ_tp dout_local · w (all-reduced; overwritten), dw += doutᵀ · inp,
 // db += Σ_n dout (when not null).
 template <typename T>

@@ -200,6 +200,36 @@ TEST_F(BackendOps, Bf16MatmulIsTheFp32GemmOfRoundedInputs) {
   check_matmul(inp, w, b, dout, IC, OC, {out, dinp, dw, db}, "bf16 matmul");
 }
 
+// The MLP's first layer, pre = inp·Wᵀ + b and out = gelu(pre), in one call (the CUDA backend:
+// one cuBLASLt GEMM with the GELU_AUX_BIAS epilogue where it takes it, and the unfused GEMM,
+// bias and gelu where a pointer is not 16-byte aligned, as the bias at an odd offset here), in
+// both precisions, against the CPU's matmul_forward then gelu_forward.
+TEST_F(BackendOps, MatmulGeluForwardIsTheMatmulThenGelu) {
+  const int IC = 48, OC = 32;
+  const auto inp = randn(size_t(kN) * IC, 16), w = randn(size_t(OC) * IC, 17, 0.2f);
+  auto bias_buf = randn(size_t(OC) + 1, 18);
+  for (MatmulPrecision p : {MatmulPrecision::kFp32, MatmulPrecision::kBf16}) {
+    for (int offset : {0, 1}) {
+      SCOPED_TRACE(std::string(matmul_precision_name(p)) + (offset ? ", unaligned bias" : ""));
+      auto rounded = [&](std::vector<float> v) {
+        if (p == MatmulPrecision::kBf16) cpu::round_to_bf16(v.data(), v.data(), int64_t(v.size()));
+        return v;
+      };
+      const std::vector<float> b(bias_buf.begin() + offset, bias_buf.begin() + offset + OC);
+      std::vector<float> pre(size_t(kN) * OC), out(pre.size());
+      cpu::matmul_forward(pre.data(), rounded(inp).data(), rounded(w).data(), b.data(), kN, IC, OC);
+      cpu::gelu_forward(out.data(), pre.data(), int64_t(pre.size()));
+      be_->set_matmul_precision(p);
+      auto d_inp = up(inp), d_w = up(w), d_b = up(bias_buf);
+      DeviceBuffer<float> d_pre(*be_, int64_t(kN) * OC), d_out(*be_, int64_t(kN) * OC);
+      be_->matmul_gelu_forward(d_out.data(), d_pre.data(), d_inp.data(), d_w.data(),
+                               d_b.data() + offset, kN, IC, OC);
+      check(d_pre, pre, "pre-activation");
+      check(d_out, out, "gelu output");
+    }
+  }
+}
+
 TEST_F(BackendOps, PackedCausalAttentionForwardAndBackward) {
   for (int NH : {4, 1}) {  // head sizes 16 and 64
     const int C = 64;

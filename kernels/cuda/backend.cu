@@ -2,10 +2,13 @@
 // release threshold at its maximum, so freed blocks stay cached and a steady step allocates
 // nothing from the driver), every op queued on one stream, GEMMs through cuBLAS in fp32 (no TF32:
 // the fp32 mode compares with the CPU reference) or, in bf16 precision, on bf16 copies of their
-// inputs with fp32 accumulation and output (cublasGemmEx, tensor cores), the other ops as one
+// inputs with fp32 accumulation and output (cublasGemmEx, tensor cores); a forward GEMM with a
+// bias through cuBLASLt with the bias (and for the MLP's first layer the GELU) in its epilogue;
+// the other ops as one
 // thread per work item running the bodies of thread_bodies.h, and in bf16 the varlen attention as
 // the tiled tensor-core kernels of flash_bodies.h. Every launch is checked, with the kernel's
 // name.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -81,6 +84,7 @@ class CudaExec : public Backend {
     uint64_t keep = UINT64_MAX;  // never give cached blocks back to the driver
     CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     CUBLAS_CHECK(cublasCreate(&cublas_));
+    CUBLAS_CHECK(cublasLtCreate(&lt_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     // fp32 GEMMs without TF32 (cublasSgemm under the default math mode; NVIDIA_TF32_OVERRIDE
     // unset): the mode that compares with the CPU reference
@@ -98,6 +102,8 @@ class CudaExec : public Backend {
       cudaEventDestroy(st.done);
       cudaFreeHost(st.host);
     }
+    if (lt_workspace_ != nullptr) cudaFreeAsync(lt_workspace_, stream_);
+    cublasLtDestroy(lt_);
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
   }
@@ -177,13 +183,30 @@ class CudaExec : public Backend {
   void* stream_handle() const override { return stream_; }
 
   // Row-major (N, IC) · (OC, IC)ᵀ is column-major outᵀ (OC, N) = W (IC, OC)ᵀ · inpᵀ (IC, N).
+  // outᵀ (OC, N) = W (OC, IC as IC × OC column-major)ᵀ · inpᵀ (IC, N) + bias: the bias in
+  // cuBLASLt's epilogue where it takes the GEMM, else a kernel after it
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                       int IC, int OC) override {
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, operand(weight, int64_t(OC) * IC, 1), IC,
-         operand(inp, int64_t(N) * IC, 0), IC, 0.0f, out, OC);
+    const void* w = operand(weight, int64_t(OC) * IC, 1);
+    const void* x = operand(inp, int64_t(N) * IC, 0);
+    if (bias != nullptr && lt_gemm(OC, N, IC, w, x, out, bias, nullptr)) return;
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w, IC, x, IC, 0.0f, out, OC);
     if (bias != nullptr)
       launch_on("add_bias", stream_, int64_t(N) * OC,
                 [=] __device__(int64_t i) { body::add_bias(i, out, bias, OC); });
+  }
+  // The same with GELU: one cuBLASLt GEMM whose epilogue adds the bias, keeps the sum in `pre`
+  // and writes gelu of it (GELU_AUX_BIAS), or the GEMM, bias and gelu kernels.
+  void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight,
+                           const float* bias, int N, int IC, int OC) override {
+    const void* w = operand(weight, int64_t(OC) * IC, 1);
+    const void* x = operand(inp, int64_t(N) * IC, 0);
+    if (bias != nullptr && lt_gemm(OC, N, IC, w, x, out, bias, pre)) return;
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w, IC, x, IC, 0.0f, pre, OC);
+    if (bias != nullptr)
+      launch_on("add_bias", stream_, int64_t(N) * OC,
+                [=] __device__(int64_t i) { body::add_bias(i, pre, bias, OC); });
+    gelu_forward(out, pre, int64_t(N) * OC);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int N, int IC, int OC) override {
@@ -273,6 +296,68 @@ class CudaExec : public Backend {
                                 CUBLAS_GEMM_DEFAULT));
     }
   }
+  // D (m, n) column-major fp32 = Aᵀ·B + bias (m), A stored k × m and B k × n (column-major,
+  // leading dimension k) in the GEMM precision, as operand() gave them; with `pre`: pre = that sum
+  // and D = gelu(pre) (cuBLASLt's GELU, the tanh form kernels/ops.h uses). fp32 compute (no TF32).
+  // False, with nothing queued, where cuBLASLt does not take it: a pointer not 16-byte aligned,
+  // `pre`'s leading dimension not a multiple of 8, or no algorithm for the shape.
+  bool lt_gemm(int m, int n, int k, const void* a, const void* b, float* d, const float* bias,
+               float* pre) {
+    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (!aligned(a) || !aligned(b) || !aligned(d) || !aligned(bias)) return false;
+    if (pre != nullptr && (!aligned(pre) || m % 8 != 0)) return false;
+    const cudaDataType_t in =
+        matmul_precision() == MatmulPrecision::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
+    LtDescs ds;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    lt_set(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(CUBLAS_OP_T));
+    lt_set(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(CUBLAS_OP_N));
+    lt_set(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+           uint32_t(pre != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS));
+    lt_set(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
+    if (pre != nullptr) {
+      lt_set(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(pre));
+      lt_set(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(m));
+    }
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.a, in, uint64_t(k), uint64_t(m), int64_t(k)));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.b, in, uint64_t(k), uint64_t(n), int64_t(k)));
+    CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&ds.d, CUDA_R_32F, uint64_t(m), uint64_t(n), int64_t(m)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&ds.pref));
+    const size_t ws = kLtWorkspaceBytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t h{};
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt_, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &h,
+                                       &found) != CUBLAS_STATUS_SUCCESS ||
+        found == 0)
+      return false;
+    if (lt_workspace_ == nullptr) lt_workspace_ = alloc(kLtWorkspaceBytes);  // once
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(lt_, ds.op, &one, a, ds.a, b, ds.b, &zero, d, ds.d, d, ds.d,
+                                &h.algo, lt_workspace_, kLtWorkspaceBytes, stream_));
+    return true;
+  }
+  // The descriptors of one cuBLASLt call, destroyed with it.
+  struct LtDescs {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    LtDescs() = default;
+    LtDescs(const LtDescs&) = delete;
+    LtDescs& operator=(const LtDescs&) = delete;
+    ~LtDescs() {
+      if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+      for (cublasLtMatrixLayout_t l : {a, b, d})
+        if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
+      if (op != nullptr) cublasLtMatmulDescDestroy(op);
+    }
+  };
+  template <typename T>
+  static void lt_set(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, const T& v) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, attr, &v, sizeof v));
+  }
   int64_t pool_attr(cudaMemPoolAttr attr) const {
     uint64_t v = 0;
     CUDA_CHECK(cudaMemPoolGetAttribute(pool_, attr, &v));
@@ -284,6 +369,9 @@ class CudaExec : public Backend {
   cudaStream_t stream_ = nullptr;
   cudaMemPool_t pool_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  static constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+  void* lt_workspace_ = nullptr;  // cuBLASLt's workspace, allocated at its first call
   Scratch bf16_[3];
   Stage stage_[kStageSlots];
   int next_stage_ = 0;

@@ -14,4 +14,10 @@ MatmulPrecision parse_matmul_precision(const std::string& name) {
   BERTH_FAIL("unknown run.precision \"{}\"; use \"fp32\" or \"bf16\"", name);
 }
 
+void Backend::matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight,
+                                  const float* bias, int N, int IC, int OC) {
+  matmul_forward(pre, inp, weight, bias, N, IC, OC);
+  gelu_forward(out, pre, int64_t(N) * OC);
+}
+
 }  // namespace berth

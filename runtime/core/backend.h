@@ -86,6 +86,11 @@ class Backend {
                               const float* bias, int N, int IC, int OC) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, int N, int IC, int OC) = 0;
+  // The MLP's first linear layer: pre (N, OC) = inp·Wᵀ + bias and out = gelu(pre), which is what
+  // this default does (matmul_forward, then gelu_forward); a backend may fuse the two (CUDA:
+  // cuBLASLt's GELU_AUX_BIAS epilogue).
+  virtual void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight,
+                                   const float* bias, int N, int IC, int OC);
   // cu_seqlens (S+1 entries) is read on the host as well: pass a device copy in `cu_seqlens` and
   // the host copy in `cu_seqlens_host` (the same pointer on the CPU).
   virtual void attention_forward(float* out, float* att, const float* qkv,

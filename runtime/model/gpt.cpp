@@ -338,8 +338,8 @@ double GPT<T>::forward(const PackedBatch& batch, int slot) {
     ops_.residual_forward(a.res2.data(), x, scratch_.data(), int64_t(N) * C);
     ops_.layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(),
                            P(ix.ln2_w), P(ix.ln2_b), N, C);
-    column_linear_forward(be_, a.fch.data(), a.ln2.data(), P(ix.fc_w), P(ix.fc_b), N, C, F_);
-    ops_.gelu_forward(a.fch_gelu.data(), a.fch.data(), int64_t(N) * F_);
+    column_linear_gelu_forward(be_, a.fch_gelu.data(), a.fch.data(), a.ln2.data(), P(ix.fc_w),
+                               P(ix.fc_b), N, C, F_);
     row_linear_forward(be_, tp_, scratch_.data(), a.fch_gelu.data(), P(ix.fcproj_w), P(ix.fcproj_b),
                        N, F_, C);
     ops_.residual_forward(sl.residual[size_t(l) + 1].data(), a.res2.data(), scratch_.data(),
