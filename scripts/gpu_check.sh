@@ -7,7 +7,8 @@
 #      BERTH_CUDA_ARCHS says otherwise), or reuse BUILD_DIR if it already holds a GPU-check build;
 #   3. tests: ctest (gpu.BackendOps.* on the GPU, BackendOps.* on the host), and the measured
 #      CUDA-vs-CPU errors of every op (BERTH_TOL_REPORT=1);
-#   4. benchmark: bench_gpu_ops and bench/gpu/torch_reference.py, one after the other on this GPU.
+#   4. benchmark: bench_gpu_ops and bench/gpu/torch_reference.py, one after the other on this GPU,
+#      then bench/gpu/compare.py's berth/PyTorch ratios.
 # Everything lands in OUTDIR (six files); the exit status is the tests'.
 #
 #   scripts/gpu_check.sh OUTDIR
@@ -68,6 +69,7 @@ log "benchmark"
   timeout 120 "$build/bench/gpu/bench_gpu_ops"
   timeout 180 python3 bench/gpu/torch_reference.py
 } > "$out/bench.txt" 2>&1
+python3 bench/gpu/compare.py "$out/bench.txt" >> "$out/bench.txt" 2>&1
 cat "$out/bench.txt" | tee -a "$out/gpu_check.log" >/dev/null
 log "done (tests exit status $tests_rc)"
 exit $tests_rc

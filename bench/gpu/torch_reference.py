@@ -113,6 +113,7 @@ def main():
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
     for T in (1024, 4096):
         attention(T)
+    attention(4096, nh=6, hs=128)
     gemm()
     gpt2_step()
 
