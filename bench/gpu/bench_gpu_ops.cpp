@@ -95,11 +95,16 @@ void varlen_attention(Backend& be, int T, int NH, int HS) {
                                  d_cu.data(), cu.data(), 1, C, NH);
   });
   const double flop_fwd = 4.0 * double(T) * T * HS * NH * 0.5, flop_bwd = 2.5 * flop_fwd;
+  // "bf16-fallback": bf16 precision, but the fp32 kernels ran (the tiled ones do not fit)
+  const bool bf16 = be.matmul_precision() == berth::MatmulPrecision::kBf16;
   std::printf(
       "berth cuda %s attention_varlen T=%-5d NH=%d HS=%d: fwd %.3f ms (%.2f TFLOP/s), "
       "bwd %.3f ms (%.2f TFLOP/s), fwd+bwd %.2f TFLOP/s\n",
-      berth::matmul_precision_name(be.matmul_precision()), T, NH, HS, fwd, flop_fwd / fwd * 1e-9,
-      bwd, flop_bwd / bwd * 1e-9, (flop_fwd + flop_bwd) / (fwd + bwd) * 1e-9);
+      !bf16                              ? "fp32"
+      : be.attention_on_tensor_cores(HS) ? "bf16"
+                                         : "bf16-fallback",
+      T, NH, HS, fwd, flop_fwd / fwd * 1e-9, bwd, flop_bwd / bwd * 1e-9,
+      (flop_fwd + flop_bwd) / (fwd + bwd) * 1e-9);
 }
 
 // The GEMM in the backend's current precision (bf16: the two rounding passes included).

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/backend.h"
@@ -195,13 +196,22 @@ class CudaExec : public Backend {
       launch_on("add_bias", stream_, int64_t(N) * OC,
                 [=] __device__(int64_t i) { body::add_bias(i, out, bias, OC); });
   }
-  // The same with GELU: one cuBLASLt GEMM whose epilogue adds the bias, keeps the sum in `pre`
-  // and writes gelu of it (GELU_AUX_BIAS), or the GEMM, bias and gelu kernels.
+  // The same with GELU. In bf16: one cuBLASLt GEMM whose epilogue adds the bias, keeps the sum in
+  // `pre` and writes gelu of it (GELU_AUX_BIAS). In fp32, the mode that compares with the CPU
+  // within 1e-5, the GELU stays berth's kernel (cuBLASLt's GELU is the same tanh form, but how
+  // exactly it evaluates tanh is not documented): the bias epilogue, then gelu_forward. Where
+  // cuBLASLt does not take the call: the GEMM, bias and gelu kernels.
   void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight,
                            const float* bias, int N, int IC, int OC) override {
     const void* w = operand(weight, int64_t(OC) * IC, 1);
     const void* x = operand(inp, int64_t(N) * IC, 0);
-    if (bias != nullptr && lt_gemm(OC, N, IC, w, x, out, bias, pre)) return;
+    if (bias != nullptr) {
+      if (matmul_precision() == MatmulPrecision::kBf16) {
+        if (lt_gemm(OC, N, IC, w, x, out, bias, pre)) return;
+      } else if (lt_gemm(OC, N, IC, w, x, pre, bias, nullptr)) {
+        return gelu_forward(out, pre, int64_t(N) * OC);
+      }
+    }
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w, IC, x, IC, 0.0f, pre, OC);
     if (bias != nullptr)
       launch_on("add_bias", stream_, int64_t(N) * OC,
@@ -300,7 +310,7 @@ class CudaExec : public Backend {
   // leading dimension k) in the GEMM precision, as operand() gave them; with `pre`: pre = that sum
   // and D = gelu(pre) (cuBLASLt's GELU, the tanh form kernels/ops.h uses). fp32 compute (no TF32).
   // False, with nothing queued, where cuBLASLt does not take it: a pointer not 16-byte aligned,
-  // `pre`'s leading dimension not a multiple of 8, or no algorithm for the shape.
+  // `pre`'s leading dimension not a multiple of 8, no algorithm for the shape, or a refused call.
   bool lt_gemm(int m, int n, int k, const void* a, const void* b, float* d, const float* bias,
                float* pre) {
     auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
@@ -327,6 +337,18 @@ class CudaExec : public Backend {
     const size_t ws = kLtWorkspaceBytes;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    // The heuristic assumes 256-byte aligned matrices unless told: tell it what these are
+    // (parameters are views into one buffer), so it picks an algorithm that takes them.
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> alignments[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, d}};
+    for (const auto& [attr, p] : alignments) {
+      uint32_t align = 256;
+      while (reinterpret_cast<uintptr_t>(p) % align != 0) align /= 2;
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, attr, &align, sizeof align));
+    }
     cublasLtMatmulHeuristicResult_t h{};
     int found = 0;
     if (cublasLtMatmulAlgoGetHeuristic(lt_, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &h,
@@ -335,9 +357,9 @@ class CudaExec : public Backend {
       return false;
     if (lt_workspace_ == nullptr) lt_workspace_ = alloc(kLtWorkspaceBytes);  // once
     const float one = 1.0f, zero = 0.0f;
-    CUBLAS_CHECK(cublasLtMatmul(lt_, ds.op, &one, a, ds.a, b, ds.b, &zero, d, ds.d, d, ds.d,
-                                &h.algo, lt_workspace_, kLtWorkspaceBytes, stream_));
-    return true;
+    // a refusal queues nothing: the caller then runs the unfused path
+    return cublasLtMatmul(lt_, ds.op, &one, a, ds.a, b, ds.b, &zero, d, ds.d, d, ds.d, &h.algo,
+                          lt_workspace_, kLtWorkspaceBytes, stream_) == CUBLAS_STATUS_SUCCESS;
   }
   // The descriptors of one cuBLASLt call, destroyed with it.
   struct LtDescs {

@@ -20,6 +20,7 @@
 #include "kernels/cuda/tiles.h"
 
 namespace berth::cuda::flash {
+inline namespace BERTH_TILES_EXECUTOR {  // see tiles.h
 
 using tiles::bf16;
 using tiles::Lanes;
@@ -301,4 +302,5 @@ struct Backward {
   }
 };
 
+}  // namespace BERTH_TILES_EXECUTOR
 }  // namespace berth::cuda::flash

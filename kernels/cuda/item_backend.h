@@ -115,6 +115,9 @@ class ItemBackend final : public Exec {
   }
   // The online-softmax kernels: never an L×L matrix in device memory.
   bool prefers_flash_attention() const override { return true; }
+  bool attention_on_tensor_cores(int head_size) const override {
+    return tensor_core_attention(head_size);
+  }
   void attention_block_forward(float* out, float* lse, const float* q, const float* k,
                                const float* v, const int32_t* q_seq, const int32_t* q_pos,
                                const int32_t* k_seq, const int32_t* k_pos, int nq, int nk, int C,

@@ -17,19 +17,26 @@
 #include <cstddef>
 #include <cstdint>
 
+// The two executors give the same names different meanings (a bf16 is 2 bytes under nvcc, a
+// 4-byte float under g++), and both kinds of translation unit link into one test binary, so
+// everything here and in flash_bodies.h sits in an inline namespace named after its executor:
+// one definition per name, as the linker needs.
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <mma.h>
 
 #include <type_traits>
 #define BERTH_DEV __device__ inline
+#define BERTH_TILES_EXECUTOR device_executor
 #else
 #include "kernels/ops.h"
 #include "runtime/core/check.h"
 #define BERTH_DEV inline
+#define BERTH_TILES_EXECUTOR host_executor
 #endif
 
 namespace berth::cuda::tiles {
+inline namespace BERTH_TILES_EXECUTOR {
 
 #if defined(__CUDACC__)
 using bf16 = __nv_bfloat16;
@@ -143,4 +150,5 @@ BERTH_DEV void mma_tile(float* c, int ldc, bool accumulate, const bf16* a, int l
 #endif
 }
 
+}  // namespace BERTH_TILES_EXECUTOR
 }  // namespace berth::cuda::tiles
