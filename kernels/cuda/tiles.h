@@ -27,11 +27,13 @@
 
 #include <type_traits>
 #define BERTH_DEV __device__ inline
+#define BERTH_TILES_HD __host__ __device__ inline
 #define BERTH_TILES_EXECUTOR device_executor
 #else
 #include "kernels/ops.h"
 #include "runtime/core/check.h"
 #define BERTH_DEV inline
+#define BERTH_TILES_HD inline
 #define BERTH_TILES_EXECUTOR host_executor
 #endif
 
@@ -83,15 +85,23 @@ BERTH_DEV void each_warp(const Team& team, int warps, F f) {
 #endif
 }
 
-// Byte offsets of a block's shared-memory regions, each aligned to kSharedAlign: add(count) of
-// T returns where the region starts.
-struct SharedLayout {
+// Carves a block's shared memory into regions, each aligned to kSharedAlign, in the order they
+// are taken. Over a null base it only counts, so a kernel lists its regions once, in a function
+// `Regions carve(SharedCarver&)`, for both its size (bytes_of) and its pointers.
+struct SharedCarver {
+  unsigned char* base = nullptr;
   size_t bytes = 0;
   template <typename T>
-  constexpr size_t add(size_t count) {
+  BERTH_TILES_HD T* take(size_t count) {
     const size_t at = (bytes + kSharedAlign - 1) / kSharedAlign * kSharedAlign;
     bytes = at + count * sizeof(T);
-    return at;
+    return base == nullptr ? nullptr : reinterpret_cast<T*>(base + at);
+  }
+  template <typename Carve>
+  static size_t bytes_of(Carve carve) {
+    SharedCarver counter;
+    carve(counter);
+    return counter.bytes;
   }
 };
 
