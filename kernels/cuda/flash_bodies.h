@@ -1,16 +1,20 @@
-// The bf16 tensor-core attention of the CUDA backend (run.precision = "bf16"): causal attention
-// over the cu_seqlens varlen layout, flash-style (FlashAttention-2's loop order): tiles in shared
-// memory, an online softmax, 16×16×16 bf16 products with fp32 accumulation (tiles.h), the
-// log-sum-exp kept for the backward, never an L×L matrix. Head sizes 32, 64 and 128.
+// The bf16 tensor-core attention of the CUDA backend (run.precision = "bf16"), flash-style
+// (FlashAttention-2's loop order): tiles in shared memory, an online softmax, 16×16×16 bf16
+// products with fp32 accumulation (tiles.h), the log-sum-exp kept for the backward, never an
+// L×L matrix. Head sizes 32, 64 and 128. Two token sources, one kernel each way:
+//   - Varlen: the model's causal attention over one (N, 3C) qkv cut by cu_seqlens;
+//   - Block: ring attention's query block against a key/value block, tokens placed by sequence
+//     id and global position (kernels/ops.h attention_block_*).
 //
 // Numerics (what the tests hold it to, tests/test_backend.cpp): Q, K, V and dO are rounded to
 // bf16 as they are loaded; the scores, the softmax, its running max and sum, the output
 // accumulator, dP and dS are fp32; the probabilities P and dS are rounded to bf16 as operands of
 // the next product, as FlashAttention does. Outputs (O, LSE, dQ, dK, dV) are fp32.
 //
-// Packed rows: a query tile is 64 consecutive tokens of the N, which may belong to several
-// documents. Each row knows its document's first token; a key j is seen by query i when
-// start(i) <= j <= i. Key tiles run from the first row's document start to the last row.
+// The mask: every token has a place (sequence id, position); query i sees key j when their
+// sequences match and pos(j) <= pos(i). A query tile of 64 consecutive tokens may hold several
+// documents. Varlen places are (document, token index), in order, so key tiles run only from the
+// first row's document start to the last row, and a warp skips a tile none of its rows sees.
 #pragma once
 
 #include <cmath>
@@ -61,14 +65,87 @@ BERTH_DEV void load_rows(bf16* dst, int ld, const float* src, int64_t stride, in
   }
 }
 
-// ---- forward: a block per (query tile, head) ----------------------------------------------------
-template <int HS>
-struct Forward {
-  float* out;         // (N, C)
-  float* lse;         // (N, NH)
-  const float* qkv;   // (N, 3C)
+// ---- token sources ------------------------------------------------------------------------------
+// Out-of-range tokens are placed where nothing matches: keys in sequence −1, queries in −2.
+constexpr int32_t kNoKey = -1, kNoQuery = -2;
+
+// The model's attention: queries and keys are the same N tokens of one (N, 3C) qkv.
+struct Varlen {
+  static constexpr bool kSorted = true;  // places ascend with the token index
+  const float* qkv;
   const int32_t* cu;  // S + 1
-  int S, N, C, NH;
+  int S, N, C;
+  BERTH_TILES_HD const float* q() const { return qkv; }
+  BERTH_TILES_HD const float* k() const { return qkv + C; }
+  BERTH_TILES_HD const float* v() const { return qkv + 2 * C; }
+  BERTH_TILES_HD int64_t stride() const { return 3 * int64_t(C); }
+  BERTH_TILES_HD int width() const { return C; }
+  BERTH_TILES_HD int nq() const { return N; }
+  BERTH_TILES_HD int nk() const { return N; }
+  BERTH_TILES_HD void place(int token, int32_t* seq, int32_t* pos) const {
+    *seq = body::sequence_of(token, cu, S), *pos = token;
+  }
+  BERTH_TILES_HD void query_place(int i, int32_t* seq, int32_t* pos) const { place(i, seq, pos); }
+  BERTH_TILES_HD void key_place(int j, int32_t* seq, int32_t* pos) const { place(j, seq, pos); }
+  // The keys queries [first, last] may see: from the first one's document start to the last.
+  BERTH_TILES_HD int key_begin(int first) const { return cu[body::sequence_of(first, cu, S)]; }
+  BERTH_TILES_HD int key_end(int last) const { return last + 1; }
+  // The queries that may see keys [first, last]: from the first to the last one's document end.
+  BERTH_TILES_HD int query_begin(int first) const { return first; }
+  BERTH_TILES_HD int query_end(int last) const { return cu[body::sequence_of(last, cu, S) + 1]; }
+};
+
+// Ring attention: q (nq, C) against k and v (nk, C), each token placed by the given arrays.
+struct Block {
+  static constexpr bool kSorted = false;
+  const float *q_, *k_, *v_;
+  const int32_t *q_seq, *q_pos, *k_seq, *k_pos;
+  int nq_, nk_, C;
+  BERTH_TILES_HD const float* q() const { return q_; }
+  BERTH_TILES_HD const float* k() const { return k_; }
+  BERTH_TILES_HD const float* v() const { return v_; }
+  BERTH_TILES_HD int64_t stride() const { return C; }
+  BERTH_TILES_HD int width() const { return C; }
+  BERTH_TILES_HD int nq() const { return nq_; }
+  BERTH_TILES_HD int nk() const { return nk_; }
+  BERTH_TILES_HD void query_place(int i, int32_t* seq, int32_t* pos) const {
+    *seq = q_seq[i], *pos = q_pos[i];
+  }
+  BERTH_TILES_HD void key_place(int j, int32_t* seq, int32_t* pos) const {
+    *seq = k_seq[j], *pos = k_pos[j];
+  }
+  BERTH_TILES_HD int key_begin(int) const { return 0; }
+  BERTH_TILES_HD int key_end(int) const { return nk_; }
+  BERTH_TILES_HD int query_begin(int) const { return 0; }
+  BERTH_TILES_HD int query_end(int) const { return nq_; }
+};
+
+// (seq a, pos a) comes before (seq b, pos b)
+BERTH_TILES_HD bool before(int32_t sa, int32_t pa, int32_t sb, int32_t pb) {
+  return sa < sb || (sa == sb && pa < pb);
+}
+
+// Places of `count` tokens from `first` (the rest of the 64 get `none`), for the mask.
+template <class Place>
+BERTH_DEV void load_places(int32_t* seq, int32_t* pos, int first, int count, int32_t none,
+                           const Team& t, Place place) {
+  for (int r = t.tid; r < kTile; r += t.n) {
+    if (r < count) {
+      place(first + r, seq + r, pos + r);
+    } else {
+      seq[r] = none, pos[r] = 0;
+    }
+  }
+}
+
+// ---- forward: a block per (query tile, head) ----------------------------------------------------
+// out (nq, C) and lse (nq, NH) overwritten; a query that sees no key gets 0 and −inf.
+template <int HS, class Src>
+struct Forward {
+  float* out;
+  float* lse;
+  Src src;
+  int NH;
 
   static constexpr int kLd = HS + 8;  // bf16 pitch of Q, K, V tiles
   static constexpr int kLdO = HS + 4;
@@ -76,55 +153,61 @@ struct Forward {
   struct Shared {
     bf16 *q, *k, *v, *p;
     float *s, *o, *m, *l;
-    int32_t* start;
+    int32_t *qseq, *qpos, *kseq, *kpos;
   };
   static BERTH_TILES_HD Shared carve(tiles::SharedCarver& c) {
     Shared sm{};
     sm.q = c.take<bf16>(kTile * kLd), sm.k = c.take<bf16>(kTile * kLd);
     sm.v = c.take<bf16>(kTile * kLd), sm.s = c.take<float>(kTile * kLdS);
     sm.p = c.take<bf16>(kTile * kLdP), sm.o = c.take<float>(kTile * kLdO);
-    sm.m = c.take<float>(kTile), sm.l = c.take<float>(kTile), sm.start = c.take<int32_t>(kTile);
+    sm.m = c.take<float>(kTile), sm.l = c.take<float>(kTile);
+    sm.qseq = c.take<int32_t>(kTile), sm.qpos = c.take<int32_t>(kTile);
+    sm.kseq = c.take<int32_t>(kTile), sm.kpos = c.take<int32_t>(kTile);
     return sm;
   }
   static size_t shared_bytes() { return tiles::SharedCarver::bytes_of(carve); }
-  int64_t blocks() const { return tile_blocks(N, NH); }
+  int64_t blocks() const { return tile_blocks(src.nq(), NH); }
 
   BERTH_DEV void run(int block, const Team& team, unsigned char* smem) const {
     tiles::SharedCarver carver{smem};
     const Shared sm = carve(carver);
-    const Tile t = tile_of(block, N, NH);
-    const int h = t.h, row0 = t.first, rows = t.count;
-    const int64_t stride = 3 * int64_t(C);
+    const Tile t = tile_of(block, src.nq(), NH);
+    const int h = t.h, row0 = t.first, rows = t.count, C = src.width();
     const float scale = 1.0f / sqrtf(float(HS));
+    const Src& sc = src;
 
-    load_rows<HS>(sm.q, kLd, qkv + h * HS, stride, row0, N, team);
+    load_rows<HS>(sm.q, kLd, src.q() + h * HS, src.stride(), row0, row0 + rows, team);
     for (int e = team.tid; e < kTile * HS; e += team.n) sm.o[(e / HS) * kLdO + e % HS] = 0.0f;
-    for (int r = team.tid; r < kTile; r += team.n) {
-      sm.m[r] = body::neg_inf(), sm.l[r] = 0.0f;
-      sm.start[r] = r < rows ? cu[body::sequence_of(row0 + r, cu, S)] : row0 + r;
-    }
+    for (int r = team.tid; r < kTile; r += team.n) sm.m[r] = body::neg_inf(), sm.l[r] = 0.0f;
+    load_places(sm.qseq, sm.qpos, row0, rows, kNoQuery, team,
+                [&](int i, int32_t* a, int32_t* b) { sc.query_place(i, a, b); });
     team.sync();
-    const int key_end = row0 + rows;  // causal: no row sees past the last one
-    for (int k0 = sm.start[0]; k0 < key_end; k0 += kTile) {
-      load_rows<HS>(sm.k, kLd, qkv + C + h * HS, stride, k0, key_end, team);
-      load_rows<HS>(sm.v, kLd, qkv + 2 * C + h * HS, stride, k0, key_end, team);
+    const int key_end = src.key_end(row0 + rows - 1);
+    for (int k0 = src.key_begin(row0); k0 < key_end; k0 += kTile) {
+      const int keys = key_end - k0 < kTile ? key_end - k0 : kTile;
+      load_rows<HS>(sm.k, kLd, src.k() + h * HS, src.stride(), k0, key_end, team);
+      load_rows<HS>(sm.v, kLd, src.v() + h * HS, src.stride(), k0, key_end, team);
+      load_places(sm.kseq, sm.kpos, k0, keys, kNoKey, team,
+                  [&](int j, int32_t* a, int32_t* b) { sc.key_place(j, a, b); });
       team.sync();
       tiles::each_warp(team, kWarps, [&](int w, const Lanes& ln) {
-        const int r0 = w * 16;
-        // warp-uniform skips: no row of this warp, or no key of the tile any row of it sees
-        if (r0 >= rows || k0 > row0 + r0 + 15 || k0 + kTile <= sm.start[r0]) return;
+        const int r0 = w * 16, rl = r0 + 15 < rows ? r0 + 15 : rows - 1;
+        if (r0 >= rows) return;  // warp-uniform skips: no row, or (places in order) every key
+        if (Src::kSorted &&      // after every row, or in an earlier document than any
+            (before(sm.qseq[rl], sm.qpos[rl], sm.kseq[0], sm.kpos[0]) ||
+             sm.kseq[keys - 1] < sm.qseq[r0]))
+          return;
         for (int n = 0; n < kTile; n += 16)  // S = Q·Kᵀ (16 × 64)
           mma_tile<false, true>(sm.s + r0 * kLdS + n, kLdS, false, sm.q + r0 * kLd, kLd,
                                 sm.k + n * kLd, kLd, HS);
         ln.sync();
         for (int r = r0 + ln.lane; r < r0 + 16; r += ln.n) {  // online softmax, a row per lane
-          const int i = row0 + r;
           float* sr = sm.s + r * kLdS;
           bf16* pr = sm.p + r * kLdP;
           float mx = body::neg_inf();
           for (int j = 0; j < kTile; j++) {
-            const int key = k0 + j;
-            sr[j] = r < rows && key >= sm.start[r] && key <= i ? sr[j] * scale : body::neg_inf();
+            const bool sees = sm.kseq[j] == sm.qseq[r] && sm.kpos[j] <= sm.qpos[r];
+            sr[j] = sees ? sr[j] * scale : body::neg_inf();
             mx = sr[j] > mx ? sr[j] : mx;
           }
           if (mx == body::neg_inf()) {  // sees nothing here: P = 0, the running state stays
@@ -151,34 +234,40 @@ struct Forward {
     tiles::each_warp(team, kWarps, [&](int w, const Lanes& ln) {
       for (int e = ln.lane; e < 16 * HS; e += ln.n) {
         const int r = w * 16 + e / HS, x = e % HS;
-        if (r < rows) out[int64_t(row0 + r) * C + h * HS + x] = sm.o[r * kLdO + x] / sm.l[r];
+        if (r < rows) {
+          const float lr = sm.l[r];
+          out[int64_t(row0 + r) * C + h * HS + x] = lr > 0.0f ? sm.o[r * kLdO + x] / lr : 0.0f;
+        }
       }
       for (int r = w * 16 + ln.lane; r < w * 16 + 16; r += ln.n) {
-        if (r < rows) lse[int64_t(row0 + r) * NH + h] = sm.m[r] + logf(sm.l[r]);
+        if (r < rows)
+          lse[int64_t(row0 + r) * NH + h] =
+              sm.l[r] > 0.0f ? sm.m[r] + logf(sm.l[r]) : body::neg_inf();
       }
     });
   }
 };
 
 // ---- backward: a block per (key tile, head); dQ by atomics --------------------------------------
-// delta (N, NH) = Σ_x dO·O per (token, head), computed before (body::attention_row_dot); dqkv
-// zeroed before: each block writes its keys' dK and dV rows and adds into dQ.
-template <int HS>
+// delta (nq, NH) = Σ_x dO·O per (query, head), computed before (body::attention_row_dot). dq
+// (nq rows), dk and dv (nk rows) are added to (+=), each `dstride` floats a row, head h at
+// column h·HS: each block adds its keys' dK and dV rows and atomically its share of dQ.
+template <int HS, class Src>
 struct Backward {
-  float* dqkv;         // (N, 3C)
-  const float* dout;   // (N, C)
-  const float* lse;    // (N, NH)
-  const float* delta;  // (N, NH)
-  const float* qkv;    // (N, 3C)
-  const int32_t* cu;   // S + 1
-  int S, N, C, NH;
+  float *dq, *dk, *dv;
+  int64_t dstride;
+  const float* dout;   // (nq, C)
+  const float* lse;    // (nq, NH)
+  const float* delta;  // (nq, NH)
+  Src src;
+  int NH;
 
   static constexpr int kLd = HS + 8;
   static constexpr int kLdO = HS + 4;
   struct Shared {  // as Forward's
     bf16 *k, *v, *q, *d, *p, *ds;
     float *s, *dp, *dk, *dv, *dqt, *lse_t, *delta_t;
-    int32_t* end;
+    int32_t *qseq, *qpos, *kseq, *kpos;
   };
   static BERTH_TILES_HD Shared carve(tiles::SharedCarver& c) {
     Shared sm{};
@@ -188,43 +277,50 @@ struct Backward {
     sm.p = c.take<bf16>(kTile * kLdP), sm.ds = c.take<bf16>(kTile * kLdP);
     sm.dk = c.take<float>(kTile * kLdO), sm.dv = c.take<float>(kTile * kLdO);
     sm.dqt = c.take<float>(kWarps * 16 * 16), sm.lse_t = c.take<float>(kTile);
-    sm.delta_t = c.take<float>(kTile), sm.end = c.take<int32_t>(kTile);
+    sm.delta_t = c.take<float>(kTile);
+    sm.qseq = c.take<int32_t>(kTile), sm.qpos = c.take<int32_t>(kTile);
+    sm.kseq = c.take<int32_t>(kTile), sm.kpos = c.take<int32_t>(kTile);
     return sm;
   }
   static size_t shared_bytes() { return tiles::SharedCarver::bytes_of(carve); }
-  int64_t blocks() const { return tile_blocks(N, NH); }
+  int64_t blocks() const { return tile_blocks(src.nk(), NH); }
 
   BERTH_DEV void run(int block, const Team& team, unsigned char* smem) const {
     tiles::SharedCarver carver{smem};
     const Shared sm = carve(carver);
-    const Tile t = tile_of(block, N, NH);
-    const int h = t.h, key0 = t.first, keys = t.count;
-    const int64_t stride = 3 * int64_t(C);
+    const Tile t = tile_of(block, src.nk(), NH);
+    const int h = t.h, key0 = t.first, keys = t.count, C = src.width();
     const float scale = 1.0f / sqrtf(float(HS));
+    const Src& sc = src;
 
-    load_rows<HS>(sm.k, kLd, qkv + C + h * HS, stride, key0, N, team);
-    load_rows<HS>(sm.v, kLd, qkv + 2 * C + h * HS, stride, key0, N, team);
+    load_rows<HS>(sm.k, kLd, src.k() + h * HS, src.stride(), key0, key0 + keys, team);
+    load_rows<HS>(sm.v, kLd, src.v() + h * HS, src.stride(), key0, key0 + keys, team);
     for (int e = team.tid; e < kTile * HS; e += team.n) {
       sm.dk[(e / HS) * kLdO + e % HS] = 0.0f, sm.dv[(e / HS) * kLdO + e % HS] = 0.0f;
     }
-    for (int j = team.tid; j < kTile; j += team.n)  // one past the last query that sees key j
-      sm.end[j] = j < keys ? cu[body::sequence_of(key0 + j, cu, S) + 1] : 0;
+    load_places(sm.kseq, sm.kpos, key0, keys, kNoKey, team,
+                [&](int j, int32_t* a, int32_t* b) { sc.key_place(j, a, b); });
     team.sync();
-    const int query_end = sm.end[keys - 1];  // documents run forward: the last key's ends last
-    for (int q0 = key0; q0 < query_end; q0 += kTile) {
-      load_rows<HS>(sm.q, kLd, qkv + h * HS, stride, q0, query_end, team);
+    const int query_end = src.query_end(key0 + keys - 1);
+    for (int q0 = src.query_begin(key0); q0 < query_end; q0 += kTile) {
+      const int queries = query_end - q0 < kTile ? query_end - q0 : kTile;
+      load_rows<HS>(sm.q, kLd, src.q() + h * HS, src.stride(), q0, query_end, team);
       load_rows<HS>(sm.d, kLd, dout + h * HS, C, q0, query_end, team);
       for (int i = team.tid; i < kTile; i += team.n) {
-        const bool in = q0 + i < query_end;
-        sm.lse_t[i] = in ? lse[int64_t(q0 + i) * NH + h] : 0.0f;
+        const bool in = i < queries;
+        sm.lse_t[i] = in ? lse[int64_t(q0 + i) * NH + h] : body::neg_inf();
         sm.delta_t[i] = in ? delta[int64_t(q0 + i) * NH + h] : 0.0f;
       }
+      load_places(sm.qseq, sm.qpos, q0, queries, kNoQuery, team,
+                  [&](int i, int32_t* a, int32_t* b) { sc.query_place(i, a, b); });
       team.sync();
       tiles::each_warp(team, kWarps, [&](int w, const Lanes& ln) {
-        const int r0 = w * 16;  // this warp's keys: key0 + r0 ... + 15
-        if (r0 >= keys || q0 + kTile <= key0 + r0 ||
-            q0 >= sm.end[r0 + 15 < keys ? r0 + 15 : keys - 1])
-          return;  // warp-uniform: no key, or no query of the tile sees one of them
+        const int r0 = w * 16, rl = r0 + 15 < keys ? r0 + 15 : keys - 1;  // this warp's keys
+        if (r0 >= keys) return;  // warp-uniform skips: no key, or (places in order) every
+        if (Src::kSorted &&      // query before every key, or in a later document than any
+            (before(sm.qseq[queries - 1], sm.qpos[queries - 1], sm.kseq[r0], sm.kpos[r0]) ||
+             sm.qseq[0] > sm.kseq[rl]))
+          return;
         for (int n = 0; n < kTile; n += 16) {  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys × 64)
           mma_tile<false, true>(sm.s + r0 * kLdS + n, kLdS, false, sm.k + r0 * kLd, kLd,
                                 sm.q + n * kLd, kLd, HS);
@@ -233,10 +329,9 @@ struct Backward {
         }
         ln.sync();
         for (int r = r0 + ln.lane; r < r0 + 16; r += ln.n) {  // a key row per lane
-          const int key = key0 + r;
-          for (int n = 0; n < kTile; n++) {
-            const int i = q0 + n;
-            const bool sees = r < keys && key <= i && i < sm.end[r];
+          for (int n = 0; n < kTile; n++) {  // a query that sees nothing at all has LSE −inf
+            const bool sees = sm.kseq[r] == sm.qseq[n] && sm.kpos[r] <= sm.qpos[n] &&
+                              sm.lse_t[n] != body::neg_inf();
             const float pv = sees ? expf(sm.s[r * kLdS + n] * scale - sm.lse_t[n]) : 0.0f;
             sm.p[r * kLdP + n] = to_bf16(pv);
             sm.ds[r * kLdP + n] = to_bf16(pv * (sm.dp[r * kLdS + n] - sm.delta_t[n]) * scale);
@@ -249,17 +344,16 @@ struct Backward {
           mma_tile<false, false>(sm.dk + r0 * kLdO + c, kLdO, true, sm.ds + r0 * kLdP, kLdP,
                                  sm.q + c, kLd, kTile);
         }
-        float* dq = sm.dqt + w * 256;
-        for (int qb = 0; qb < kTile; qb += 16) {  // dQ += dS·K, this warp's 16 keys' share
-          if (q0 + qb >= query_end) break;
+        float* part = sm.dqt + w * 256;
+        for (int qb = 0; qb < queries; qb += 16) {  // dQ += dS·K, this warp's 16 keys' share
           for (int c = 0; c < HS; c += 16) {
-            mma_tile<true, false>(dq, 16, false, sm.ds + r0 * kLdP + qb, kLdP, sm.k + r0 * kLd + c,
-                                  kLd, 16);
+            mma_tile<true, false>(part, 16, false, sm.ds + r0 * kLdP + qb, kLdP,
+                                  sm.k + r0 * kLd + c, kLd, 16);
             ln.sync();
             for (int e = ln.lane; e < 256; e += ln.n) {
-              const int i = q0 + qb + e / 16;
-              if (i < query_end)
-                body::atomic_add(dqkv + int64_t(i) * stride + h * HS + c + e % 16, dq[e]);
+              const int i = qb + e / 16;
+              if (i < queries)
+                body::atomic_add(dq + int64_t(q0 + i) * dstride + h * HS + c + e % 16, part[e]);
             }
             ln.sync();
           }
@@ -271,8 +365,8 @@ struct Backward {
       for (int e = ln.lane; e < 16 * HS; e += ln.n) {
         const int r = w * 16 + e / HS, x = e % HS;
         if (r >= keys) continue;
-        float* row = dqkv + int64_t(key0 + r) * stride + h * HS + x;
-        row[C] = sm.dk[r * kLdO + x], row[2 * C] = sm.dv[r * kLdO + x];
+        const int64_t at = int64_t(key0 + r) * dstride + h * HS + x;
+        dk[at] += sm.dk[r * kLdO + x], dv[at] += sm.dv[r * kLdO + x];
       }
     });
   }

@@ -90,11 +90,9 @@ class ItemBackend final : public Exec {
                                 const int32_t* cu_host, int S, int C, int NH) override {
     check_head_size(C, NH);
     const int N = cu_host[S];
-    if (tensor_core_attention(C / NH)) {
-      if (C / NH == 32) return flash_forward<32>(out, lse, qkv, cu, S, N, C, NH);
-      if (C / NH == 64) return flash_forward<64>(out, lse, qkv, cu, S, N, C, NH);
-      return flash_forward<128>(out, lse, qkv, cu, S, N, C, NH);
-    }
+    if (tensor_core_attention(C / NH))
+      return flash_forward("attention_varlen_forward_bf16", out, lse,
+                           flash::Varlen{qkv, cu, S, N, C}, NH);
     this->launch("attention_varlen_forward", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
       body::attention_varlen_forward(item, out, lse, qkv, cu, S, C, NH);
     });
@@ -104,11 +102,9 @@ class ItemBackend final : public Exec {
                                  const int32_t* cu_host, int S, int C, int NH) override {
     const int N = cu_host[S];
     this->zero(dqkv, size_t(N) * 3 * size_t(C) * sizeof(float));
-    if (tensor_core_attention(C / NH)) {
-      if (C / NH == 32) return flash_backward<32>(dqkv, dout, out, lse, qkv, cu, S, N, C, NH);
-      if (C / NH == 64) return flash_backward<64>(dqkv, dout, out, lse, qkv, cu, S, N, C, NH);
-      return flash_backward<128>(dqkv, dout, out, lse, qkv, cu, S, N, C, NH);
-    }
+    if (tensor_core_attention(C / NH))
+      return flash_backward("attention_varlen_backward_bf16", dqkv, dqkv + C, dqkv + 2 * C,
+                            3 * int64_t(C), dout, out, lse, flash::Varlen{qkv, cu, S, N, C}, NH);
     this->launch("attention_varlen_backward", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
       body::attention_varlen_backward(item, dqkv, dout, out, lse, qkv, cu, S, C, NH);
     });
@@ -123,6 +119,9 @@ class ItemBackend final : public Exec {
                                const int32_t* k_seq, const int32_t* k_pos, int nq, int nk, int C,
                                int NH) override {
     check_head_size(C, NH);
+    if (tensor_core_attention(C / NH))
+      return flash_forward("attention_block_forward_bf16", out, lse,
+                           flash::Block{q, k, v, q_seq, q_pos, k_seq, k_pos, nq, nk, C}, NH);
     this->launch("attention_block_forward", int64_t(nq) * NH, [=] BERTH_LAMBDA(int64_t item) {
       body::attention_block_forward(item, out, lse, q, k, v, q_seq, q_pos, k_seq, k_pos, nk, C,
                                     NH);
@@ -139,6 +138,9 @@ class ItemBackend final : public Exec {
                                 const float* k, const float* v, const int32_t* q_seq,
                                 const int32_t* q_pos, const int32_t* k_seq, const int32_t* k_pos,
                                 int nq, int nk, int C, int NH) override {
+    if (tensor_core_attention(C / NH))
+      return flash_backward("attention_block_backward_bf16", dq, dk, dv, C, dout, out, lse,
+                            flash::Block{q, k, v, q_seq, q_pos, k_seq, k_pos, nq, nk, C}, NH);
     this->launch("attention_block_backward", int64_t(nq) * NH, [=] BERTH_LAMBDA(int64_t item) {
       body::attention_block_backward(item, dq, dk, dv, dout, out, lse, q, k, v, q_seq, q_pos,
                                      k_seq, k_pos, nk, C, NH);
@@ -240,37 +242,58 @@ class ItemBackend final : public Exec {
   }
 
  public:  // (an extended lambda's enclosing function may not be private)
-  template <int HS>
-  void flash_forward(float* out, float* lse, const float* qkv, const int32_t* cu, int S, int N,
-                     int C, int NH) {
-    const flash::Forward<HS> k{out, lse, qkv, cu, S, N, C, NH};
-    this->launch_tiles("attention_varlen_forward_bf16", k.blocks(), flash::kThreads,
-                       k.shared_bytes(), k);
+  // The tiled tensor-core kernels of flash_bodies.h over a token source, at its head size.
+  template <class Src>
+  void flash_forward(const char* name, float* out, float* lse, const Src& src, int NH) {
+    switch (src.width() / NH) {
+      case 32:
+        return launch_flash(name, flash::Forward<32, Src>{out, lse, src, NH});
+      case 64:
+        return launch_flash(name, flash::Forward<64, Src>{out, lse, src, NH});
+      default:
+        return launch_flash(name, flash::Forward<128, Src>{out, lse, src, NH});
+    }
   }
-  // dqkv zeroed by the caller
-  template <int HS>
-  void flash_backward(float* dqkv, const float* dout, const float* out, const float* lse,
-                      const float* qkv, const int32_t* cu, int S, int N, int C, int NH) {
-    DeviceBuffer<float> delta(*this, int64_t(N) * NH);
+  // dq, dk, dv (+=) with `dstride` floats a row
+  template <class Src>
+  void flash_backward(const char* name, float* dq, float* dk, float* dv, int64_t dstride,
+                      const float* dout, const float* out, const float* lse, const Src& src,
+                      int NH) {
+    const int C = src.width();
+    DeviceBuffer<float> delta(*this, int64_t(src.nq()) * NH);
     float* dl = delta.data();
-    this->launch("attention_row_dot", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
+    this->launch("attention_row_dot", int64_t(src.nq()) * NH, [=] BERTH_LAMBDA(int64_t item) {
       body::attention_row_dot(item, dl, dout, out, C, NH);
     });
-    const flash::Backward<HS> k{dqkv, dout, lse, dl, qkv, cu, S, N, C, NH};
-    this->launch_tiles("attention_varlen_backward_bf16", k.blocks(), flash::kThreads,
-                       k.shared_bytes(), k);
+    switch (C / NH) {
+      case 32:
+        return launch_flash(name,
+                            flash::Backward<32, Src>{dq, dk, dv, dstride, dout, lse, dl, src, NH});
+      case 64:
+        return launch_flash(name,
+                            flash::Backward<64, Src>{dq, dk, dv, dstride, dout, lse, dl, src, NH});
+      default:
+        return launch_flash(name,
+                            flash::Backward<128, Src>{dq, dk, dv, dstride, dout, lse, dl, src, NH});
+    }
+  }
+  template <class K>
+  void launch_flash(const char* name, const K& k) {
+    this->launch_tiles(name, k.blocks(), flash::kThreads, K::shared_bytes(), k);
   }
 
  private:
-  // bf16 precision runs the varlen attention on tensor cores (flash_bodies.h) for the head sizes
+  // bf16 precision runs the varlen attention and ring attention's blocks on tensor cores
+  // (flash_bodies.h) for the head sizes
   // those kernels take, where a block's shared memory fits the device (the backward's is the
   // larger); otherwise, and always in fp32, the fp32 kernels of thread_bodies.h.
   bool tensor_core_attention(int head_size) const {
     if (this->matmul_precision() != MatmulPrecision::kBf16 || !flash::supports(head_size))
       return false;
-    const size_t need = head_size == 32   ? flash::Backward<32>::shared_bytes()
-                        : head_size == 64 ? flash::Backward<64>::shared_bytes()
-                                          : flash::Backward<128>::shared_bytes();
+    using V = flash::Varlen;  // the regions do not depend on the source
+    const size_t need = head_size == 32   ? flash::Backward<32, V>::shared_bytes()
+                        : head_size == 64 ? flash::Backward<64, V>::shared_bytes()
+                                          : flash::Backward<128, V>::shared_bytes();
     return need <= this->max_block_shared_bytes();
   }
   // att_offsets[s] = Σ_{s' < s} NH·L_{s'}², on the device.

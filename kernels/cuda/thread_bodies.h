@@ -7,8 +7,8 @@
 // are accumulated with atomic_add (atomicAdd on the device, += on the host).
 //
 // These are the fp32 kernels: one thread per row or per (query, head), correct before fast, and the
-// ones the fp32 mode compares with the CPU reference. In bf16 precision the varlen attention runs
-// the tiled tensor-core kernels of flash_bodies.h instead.
+// ones the fp32 mode compares with the CPU reference. In bf16 precision the varlen attention and
+// ring attention's block kernels run the tiled tensor-core kernels of flash_bodies.h instead.
 #pragma once
 
 #include <cmath>

@@ -356,10 +356,10 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   const double doc = sq / T;  // the typical document length
   const double pairs = B * sq / double(l.cp) / (hw.cpu ? 1.0 : 2.0);
   const double attn_flops = 3.0 * 2.0 * 2.0 * pairs * HS * NHl;
-  // berth's attention kernels: in bf16 on a GPU without the ring, the tiled tensor-core kernels
-  // (head sizes 32, 64, 128) at the bf16 peak × the GEMM share; otherwise fp32 kernels (no tensor
-  // cores) at the fp32 peak × the GEMM share. Both are upper bounds.
-  const bool tc_attention = in.bf16 && !hw.cpu && l.cp == 1 && (HS == 32 || HS == 64 || HS == 128);
+  // berth's attention kernels: in bf16 on a GPU, the tiled tensor-core kernels (head sizes 32,
+  // 64, 128; the ring's blocks too) at the bf16 peak × the GEMM share; otherwise fp32 kernels (no
+  // tensor cores) at the fp32 peak × the GEMM share. Both are upper bounds.
+  const bool tc_attention = in.bf16 && !hw.cpu && (HS == 32 || HS == 64 || HS == 128);
   double attn_rate = gemm_peak(hw, tc_attention) * hw.matmul_efficiency;
   if (l.cp > 1 && hw.block_attention_rate > 0) {
     attn_rate = hw.block_attention_rate;  // the ring's block kernel
