@@ -20,13 +20,20 @@
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "runtime/core/check.h"
+#include "tests/eager_attention.h"
 #include "tests/host_items_backend.h"
 #include "tests/tolerance.h"
 
 namespace berth {
 namespace {
 
+using test::bf16_round;
+using test::EagerAttention;
 using test::expect_close;
+using test::expect_within_twice_naive;
+using test::identity;
+using test::rel_l2;
+using test::third;
 using test::Tol;
 
 std::unique_ptr<Backend> backend_under_test(std::string* why_not) {
@@ -293,134 +300,6 @@ TEST_F(BackendOps, FlashStyleVarlenAttentionEqualsTheProbabilitiesKernels) {
   }
 }
 
-// Attention of nq queries over nk keys, query i seeing key j where sees(i, j), as eager code
-// computes it when every tensor it stores is rounded by `r`: S = r(q·k/√HS), P = r(softmax(S)),
-// O = r(P·V); dV = r(Pᵀ·dO), dP = r(dO·Vᵀ), dS = r(P ∘ (dP − rowsum(P ∘ dP))), dQ = r(dS·K)/√HS,
-// dK = r(dSᵀ·Q)/√HS, with q, k, v, dO rounded first. r = identity is the fp64 reference;
-// r = round_to_bf16 is the "naive bf16 implementation" (PyTorch's math attention under bf16) the
-// issue measures flash attention against. q (nq, C), k and v (nk, C); a query that sees nothing
-// gets out 0 and lse −inf.
-struct EagerAttention {
-  std::vector<double> out, lse, dq, dk, dv;
-};
-template <typename Sees, typename R>
-EagerAttention eager_attention(const std::vector<float>& q, const std::vector<float>& k,
-                               const std::vector<float>& v, const std::vector<float>& dout, int C,
-                               int NH, Sees sees, R r) {
-  const int nq = int(q.size()) / C, nk = int(k.size()) / C, HS = C / NH;
-  const double scale = 1.0 / std::sqrt(double(HS));
-  EagerAttention e{std::vector<double>(q.size()), std::vector<double>(size_t(nq) * NH),
-                   std::vector<double>(q.size()), std::vector<double>(k.size()),
-                   std::vector<double>(k.size())};
-  auto at = [&](const std::vector<float>& t, int row, int h, int x) {
-    return r(double(t[size_t(row) * C + h * HS + x]));
-  };
-  for (int h = 0; h < NH; ++h) {
-    std::vector<double> P(size_t(nq) * nk, 0.0), dS(P.size(), 0.0);
-    for (int i = 0; i < nq; ++i) {
-      std::vector<double> S(size_t(nk), -INFINITY);
-      double mx = -INFINITY;
-      for (int j = 0; j < nk; ++j) {
-        if (!sees(i, j)) continue;
-        double d = 0;
-        for (int x = 0; x < HS; ++x) d += at(q, i, h, x) * at(k, j, h, x);
-        S[size_t(j)] = r(d * scale), mx = std::max(mx, S[size_t(j)]);
-      }
-      double sum = 0;
-      for (int j = 0; j < nk; ++j) sum += sees(i, j) ? std::exp(S[size_t(j)] - mx) : 0.0;
-      e.lse[size_t(i) * NH + h] = sum > 0 ? mx + std::log(sum) : -INFINITY;
-      for (int j = 0; j < nk; ++j)
-        if (sees(i, j)) P[size_t(i) * nk + j] = r(std::exp(S[size_t(j)] - mx) / sum);
-      for (int x = 0; x < HS; ++x) {
-        double o = 0;
-        for (int j = 0; j < nk; ++j) o += P[size_t(i) * nk + j] * at(v, j, h, x);
-        e.out[size_t(i) * C + h * HS + x] = r(o);
-      }
-      std::vector<double> dP(size_t(nk), 0.0);
-      double D = 0;
-      for (int j = 0; j < nk; ++j) {
-        if (!sees(i, j)) continue;
-        double d = 0;
-        for (int x = 0; x < HS; ++x) d += at(dout, i, h, x) * at(v, j, h, x);
-        dP[size_t(j)] = r(d), D += P[size_t(i) * nk + j] * dP[size_t(j)];
-      }
-      for (int j = 0; j < nk; ++j)
-        if (sees(i, j)) dS[size_t(i) * nk + j] = r(P[size_t(i) * nk + j] * (dP[size_t(j)] - D));
-    }
-    for (int x = 0; x < HS; ++x) {
-      for (int i = 0; i < nq; ++i) {
-        double dq = 0;
-        for (int j = 0; j < nk; ++j) dq += dS[size_t(i) * nk + j] * at(k, j, h, x);
-        e.dq[size_t(i) * C + h * HS + x] = r(dq) * scale;
-      }
-      for (int j = 0; j < nk; ++j) {
-        double dk = 0, dv = 0;
-        for (int i = 0; i < nq; ++i) {
-          dk += dS[size_t(i) * nk + j] * at(q, i, h, x);
-          dv += P[size_t(i) * nk + j] * at(dout, i, h, x);
-        }
-        e.dk[size_t(j) * C + h * HS + x] = r(dk) * scale;
-        e.dv[size_t(j) * C + h * HS + x] = r(dv);
-      }
-    }
-  }
-  return e;
-}
-double identity(double x) { return x; }
-double bf16_round(double x) { return double(cpu::round_to_bf16(float(x))); }
-
-// Columns [part·C, (part+1)·C) of an (N, 3C) tensor.
-template <typename T>
-std::vector<T> third(const std::vector<T>& qkv, int C, int part) {
-  std::vector<T> t;
-  for (size_t row = 0; row < qkv.size() / size_t(3 * C); ++row) {
-    const auto from = qkv.begin() + long(row * 3 * C) + part * C;
-    t.insert(t.end(), from, from + C);
-  }
-  return t;
-}
-
-// ‖got − ref‖₂ / ‖ref‖₂
-double rel_l2(const std::vector<double>& got, const std::vector<double>& ref) {
-  double d2 = 0, r2 = 0;
-  for (size_t i = 0; i < ref.size(); ++i)
-    d2 += (got[i] - ref[i]) * (got[i] - ref[i]), r2 += ref[i] * ref[i];
-  return std::sqrt(d2 / r2);
-}
-// max |got − ref| over the finite entries of ref (a −inf must stay −inf)
-double lse_error(const std::vector<double>& got, const std::vector<double>& ref) {
-  double worst = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isinf(ref[i])) {
-      EXPECT_TRUE(std::isinf(got[i]) && got[i] < 0) << "lse " << i << " must be -inf";
-    } else {
-      worst = std::max(worst, std::fabs(got[i] - ref[i]));
-    }
-  }
-  return worst;
-}
-// The backend's bf16 attention `got` against the fp64 reference: each of out, LSE, dQ, dK, dV
-// within twice the error of the naive bf16 implementation, and above 1e-5 (bf16 ran).
-void expect_within_twice_naive(const EagerAttention& got, const EagerAttention& ref,
-                               const EagerAttention& naive, const std::string& label) {
-  const struct {
-    const char* what;
-    double got, naive;
-  } rows[] = {
-      {"out", rel_l2(got.out, ref.out), rel_l2(naive.out, ref.out)},
-      {"lse (max abs)", lse_error(got.lse, ref.lse), lse_error(naive.lse, ref.lse)},
-      {"dq", rel_l2(got.dq, ref.dq), rel_l2(naive.dq, ref.dq)},
-      {"dk", rel_l2(got.dk, ref.dk), rel_l2(naive.dk, ref.dk)},
-      {"dv", rel_l2(got.dv, ref.dv), rel_l2(naive.dv, ref.dv)},
-  };
-  for (const auto& r : rows) {
-    std::printf("%s %-14s error %.3g (naive bf16 %.3g, ratio %.2f)\n", label.c_str(), r.what, r.got,
-                r.naive, r.got / r.naive);
-    EXPECT_LE(r.got, 2 * r.naive) << label << " " << r.what;
-    EXPECT_GT(r.got, 1e-5) << label << " " << r.what
-                           << ": no bf16 rounding in it, so not the bf16 kernels";
-  }
-}
 // Whether the backend runs bf16 attention at this head size on tensor cores; says so if not.
 bool on_tensor_cores(Backend& be, int head_size) {
   if (be.attention_on_tensor_cores(head_size)) return true;
@@ -449,8 +328,8 @@ TEST_F(BackendOps, Bf16AttentionIsWithinTwiceTheErrorOfANaiveBf16Implementation)
     if (!on_tensor_cores(*be_, C / NH)) continue;  // e.g. head size 128 on an A100
     const auto qkv = randn(size_t(N) * 3 * C, 50, 1.5f), dout = randn(size_t(N) * C, 51);
     const auto q = third(qkv, C, 0), k = third(qkv, C, 1), v = third(qkv, C, 2);
-    const EagerAttention ref = eager_attention(q, k, v, dout, C, NH, sees, identity);
-    const EagerAttention naive = eager_attention(q, k, v, dout, C, NH, sees, bf16_round);
+    const EagerAttention ref = test::eager_attention(q, k, v, dout, C, NH, sees, identity);
+    const EagerAttention naive = test::eager_attention(q, k, v, dout, C, NH, sees, bf16_round);
     {  // the oracle itself against the CPU reference kernels
       std::vector<double> out(size_t(N) * C), dqkv(qkv.size());
       const size_t na = size_t(cpu::attention_att_size(cu.data(), S, NH));
@@ -508,8 +387,8 @@ TEST_F(BackendOps, Bf16RingAttentionBlocksAreWithinTwiceTheErrorOfANaiveBf16Impl
                v2 = randn(size_t(nq) * C, 64), dout = randn(size_t(nq) * C, 65);
     std::vector<float> k = k1, v = v1;
     k.insert(k.end(), k2.begin(), k2.end()), v.insert(v.end(), v2.begin(), v2.end());
-    const EagerAttention ref = eager_attention(q, k, v, dout, C, NH, sees, identity);
-    const EagerAttention naive = eager_attention(q, k, v, dout, C, NH, sees, bf16_round);
+    const EagerAttention ref = test::eager_attention(q, k, v, dout, C, NH, sees, identity);
+    const EagerAttention naive = test::eager_attention(q, k, v, dout, C, NH, sees, bf16_round);
 
     auto d_q = up(q), d_k1 = up(k1), d_v1 = up(v1), d_k2 = up(k2), d_v2 = up(v2), d_do = up(dout);
     auto d_qs = up(q_seq), d_qp = up(q_pos), d_ks = up(k_seq), d_kp = up(k_pos);
