@@ -316,11 +316,15 @@ struct Backward {
       team.sync();
       tiles::each_warp(team, kWarps, [&](int w, const Lanes& ln) {
         const int r0 = w * 16, rl = r0 + 15 < keys ? r0 + 15 : keys - 1;  // this warp's keys
-        if (r0 >= keys) return;  // warp-uniform skips: no key, or (places in order) every
-        if (Src::kSorted &&      // query before every key, or in a later document than any
-            (before(sm.qseq[queries - 1], sm.qpos[queries - 1], sm.kseq[r0], sm.kpos[r0]) ||
-             sm.qseq[0] > sm.kseq[rl]))
+        // warp-uniform skips: no key, or (places in order) every query before every key, or in a
+        // later document than any. dS of its keys is then 0 for the block's dQ product below.
+        if (r0 >= keys || (Src::kSorted && (before(sm.qseq[queries - 1], sm.qpos[queries - 1],
+                                                   sm.kseq[r0], sm.kpos[r0]) ||
+                                            sm.qseq[0] > sm.kseq[rl]))) {
+          for (int e = ln.lane; e < 16 * kTile; e += ln.n)
+            sm.ds[(r0 + e / kTile) * kLdP + e % kTile] = to_bf16(0.0f);
           return;
+        }
         for (int n = 0; n < kTile; n += 16) {  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys × 64)
           mma_tile<false, true>(sm.s + r0 * kLdS + n, kLdS, false, sm.k + r0 * kLd, kLd,
                                 sm.q + n * kLd, kLd, HS);
@@ -344,19 +348,23 @@ struct Backward {
           mma_tile<false, false>(sm.dk + r0 * kLdO + c, kLdO, true, sm.ds + r0 * kLdP, kLdP,
                                  sm.q + c, kLd, kTile);
         }
+      });
+      team.sync();
+      // dQ += dS·K over the block's 64 keys, warp w for queries 16w … 16w + 15: one atomic add
+      // per value and block (FlashAttention-2's), not one per warp
+      tiles::each_warp(team, kWarps, [&](int w, const Lanes& ln) {
+        const int qb = w * 16;
+        if (qb >= queries) return;
         float* part = sm.dqt + w * 256;
-        for (int qb = 0; qb < queries; qb += 16) {  // dQ += dS·K, this warp's 16 keys' share
-          for (int c = 0; c < HS; c += 16) {
-            mma_tile<true, false>(part, 16, false, sm.ds + r0 * kLdP + qb, kLdP,
-                                  sm.k + r0 * kLd + c, kLd, 16);
-            ln.sync();
-            for (int e = ln.lane; e < 256; e += ln.n) {
-              const int i = qb + e / 16;
-              if (i < queries)
-                body::atomic_add(dq + int64_t(q0 + i) * dstride + h * HS + c + e % 16, part[e]);
-            }
-            ln.sync();
+        for (int c = 0; c < HS; c += 16) {
+          mma_tile<true, false>(part, 16, false, sm.ds + qb, kLdP, sm.k + c, kLd, kTile);
+          ln.sync();
+          for (int e = ln.lane; e < 256; e += ln.n) {
+            const int i = qb + e / 16;
+            if (i < queries)
+              body::atomic_add(dq + int64_t(q0 + i) * dstride + h * HS + c + e % 16, part[e]);
           }
+          ln.sync();
         }
       });
       team.sync();
