@@ -80,7 +80,7 @@ void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* 
 
 // ---- attention of a query block against a key/value block (ring attention) ------------------
 // q (nq, C), k and v (nk, C), heads at column blocks of HS = C/NH. Token i of a block belongs to
-// sequence seq[i] at global position pos[i]; query i sees key j when seq[j] == seq[i] and
+// sequence seq[i] >= 0 at global position pos[i]; query i sees key j when seq[j] == seq[i] and
 // pos[j] <= pos[i]. out (nq, C) = softmax-weighted values within this block (0 where a query sees
 // no key), lse (nq, NH) = log Σ exp(scores) over the keys it sees (−inf where none).
 void attention_block_forward(float* out, float* lse, const float* q, const float* k,

@@ -66,7 +66,8 @@ BERTH_DEV void load_rows(bf16* dst, int ld, const float* src, int64_t stride, in
 }
 
 // ---- token sources ------------------------------------------------------------------------------
-// Out-of-range tokens are placed where nothing matches: keys in sequence −1, queries in −2.
+// Out-of-range tokens are placed where nothing matches: keys in sequence −1, queries in −2 (real
+// sequence ids are >= 0, kernels/ops.h).
 constexpr int32_t kNoKey = -1, kNoQuery = -2;
 
 // The model's attention: queries and keys are the same N tokens of one (N, 3C) qkv.
@@ -338,7 +339,8 @@ struct Backward {
                               sm.lse_t[n] != body::neg_inf();
             const float pv = sees ? expf(sm.s[r * kLdS + n] * scale - sm.lse_t[n]) : 0.0f;
             sm.p[r * kLdP + n] = to_bf16(pv);
-            sm.ds[r * kLdP + n] = to_bf16(pv * (sm.dp[r * kLdS + n] - sm.delta_t[n]) * scale);
+            sm.ds[r * kLdP + n] =
+                to_bf16(sees ? pv * (sm.dp[r * kLdS + n] - sm.delta_t[n]) * scale : 0.0f);
           }
         }
         ln.sync();

@@ -138,6 +138,7 @@ class ItemBackend final : public Exec {
                                 const float* k, const float* v, const int32_t* q_seq,
                                 const int32_t* q_pos, const int32_t* k_seq, const int32_t* k_pos,
                                 int nq, int nk, int C, int NH) override {
+    check_head_size(C, NH);
     if (tensor_core_attention(C / NH))
       return flash_backward("attention_block_backward_bf16", dq, dk, dv, C, dout, out, lse,
                             flash::Block{q, k, v, q_seq, q_pos, k_seq, k_pos, nq, nk, C}, NH);
