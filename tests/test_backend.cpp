@@ -115,6 +115,45 @@ class BackendOps : public ::testing::Test {
     EXPECT_EQ(down(d_w), w) << what << ": inputs are left as they were";
     EXPECT_EQ(down(d_dout), dout) << what << ": inputs are left as they were";
   }
+  // Ring attention's pieces on the backend: q (placed by q_seq, q_pos) against block 1 (k1, v1
+  // placed by k_seq, k_pos) and against its own tokens (k2, v2), merged by LSE, then both block
+  // backwards, dq, dk and dv accumulating onto `start`. out1 and lse1 are block 1's alone.
+  struct RingBlocks {
+    std::vector<float> out1, lse1, out, lse, dq, dk1, dv1, dk2, dv2;
+  };
+  RingBlocks ring_blocks(const std::vector<float>& q, const std::vector<float>& k1,
+                         const std::vector<float>& v1, const std::vector<float>& k2,
+                         const std::vector<float>& v2, const std::vector<float>& dout,
+                         const std::vector<int32_t>& q_seq, const std::vector<int32_t>& q_pos,
+                         const std::vector<int32_t>& k_seq, const std::vector<int32_t>& k_pos,
+                         int C, int NH, float start) {
+    const int nq = int(q_seq.size()), n1 = int(k_seq.size());
+    auto d_q = up(q), d_k1 = up(k1), d_v1 = up(v1), d_k2 = up(k2), d_v2 = up(v2), d_do = up(dout);
+    auto d_qs = up(q_seq), d_qp = up(q_pos), d_ks = up(k_seq), d_kp = up(k_pos);
+    DeviceBuffer<float> d_out(*be_, nq * C), d_lse(*be_, nq * NH), d_ob(*be_, nq * C),
+        d_lb(*be_, nq * NH);
+    RingBlocks r;
+    be_->attention_block_forward(d_out.data(), d_lse.data(), d_q.data(), d_k1.data(), d_v1.data(),
+                                 d_qs.data(), d_qp.data(), d_ks.data(), d_kp.data(), nq, n1, C, NH);
+    r.out1 = down(d_out), r.lse1 = down(d_lse);
+    be_->attention_block_forward(d_ob.data(), d_lb.data(), d_q.data(), d_k2.data(), d_v2.data(),
+                                 d_qs.data(), d_qp.data(), d_qs.data(), d_qp.data(), nq, nq, C, NH);
+    be_->attention_lse_merge(d_out.data(), d_lse.data(), d_ob.data(), d_lb.data(), nq, C, NH);
+    auto filled = [&](size_t n) { return up(std::vector<float>(n, start)); };
+    auto d_dq = filled(q.size()), d_dk1 = filled(k1.size()), d_dv1 = filled(k1.size()),
+         d_dk2 = filled(k2.size()), d_dv2 = filled(k2.size());
+    be_->attention_block_backward(d_dq.data(), d_dk1.data(), d_dv1.data(), d_do.data(),
+                                  d_out.data(), d_lse.data(), d_q.data(), d_k1.data(), d_v1.data(),
+                                  d_qs.data(), d_qp.data(), d_ks.data(), d_kp.data(), nq, n1, C,
+                                  NH);
+    be_->attention_block_backward(d_dq.data(), d_dk2.data(), d_dv2.data(), d_do.data(),
+                                  d_out.data(), d_lse.data(), d_q.data(), d_k2.data(), d_v2.data(),
+                                  d_qs.data(), d_qp.data(), d_qs.data(), d_qp.data(), nq, nq, C,
+                                  NH);
+    r.out = down(d_out), r.lse = down(d_lse), r.dq = down(d_dq);
+    r.dk1 = down(d_dk1), r.dv1 = down(d_dv1), r.dk2 = down(d_dk2), r.dv2 = down(d_dv2);
+    return r;
+  }
   std::unique_ptr<Backend> be_;
 };
 
@@ -390,44 +429,19 @@ TEST_F(BackendOps, Bf16RingAttentionBlocksAreWithinTwiceTheErrorOfANaiveBf16Impl
     const EagerAttention ref = test::eager_attention(q, k, v, dout, C, NH, sees, identity);
     const EagerAttention naive = test::eager_attention(q, k, v, dout, C, NH, sees, bf16_round);
 
-    auto d_q = up(q), d_k1 = up(k1), d_v1 = up(v1), d_k2 = up(k2), d_v2 = up(v2), d_do = up(dout);
-    auto d_qs = up(q_seq), d_qp = up(q_pos), d_ks = up(k_seq), d_kp = up(k_pos);
-    DeviceBuffer<float> d_out(*be_, nq * C), d_lse(*be_, nq * NH), d_ob(*be_, nq * C),
-        d_lb(*be_, nq * NH);
-    be_->attention_block_forward(d_out.data(), d_lse.data(), d_q.data(), d_k1.data(), d_v1.data(),
-                                 d_qs.data(), d_qp.data(), d_ks.data(), d_kp.data(), nq, n1, C, NH);
-    {  // queries of sequence 1 see nothing in block 1
-      const auto lse1 = down(d_lse), out1 = down(d_out);
-      EXPECT_TRUE(std::isinf(lse1[size_t(nq - 1) * NH]) && lse1[size_t(nq - 1) * NH] < 0);
-      EXPECT_EQ(out1[size_t(nq - 1) * C], 0.0f);
-    }
-    be_->attention_block_forward(d_ob.data(), d_lb.data(), d_q.data(), d_k2.data(), d_v2.data(),
-                                 d_qs.data(), d_qp.data(), d_qs.data(), d_qp.data(), nq, nq, C, NH);
-    be_->attention_lse_merge(d_out.data(), d_lse.data(), d_ob.data(), d_lb.data(), nq, C, NH);
-    // dq, dk and dv accumulate (+=): dk and dv start at 0.5, taken off after
-    auto d_dq = up(std::vector<float>(q.size(), 0.f));
-    auto d_dk1 = up(std::vector<float>(k1.size(), 0.5f)),
-         d_dv1 = up(std::vector<float>(k1.size(), 0.5f));
-    auto d_dk2 = up(std::vector<float>(k2.size(), 0.5f)),
-         d_dv2 = up(std::vector<float>(k2.size(), 0.5f));
-    be_->attention_block_backward(d_dq.data(), d_dk1.data(), d_dv1.data(), d_do.data(),
-                                  d_out.data(), d_lse.data(), d_q.data(), d_k1.data(), d_v1.data(),
-                                  d_qs.data(), d_qp.data(), d_ks.data(), d_kp.data(), nq, n1, C,
-                                  NH);
-    be_->attention_block_backward(d_dq.data(), d_dk2.data(), d_dv2.data(), d_do.data(),
-                                  d_out.data(), d_lse.data(), d_q.data(), d_k2.data(), d_v2.data(),
-                                  d_qs.data(), d_qp.data(), d_qs.data(), d_qp.data(), nq, nq, C,
-                                  NH);
-    auto less_half = [&](const DeviceBuffer<float>& d) {
-      std::vector<double> h = as_double(down(d));
+    const RingBlocks r = ring_blocks(q, k1, v1, k2, v2, dout, q_seq, q_pos, k_seq, k_pos, C, NH,
+                                     0.5f);  // dq, dk and dv accumulate (+=) onto 0.5
+    // queries of sequence 1 see nothing in block 1
+    EXPECT_TRUE(std::isinf(r.lse1[size_t(nq - 1) * NH]) && r.lse1[size_t(nq - 1) * NH] < 0);
+    EXPECT_EQ(r.out1[size_t(nq - 1) * C], 0.0f);
+    auto less_half = [](const std::vector<float>& a, const std::vector<float>& b = {}) {
+      std::vector<double> h(a.begin(), a.end());
+      h.insert(h.end(), b.begin(), b.end());
       for (double& x : h) x -= 0.5;
       return h;
     };
-    EagerAttention got{as_double(down(d_out)), as_double(down(d_lse)), as_double(down(d_dq)),
-                       less_half(d_dk1), less_half(d_dv1)};
-    const auto dk2 = less_half(d_dk2), dv2 = less_half(d_dv2);
-    got.dk.insert(got.dk.end(), dk2.begin(), dk2.end());
-    got.dv.insert(got.dv.end(), dv2.begin(), dv2.end());
+    const EagerAttention got{as_double(r.out), as_double(r.lse), less_half(r.dq),
+                             less_half(r.dk1, r.dk2), less_half(r.dv1, r.dv2)};
     expect_within_twice_naive(got, ref, naive, "bf16 ring blocks HS=" + std::to_string(C / NH));
   }
   be_->set_matmul_precision(MatmulPrecision::kFp32);
@@ -447,49 +461,53 @@ TEST_F(BackendOps, AttentionBlocksAndLseMerge) {
     const auto q = randn(size_t(nq) * C, 14), k1 = randn(size_t(nk) * C, 15),
                v1 = randn(size_t(nk) * C, 16), k2 = randn(size_t(nq) * C, 17),
                v2 = randn(size_t(nq) * C, 18), dout = randn(size_t(nq) * C, 19);
-    // reference: block 1 (some queries see nothing: lse −inf), then the queries' own block
+    // reference: block 1 (some queries see nothing: lse −inf), then the queries' own block;
+    // the gradients accumulate onto 0.5
     std::vector<float> out(size_t(nq) * C), lse(size_t(nq) * NH), ob(out.size()), lb(lse.size());
     cpu::attention_block_forward(out.data(), lse.data(), q.data(), k1.data(), v1.data(),
                                  q_seq.data(), q_pos.data(), k_seq.data(), k_pos.data(), nq, nk, C,
                                  NH);
+    const std::vector<float> out1 = out, lse1 = lse;
     cpu::attention_block_forward(ob.data(), lb.data(), q.data(), k2.data(), v2.data(), q_seq.data(),
                                  q_pos.data(), q_seq.data(), q_pos.data(), nq, nq, C, NH);
     cpu::attention_lse_merge(out.data(), lse.data(), ob.data(), lb.data(), nq, C, NH);
-    std::vector<float> dq(out.size(), 0.f), dk(size_t(nk) * C, 0.f), dv(dk.size(), 0.f);
-    cpu::attention_block_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(),
+    std::vector<float> dq(out.size(), 0.5f), dk1(size_t(nk) * C, 0.5f), dv1(dk1.size(), 0.5f),
+        dk2(out.size(), 0.5f), dv2(out.size(), 0.5f);
+    cpu::attention_block_backward(dq.data(), dk1.data(), dv1.data(), dout.data(), out.data(),
                                   lse.data(), q.data(), k1.data(), v1.data(), q_seq.data(),
                                   q_pos.data(), k_seq.data(), k_pos.data(), nq, nk, C, NH);
-
-    auto d_q = up(q), d_k1 = up(k1), d_v1 = up(v1), d_k2 = up(k2), d_v2 = up(v2), d_do = up(dout);
-    auto d_qs = up(q_seq), d_qp = up(q_pos), d_ks = up(k_seq), d_kp = up(k_pos);
-    DeviceBuffer<float> d_out(*be_, nq * C), d_lse(*be_, nq * NH), d_ob(*be_, nq * C),
-        d_lb(*be_, nq * NH);
-    be_->attention_block_forward(d_out.data(), d_lse.data(), d_q.data(), d_k1.data(), d_v1.data(),
-                                 d_qs.data(), d_qp.data(), d_ks.data(), d_kp.data(), nq, nk, C, NH);
-    be_->attention_block_forward(d_ob.data(), d_lb.data(), d_q.data(), d_k2.data(), d_v2.data(),
-                                 d_qs.data(), d_qp.data(), d_qs.data(), d_qp.data(), nq, nq, C, NH);
-    be_->attention_lse_merge(d_out.data(), d_lse.data(), d_ob.data(), d_lb.data(), nq, C, NH);
-    auto d_dq = up(std::vector<float>(out.size(), 0.f));
-    auto d_dk = up(std::vector<float>(dk.size(), 0.f)),
-         d_dv = up(std::vector<float>(dk.size(), 0.f));
-    be_->attention_block_backward(d_dq.data(), d_dk.data(), d_dv.data(), d_do.data(), d_out.data(),
-                                  d_lse.data(), d_q.data(), d_k1.data(), d_v1.data(), d_qs.data(),
-                                  d_qp.data(), d_ks.data(), d_kp.data(), nq, nk, C, NH);
-    check(d_out, out, "ring block out (merged)");
-    // lse: −inf where a query sees no key of either block is compared as equal
-    const auto got_lse = down(d_lse);
-    for (size_t i = 0; i < lse.size(); ++i) {
-      if (std::isinf(lse[i])) {
-        EXPECT_TRUE(std::isinf(got_lse[i]) && got_lse[i] < 0) << "lse " << i;
-      } else {
-        EXPECT_NEAR(got_lse[i], lse[i],
-                    test::kBackendF32.atol + test::kBackendF32.rtol * std::fabs(lse[i]))
-            << "lse " << i;
+    cpu::attention_block_backward(dq.data(), dk2.data(), dv2.data(), dout.data(), out.data(),
+                                  lse.data(), q.data(), k2.data(), v2.data(), q_seq.data(),
+                                  q_pos.data(), q_seq.data(), q_pos.data(), nq, nq, C, NH);
+    const RingBlocks r =
+        ring_blocks(q, k1, v1, k2, v2, dout, q_seq, q_pos, k_seq, k_pos, C, NH, 0.5f);
+    // lse: −inf where a query sees no key of a block is compared as equal
+    auto check_lse = [](const std::vector<float>& got, const std::vector<float>& want,
+                        const char* what) {
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (std::isinf(want[i])) {
+          EXPECT_TRUE(std::isinf(got[i]) && got[i] < 0) << what << " " << i;
+        } else {
+          EXPECT_NEAR(got[i], want[i],
+                      test::kBackendF32.atol + test::kBackendF32.rtol * std::fabs(want[i]))
+              << what << " " << i;
+        }
       }
+    };
+    check_lse(r.lse1, lse1, "block 1 lse");
+    check_lse(r.lse, lse, "merged lse");
+    const struct {
+      const std::vector<float>& got;
+      const std::vector<float>& want;
+      const char* what;
+    } pairs[] = {{r.out1, out1, "ring block 1 out"},   {r.out, out, "ring block out (merged)"},
+                 {r.dq, dq, "ring block dq (+=)"},     {r.dk1, dk1, "ring block 1 dk (+=)"},
+                 {r.dv1, dv1, "ring block 1 dv (+=)"}, {r.dk2, dk2, "ring block 2 dk (+=)"},
+                 {r.dv2, dv2, "ring block 2 dv (+=)"}};
+    for (const auto& p : pairs) {
+      const auto g = as_double(p.got), w = as_double(p.want);
+      expect_close(g.data(), w.data(), int64_t(w.size()), test::kBackendF32, p.what);
     }
-    check(d_dq, dq, "ring block dq (+=)");
-    check(d_dk, dk, "ring block dk (+=)");
-    check(d_dv, dv, "ring block dv (+=)");
   }
 }
 
