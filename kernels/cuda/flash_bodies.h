@@ -139,6 +139,22 @@ BERTH_DEV void load_places(int32_t* seq, int32_t* pos, int first, int count, int
   }
 }
 
+// Whether sees(i, j) holds for any of 16 rows i and 64 columns j: the warp's lanes share the
+// pairs and raise `flag` (shared memory); every lane gets the same answer. For sources whose
+// places are not in order, where a tile cannot be skipped from its ends.
+template <class Sees>
+BERTH_DEV bool warp_any(int32_t* flag, const Lanes& ln, Sees sees) {
+  if (ln.lane == 0) *flag = 0;
+  ln.sync();
+  for (int e = ln.lane; e < 16 * kTile; e += ln.n) {
+    if (sees(e / kTile, e % kTile)) *flag = 1;  // lanes may race to write the same 1
+  }
+  ln.sync();
+  const bool any = *flag != 0;
+  ln.sync();  // all have read it before a next call resets it
+  return any;
+}
+
 // ---- forward: a block per (query tile, head) ----------------------------------------------------
 // out (nq, C) and lse (nq, NH) overwritten; a query that sees no key gets 0 and −inf.
 template <int HS, class Src>
@@ -154,7 +170,8 @@ struct Forward {
   struct Shared {
     bf16 *q, *k, *v, *p;
     float *s, *o, *m, *l;
-    int32_t *qseq, *qpos, *kseq, *kpos;
+    float *part_max, *part_sum, *corr, *m_new;  // the softmax's halves of a row, and its update
+    int32_t *qseq, *qpos, *kseq, *kpos, *flag;
   };
   static BERTH_TILES_HD Shared carve(tiles::SharedCarver& c) {
     Shared sm{};
@@ -162,8 +179,11 @@ struct Forward {
     sm.v = c.take<bf16>(kTile * kLd), sm.s = c.take<float>(kTile * kLdS);
     sm.p = c.take<bf16>(kTile * kLdP), sm.o = c.take<float>(kTile * kLdO);
     sm.m = c.take<float>(kTile), sm.l = c.take<float>(kTile);
+    sm.part_max = c.take<float>(2 * kTile), sm.part_sum = c.take<float>(2 * kTile);
+    sm.corr = c.take<float>(kTile), sm.m_new = c.take<float>(kTile);
     sm.qseq = c.take<int32_t>(kTile), sm.qpos = c.take<int32_t>(kTile);
     sm.kseq = c.take<int32_t>(kTile), sm.kpos = c.take<int32_t>(kTile);
+    sm.flag = c.take<int32_t>(kWarps);
     return sm;
   }
   static size_t shared_bytes() { return tiles::SharedCarver::bytes_of(carve); }
@@ -193,37 +213,60 @@ struct Forward {
       team.sync();
       tiles::each_warp(team, kWarps, [&](int w, const Lanes& ln) {
         const int r0 = w * 16, rl = r0 + 15 < rows ? r0 + 15 : rows - 1;
-        if (r0 >= rows) return;  // warp-uniform skips: no row, or (places in order) every key
-        if (Src::kSorted &&      // after every row, or in an earlier document than any
-            (before(sm.qseq[rl], sm.qpos[rl], sm.kseq[0], sm.kpos[0]) ||
-             sm.kseq[keys - 1] < sm.qseq[r0]))
+        if (r0 >= rows) return;  // warp-uniform skips: no row, or no row sees a key of the tile:
+        if (Src::kSorted) {      // with places in order, every key after every row or in an
+          if (before(sm.qseq[rl], sm.qpos[rl], sm.kseq[0], sm.kpos[0]) ||  // earlier document
+              sm.kseq[keys - 1] < sm.qseq[r0])
+            return;
+        } else if (!warp_any(sm.flag + w, ln, [&](int i, int j) {
+                     return sm.kseq[j] == sm.qseq[r0 + i] && sm.kpos[j] <= sm.qpos[r0 + i];
+                   })) {
           return;
+        }
         for (int n = 0; n < kTile; n += 16)  // S = Q·Kᵀ (16 × 64)
           mma_tile<false, true>(sm.s + r0 * kLdS + n, kLdS, false, sm.q + r0 * kLd, kLd,
                                 sm.k + n * kLd, kLd, HS);
         ln.sync();
-        for (int r = r0 + ln.lane; r < r0 + 16; r += ln.n) {  // online softmax, a row per lane
+        // Online softmax, two lanes a row (e: row r0 + e/2, half e%2 of its 64 keys and of O's
+        // columns), in three steps the halves meet between: the masked, scaled scores and their
+        // maximum; the new maximum, P and its sum; O and the running max and sum rescaled.
+        constexpr int kHalf = kTile / 2, kHalfO = HS / 2;
+        for (int e = ln.lane; e < 32; e += ln.n) {
+          const int r = r0 + e / 2, j0 = (e % 2) * kHalf;
           float* sr = sm.s + r * kLdS;
-          bf16* pr = sm.p + r * kLdP;
           float mx = body::neg_inf();
-          for (int j = 0; j < kTile; j++) {
+          for (int j = j0; j < j0 + kHalf; j++) {
             const bool sees = sm.kseq[j] == sm.qseq[r] && sm.kpos[j] <= sm.qpos[r];
             sr[j] = sees ? sr[j] * scale : body::neg_inf();
             mx = sr[j] > mx ? sr[j] : mx;
           }
-          if (mx == body::neg_inf()) {  // sees nothing here: P = 0, the running state stays
-            for (int j = 0; j < kTile; j++) pr[j] = to_bf16(0.0f);
-            continue;
-          }
-          const float m_new = sm.m[r] > mx ? sm.m[r] : mx, corr = expf(sm.m[r] - m_new);
+          sm.part_max[2 * r + e % 2] = mx;
+        }
+        ln.sync();
+        for (int e = ln.lane; e < 32; e += ln.n) {
+          const int r = r0 + e / 2, j0 = (e % 2) * kHalf;
+          const float mx = fmaxf(sm.part_max[2 * r], sm.part_max[2 * r + 1]);
+          const bool none = mx == body::neg_inf();  // sees nothing here: P = 0, state stays
+          const float m_new = none ? sm.m[r] : fmaxf(sm.m[r], mx);
           float sum = 0.0f;
-          for (int j = 0; j < kTile; j++) {
-            const float pj = expf(sr[j] - m_new);  // 0 for the keys it does not see
-            pr[j] = to_bf16(pj);
+          for (int j = j0; j < j0 + kHalf; j++) {
+            const float pj = none ? 0.0f : expf(sm.s[r * kLdS + j] - m_new);  // 0 if unseen
+            sm.p[r * kLdP + j] = to_bf16(pj);
             sum += pj;
           }
-          sm.l[r] = sm.l[r] * corr + sum, sm.m[r] = m_new;
-          for (int x = 0; x < HS; x++) sm.o[r * kLdO + x] *= corr;
+          sm.part_sum[2 * r + e % 2] = sum;
+          if (e % 2 == 0) sm.m_new[r] = m_new, sm.corr[r] = none ? 1.0f : expf(sm.m[r] - m_new);
+        }
+        ln.sync();
+        for (int e = ln.lane; e < 32; e += ln.n) {
+          const int r = r0 + e / 2, x0 = (e % 2) * kHalfO;
+          const float corr = sm.corr[r];
+          if (corr != 1.0f)
+            for (int x = x0; x < x0 + kHalfO; x++) sm.o[r * kLdO + x] *= corr;
+          if (e % 2 == 0) {
+            sm.l[r] = sm.l[r] * corr + sm.part_sum[2 * r] + sm.part_sum[2 * r + 1];
+            sm.m[r] = sm.m_new[r];
+          }
         }
         ln.sync();
         for (int c = 0; c < HS; c += 16)  // O += P·V (16 × HS)
@@ -268,7 +311,7 @@ struct Backward {
   struct Shared {  // as Forward's
     bf16 *k, *v, *q, *d, *p, *ds;
     float *s, *dp, *dk, *dv, *dqt, *lse_t, *delta_t;
-    int32_t *qseq, *qpos, *kseq, *kpos;
+    int32_t *qseq, *qpos, *kseq, *kpos, *flag;
   };
   static BERTH_TILES_HD Shared carve(tiles::SharedCarver& c) {
     Shared sm{};
@@ -281,6 +324,7 @@ struct Backward {
     sm.delta_t = c.take<float>(kTile);
     sm.qseq = c.take<int32_t>(kTile), sm.qpos = c.take<int32_t>(kTile);
     sm.kseq = c.take<int32_t>(kTile), sm.kpos = c.take<int32_t>(kTile);
+    sm.flag = c.take<int32_t>(kWarps);
     return sm;
   }
   static size_t shared_bytes() { return tiles::SharedCarver::bytes_of(carve); }
@@ -317,11 +361,18 @@ struct Backward {
       team.sync();
       tiles::each_warp(team, kWarps, [&](int w, const Lanes& ln) {
         const int r0 = w * 16, rl = r0 + 15 < keys ? r0 + 15 : keys - 1;  // this warp's keys
-        // warp-uniform skips: no key, or (places in order) every query before every key, or in a
-        // later document than any. dS of its keys is then 0 for the block's dQ product below.
-        if (r0 >= keys || (Src::kSorted && (before(sm.qseq[queries - 1], sm.qpos[queries - 1],
-                                                   sm.kseq[r0], sm.kpos[r0]) ||
-                                            sm.qseq[0] > sm.kseq[rl]))) {
+        // warp-uniform skips: no key, or no query of the tile sees one of them: with places in
+        // order, every query before every key or in a later document than any. dS of its keys is
+        // then 0 for the block's dQ product below.
+        const bool none =
+            r0 >= keys ||
+            (Src::kSorted
+                 ? before(sm.qseq[queries - 1], sm.qpos[queries - 1], sm.kseq[r0], sm.kpos[r0]) ||
+                       sm.qseq[0] > sm.kseq[rl]
+                 : !warp_any(sm.flag + w, ln, [&](int i, int n) {
+                     return sm.kseq[r0 + i] == sm.qseq[n] && sm.kpos[r0 + i] <= sm.qpos[n];
+                   }));
+        if (none) {
           for (int e = ln.lane; e < 16 * kTile; e += ln.n)
             sm.ds[(r0 + e / kTile) * kLdP + e % kTile] = to_bf16(0.0f);
           return;
@@ -333,8 +384,9 @@ struct Backward {
                                 sm.d + n * kLd, kLd, HS);
         }
         ln.sync();
-        for (int r = r0 + ln.lane; r < r0 + 16; r += ln.n) {  // a key row per lane
-          for (int n = 0; n < kTile; n++) {  // a query that sees nothing at all has LSE −inf
+        for (int e = ln.lane; e < 32; e += ln.n) {  // two lanes a key row, 32 queries each
+          const int r = r0 + e / 2, n0 = (e % 2) * (kTile / 2);
+          for (int n = n0; n < n0 + kTile / 2; n++) {  // a query that sees nothing has LSE −inf
             const bool sees = sm.kseq[r] == sm.qseq[n] && sm.kpos[r] <= sm.qpos[n] &&
                               sm.lse_t[n] != body::neg_inf();
             const float pv = sees ? expf(sm.s[r * kLdS + n] * scale - sm.lse_t[n]) : 0.0f;
