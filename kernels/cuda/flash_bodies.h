@@ -140,19 +140,17 @@ BERTH_DEV void load_places(int32_t* seq, int32_t* pos, int first, int count, int
 }
 
 // Whether sees(i, j) holds for any of 16 rows i and 64 columns j: the warp's lanes share the
-// pairs and raise `flag` (shared memory); every lane gets the same answer. For sources whose
-// places are not in order, where a tile cannot be skipped from its ends.
+// pairs and vote (__any_sync), so every lane gets the same answer. For sources whose places are
+// not in order, where a tile cannot be skipped from its ends. Every lane must call it.
 template <class Sees>
-BERTH_DEV bool warp_any(int32_t* flag, const Lanes& ln, Sees sees) {
-  if (ln.lane == 0) *flag = 0;
-  ln.sync();
-  for (int e = ln.lane; e < 16 * kTile; e += ln.n) {
-    if (sees(e / kTile, e % kTile)) *flag = 1;  // lanes may race to write the same 1
-  }
-  ln.sync();
-  const bool any = *flag != 0;
-  ln.sync();  // all have read it before a next call resets it
-  return any;
+BERTH_DEV bool warp_any(const Lanes& ln, Sees sees) {
+  bool mine = false;
+  for (int e = ln.lane; e < 16 * kTile && !mine; e += ln.n) mine = sees(e / kTile, e % kTile);
+#if defined(__CUDACC__)
+  return __any_sync(0xffffffffu, mine);
+#else
+  return mine;  // one "lane" covered every pair
+#endif
 }
 
 // ---- forward: a block per (query tile, head) ----------------------------------------------------
@@ -171,7 +169,7 @@ struct Forward {
     bf16 *q, *k, *v, *p;
     float *s, *o, *m, *l;
     float *part_max, *part_sum, *corr, *m_new;  // the softmax's halves of a row, and its update
-    int32_t *qseq, *qpos, *kseq, *kpos, *flag;
+    int32_t *qseq, *qpos, *kseq, *kpos;
   };
   static BERTH_TILES_HD Shared carve(tiles::SharedCarver& c) {
     Shared sm{};
@@ -183,7 +181,6 @@ struct Forward {
     sm.corr = c.take<float>(kTile), sm.m_new = c.take<float>(kTile);
     sm.qseq = c.take<int32_t>(kTile), sm.qpos = c.take<int32_t>(kTile);
     sm.kseq = c.take<int32_t>(kTile), sm.kpos = c.take<int32_t>(kTile);
-    sm.flag = c.take<int32_t>(kWarps);
     return sm;
   }
   static size_t shared_bytes() { return tiles::SharedCarver::bytes_of(carve); }
@@ -218,7 +215,7 @@ struct Forward {
           if (before(sm.qseq[rl], sm.qpos[rl], sm.kseq[0], sm.kpos[0]) ||  // earlier document
               sm.kseq[keys - 1] < sm.qseq[r0])
             return;
-        } else if (!warp_any(sm.flag + w, ln, [&](int i, int j) {
+        } else if (!warp_any(ln, [&](int i, int j) {
                      return sm.kseq[j] == sm.qseq[r0 + i] && sm.kpos[j] <= sm.qpos[r0 + i];
                    })) {
           return;
@@ -311,7 +308,7 @@ struct Backward {
   struct Shared {  // as Forward's
     bf16 *k, *v, *q, *d, *p, *ds;
     float *s, *dp, *dk, *dv, *dqt, *lse_t, *delta_t;
-    int32_t *qseq, *qpos, *kseq, *kpos, *flag;
+    int32_t *qseq, *qpos, *kseq, *kpos;
   };
   static BERTH_TILES_HD Shared carve(tiles::SharedCarver& c) {
     Shared sm{};
@@ -324,7 +321,6 @@ struct Backward {
     sm.delta_t = c.take<float>(kTile);
     sm.qseq = c.take<int32_t>(kTile), sm.qpos = c.take<int32_t>(kTile);
     sm.kseq = c.take<int32_t>(kTile), sm.kpos = c.take<int32_t>(kTile);
-    sm.flag = c.take<int32_t>(kWarps);
     return sm;
   }
   static size_t shared_bytes() { return tiles::SharedCarver::bytes_of(carve); }
@@ -369,7 +365,7 @@ struct Backward {
             (Src::kSorted
                  ? before(sm.qseq[queries - 1], sm.qpos[queries - 1], sm.kseq[r0], sm.kpos[r0]) ||
                        sm.qseq[0] > sm.kseq[rl]
-                 : !warp_any(sm.flag + w, ln, [&](int i, int n) {
+                 : !warp_any(ln, [&](int i, int n) {
                      return sm.kseq[r0 + i] == sm.qseq[n] && sm.kpos[r0 + i] <= sm.qpos[n];
                    }));
         if (none) {
