@@ -189,6 +189,62 @@ TEST_F(ModelParallelTest, EveryLayoutInBf16MatchesOneRankInBf16) {
   if (tested == 0) GTEST_SKIP() << "no layout of the matrix has " << world().size() << " ranks";
 }
 
+// bf16 on the CUDA backend's ops run on the host, where bf16 also runs attention on the tiled
+// tensor-core kernels (kernels/cuda/flash_bodies.h: the varlen kernels, and with cp the ring's
+// block kernels): heads of 32 (d_model 64, 2 heads; the tile kernels take 32, 64 and 128), every
+// layout of this world against one rank on the same backend in bf16. The ring merges per-block
+// softmaxes whose P was rounded to bf16 separately, so cp layouts differ from one rank by more:
+// measured bounds kBf16TensorCoreLayout* and kBf16RingLayout* in tests/tolerance.h.
+TEST_F(ModelParallelTest, EveryLayoutInBf16OnTheCudaBackendsOpsMatchesOneRank) {
+  auto shaped = [](RunConfig c) {
+    c.model.d_model = 64, c.model.n_head = 2, c.run.precision = "bf16";
+    c.run.name += " bf16 items";
+    return c;
+  };
+  const int64_t micro = 4;
+  int tested = 0;
+  for (const Layout& l : kMatrix) {
+    if (l.world() != world().size()) continue;
+    Run ref;  // one rank with every row, trained on rank 0; in fp32 too, for the bounds
+    {
+      std::unique_ptr<Communicator> self = world().split(world().rank(), 0);
+      if (world().rank() == 0) {
+        const RunConfig one = shaped(config({1, 1, 1, 1}, l.dp * micro * kRowsPerMicroBatch, 1));
+        auto be = test::make_host_items_backend();
+        ref = test::train_run(one, *self, be.get());
+        RunConfig one32 = one;
+        one32.run.precision = "fp32", one32.run.name += " fp32";
+        auto be32 = test::make_host_items_backend();
+        const Run ref32 = test::train_run(one32, *self, be32.get());
+        double apart = 0, d2 = 0, r2 = 0;  // the bound must tell bf16 from fp32 on one rank
+        for (size_t i = 0; i < ref.losses.size(); ++i)
+          apart = std::max(apart, std::fabs(ref.losses[i] - ref32.losses[i]) / ref32.losses[i]);
+        for (size_t i = 0; i < ref.params.size(); ++i) {
+          const double d = double(ref.params[i]) - ref32.params[i];
+          d2 += d * d, r2 += double(ref32.params[i]) * ref32.params[i];
+        }
+        std::printf(
+            "bf16 vs fp32 on one rank (host-items, tensor-core attention): losses %.2g, "
+            "params rel L2 %.2g\n",
+            apart, std::sqrt(d2 / r2));
+        EXPECT_GT(std::sqrt(d2 / r2), 1.5 * test::kBf16TensorCoreLayoutParamsL2)
+            << "bf16 vs fp32 params";
+      }
+    }
+    auto be = test::make_host_items_backend();
+    be->set_matmul_precision(MatmulPrecision::kBf16);  // as the trainer will
+    ASSERT_TRUE(be->attention_on_tensor_cores(32));
+    const RunConfig c = shaped(config(l, kRowsPerMicroBatch, micro));
+    test::expect_same_training(
+        test::train_run(c, world(), be.get()), ref, c,
+        l.name() + ", 4 micro-batches, bf16 on the CUDA backend's ops",
+        l.cp > 1 ? test::kBf16RingLayoutLoss : test::kBf16TensorCoreLayoutLoss,
+        l.cp > 1 ? test::kBf16RingLayoutParamsL2 : test::kBf16TensorCoreLayoutParamsL2, nullptr);
+    ++tested;
+  }
+  if (tested == 0) GTEST_SKIP() << "no layout of the matrix has " << world().size() << " ranks";
+}
+
 TEST_F(ModelParallelTest, AllForwardAllBackwardMatchesOneRank) {
   const int n = world().size();
   if (n < 2) GTEST_SKIP() << "needs a pipeline of at least 2 stages";
