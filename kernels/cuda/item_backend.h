@@ -285,9 +285,9 @@ class ItemBackend final : public Exec {
 
  private:
   // bf16 precision runs the varlen attention and ring attention's blocks on tensor cores
-  // (flash_bodies.h) for the head sizes
-  // those kernels take, where a block's shared memory fits the device (the backward's is the
-  // larger); otherwise, and always in fp32, the fp32 kernels of thread_bodies.h.
+  // (flash_bodies.h) for the head sizes those kernels take, where a block's shared memory fits
+  // the device (the backward's is the larger); otherwise, and always in fp32, the fp32 kernels
+  // of thread_bodies.h.
   bool tensor_core_attention(int head_size) const {
     if (this->matmul_precision() != MatmulPrecision::kBf16 || !flash::supports(head_size))
       return false;
