@@ -33,8 +33,10 @@ class HostExec : public Backend {
  public:
   // device_capacity > 0 makes it report a device of that many bytes (free = capacity − what it
   // holds), as the CUDA backend reports its GPU's; 0: host memory, like the CPU backend.
-  explicit HostExec(bool guarded = false, int64_t device_capacity = 0)
-      : guarded_(guarded), capacity_(device_capacity) {}
+  // max_shared: the shared memory a tiled kernel's block may have (its host size, where a bf16 is
+  // a 4-byte float), as a GPU's limit; the default takes every kernel.
+  explicit HostExec(bool guarded = false, int64_t device_capacity = 0, size_t max_shared = SIZE_MAX)
+      : guarded_(guarded), capacity_(device_capacity), max_shared_(max_shared) {}
   ~HostExec() override {
     for (auto& [p, n] : maps_) munmap(p, n);
   }
@@ -117,7 +119,7 @@ class HostExec : public Backend {
       k.run(int(b), cuda::tiles::Team{0, 1}, smem);
     }
   }
-  size_t max_block_shared_bytes() const { return SIZE_MAX; }
+  size_t max_block_shared_bytes() const { return max_shared_; }
 
  public:
   // Makes every allocation readable and writable for its scope (guarded mode): the backend's own
@@ -138,14 +140,16 @@ class HostExec : public Backend {
 
   bool guarded_;
   int64_t capacity_;
+  size_t max_shared_;
   std::unique_ptr<Backend> mem_ = make_cpu_backend();
   std::map<void*, size_t> maps_, sizes_;
   int64_t in_use_ = 0, peak_ = 0;
 };
 
 inline std::unique_ptr<Backend> make_host_items_backend(bool guarded = false,
-                                                        int64_t device_capacity = 0) {
-  return std::make_unique<cuda::ItemBackend<HostExec>>(guarded, device_capacity);
+                                                        int64_t device_capacity = 0,
+                                                        size_t max_shared = SIZE_MAX) {
+  return std::make_unique<cuda::ItemBackend<HostExec>>(guarded, device_capacity, max_shared);
 }
 
 // A communicator over another (MPI, host memory) whose calls may read and write a guarded

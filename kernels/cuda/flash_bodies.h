@@ -56,10 +56,10 @@ inline bool supports(int head_size) {
 // Tile rows [row0, row0 + count) of one head of a (N, 3C) qkv (part 0 q, 1 k, 2 v) or (N, C)
 // tensor `src` with row stride `stride`, rounded to bf16, into dst (pitch ld); rows at or past
 // `end` are zero. Threads of the team share the work.
-template <int HS>
+template <int HS, int kRows = kTile>
 BERTH_DEV void load_rows(bf16* dst, int ld, const float* src, int64_t stride, int row0, int end,
                          const Team& t) {
-  for (int e = t.tid; e < kTile * HS; e += t.n) {
+  for (int e = t.tid; e < kRows * HS; e += t.n) {
     const int r = e / HS, x = e % HS, row = row0 + r;
     dst[r * ld + x] = to_bf16(row < end ? src[int64_t(row) * stride + x] : 0.0f);
   }
@@ -126,11 +126,11 @@ BERTH_TILES_HD bool before(int32_t sa, int32_t pa, int32_t sb, int32_t pb) {
   return sa < sb || (sa == sb && pa < pb);
 }
 
-// Places of `count` tokens from `first` (the rest of the 64 get `none`), for the mask.
-template <class Place>
+// Places of `count` tokens from `first` (the rest of the kRows get `none`), for the mask.
+template <int kRows = kTile, class Place>
 BERTH_DEV void load_places(int32_t* seq, int32_t* pos, int first, int count, int32_t none,
                            const Team& t, Place place) {
-  for (int r = t.tid; r < kTile; r += t.n) {
+  for (int r = t.tid; r < kRows; r += t.n) {
     if (r < count) {
       place(first + r, seq + r, pos + r);
     } else {
@@ -139,13 +139,13 @@ BERTH_DEV void load_places(int32_t* seq, int32_t* pos, int first, int count, int
   }
 }
 
-// Whether sees(i, j) holds for any of 16 rows i and 64 columns j: the warp's lanes share the
+// Whether sees(i, j) holds for any of 16 rows i and kCols columns j: the warp's lanes share the
 // pairs and vote (__any_sync), so every lane gets the same answer. For sources whose places are
 // not in order, where a tile cannot be skipped from its ends. Every lane must call it.
-template <class Sees>
+template <int kCols = kTile, class Sees>
 BERTH_DEV bool warp_any(const Lanes& ln, Sees sees) {
   bool mine = false;
-  for (int e = ln.lane; e < 16 * kTile && !mine; e += ln.n) mine = sees(e / kTile, e % kTile);
+  for (int e = ln.lane; e < 16 * kCols && !mine; e += ln.n) mine = sees(e / kCols, e % kCols);
 #if defined(__CUDACC__)
   return __any_sync(0xffffffffu, mine);
 #else
@@ -293,7 +293,7 @@ struct Forward {
 // delta (nq, NH) = Σ_x dO·O per (query, head), computed before (body::attention_row_dot). dq
 // (nq rows), dk and dv (nk rows) are added to (+=), each `dstride` floats a row, head h at
 // column h·HS: each block adds its keys' dK and dV rows and atomically its share of dQ.
-template <int HS, class Src>
+template <int HS, class Src, int kQ = kTile>
 struct Backward {
   float *dq, *dk, *dv;
   int64_t dstride;
@@ -305,6 +305,8 @@ struct Backward {
 
   static constexpr int kLd = HS + 8;
   static constexpr int kLdO = HS + 4;
+  static constexpr int kLdSq = kQ + 4;  // fp32 pitch of a 64-key × kQ-query score tile
+  static constexpr int kLdPq = kQ + 8;  // bf16 pitch of its probabilities
   struct Shared {  // as Forward's
     bf16 *k, *v, *q, *d, *p, *ds;
     float *s, *dp, *dk, *dv, *dqt, *lse_t, *delta_t;
@@ -313,13 +315,13 @@ struct Backward {
   static BERTH_TILES_HD Shared carve(tiles::SharedCarver& c) {
     Shared sm{};
     sm.k = c.take<bf16>(kTile * kLd), sm.v = c.take<bf16>(kTile * kLd);
-    sm.q = c.take<bf16>(kTile * kLd), sm.d = c.take<bf16>(kTile * kLd);
-    sm.s = c.take<float>(kTile * kLdS), sm.dp = c.take<float>(kTile * kLdS);
-    sm.p = c.take<bf16>(kTile * kLdP), sm.ds = c.take<bf16>(kTile * kLdP);
+    sm.q = c.take<bf16>(kQ * kLd), sm.d = c.take<bf16>(kQ * kLd);
+    sm.s = c.take<float>(kTile * kLdSq), sm.dp = c.take<float>(kTile * kLdSq);
+    sm.p = c.take<bf16>(kTile * kLdPq), sm.ds = c.take<bf16>(kTile * kLdPq);
     sm.dk = c.take<float>(kTile * kLdO), sm.dv = c.take<float>(kTile * kLdO);
-    sm.dqt = c.take<float>(kWarps * 16 * 16), sm.lse_t = c.take<float>(kTile);
-    sm.delta_t = c.take<float>(kTile);
-    sm.qseq = c.take<int32_t>(kTile), sm.qpos = c.take<int32_t>(kTile);
+    sm.dqt = c.take<float>(kWarps * 16 * 16), sm.lse_t = c.take<float>(kQ);
+    sm.delta_t = c.take<float>(kQ);
+    sm.qseq = c.take<int32_t>(kQ), sm.qpos = c.take<int32_t>(kQ);
     sm.kseq = c.take<int32_t>(kTile), sm.kpos = c.take<int32_t>(kTile);
     return sm;
   }
@@ -343,17 +345,17 @@ struct Backward {
                 [&](int j, int32_t* a, int32_t* b) { sc.key_place(j, a, b); });
     team.sync();
     const int query_end = src.query_end(key0 + keys - 1);
-    for (int q0 = src.query_begin(key0); q0 < query_end; q0 += kTile) {
-      const int queries = query_end - q0 < kTile ? query_end - q0 : kTile;
-      load_rows<HS>(sm.q, kLd, src.q() + h * HS, src.stride(), q0, query_end, team);
-      load_rows<HS>(sm.d, kLd, dout + h * HS, C, q0, query_end, team);
-      for (int i = team.tid; i < kTile; i += team.n) {
+    for (int q0 = src.query_begin(key0); q0 < query_end; q0 += kQ) {
+      const int queries = query_end - q0 < kQ ? query_end - q0 : kQ;
+      load_rows<HS, kQ>(sm.q, kLd, src.q() + h * HS, src.stride(), q0, query_end, team);
+      load_rows<HS, kQ>(sm.d, kLd, dout + h * HS, C, q0, query_end, team);
+      for (int i = team.tid; i < kQ; i += team.n) {
         const bool in = i < queries;
         sm.lse_t[i] = in ? lse[int64_t(q0 + i) * NH + h] : body::neg_inf();
         sm.delta_t[i] = in ? delta[int64_t(q0 + i) * NH + h] : 0.0f;
       }
-      load_places(sm.qseq, sm.qpos, q0, queries, kNoQuery, team,
-                  [&](int i, int32_t* a, int32_t* b) { sc.query_place(i, a, b); });
+      load_places<kQ>(sm.qseq, sm.qpos, q0, queries, kNoQuery, team,
+                      [&](int i, int32_t* a, int32_t* b) { sc.query_place(i, a, b); });
       team.sync();
       tiles::each_warp(team, kWarps, [&](int w, const Lanes& ln) {
         const int r0 = w * 16, rl = r0 + 15 < keys ? r0 + 15 : keys - 1;  // this warp's keys
@@ -365,38 +367,38 @@ struct Backward {
             (Src::kSorted
                  ? before(sm.qseq[queries - 1], sm.qpos[queries - 1], sm.kseq[r0], sm.kpos[r0]) ||
                        sm.qseq[0] > sm.kseq[rl]
-                 : !warp_any(ln, [&](int i, int n) {
+                 : !warp_any<kQ>(ln, [&](int i, int n) {
                      return sm.kseq[r0 + i] == sm.qseq[n] && sm.kpos[r0 + i] <= sm.qpos[n];
                    }));
         if (none) {
-          for (int e = ln.lane; e < 16 * kTile; e += ln.n)
-            sm.ds[(r0 + e / kTile) * kLdP + e % kTile] = to_bf16(0.0f);
+          for (int e = ln.lane; e < 16 * kQ; e += ln.n)
+            sm.ds[(r0 + e / kQ) * kLdPq + e % kQ] = to_bf16(0.0f);
           return;
         }
-        for (int n = 0; n < kTile; n += 16) {  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys × 64)
-          mma_tile<false, true>(sm.s + r0 * kLdS + n, kLdS, false, sm.k + r0 * kLd, kLd,
+        for (int n = 0; n < kQ; n += 16) {  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys × kQ)
+          mma_tile<false, true>(sm.s + r0 * kLdSq + n, kLdSq, false, sm.k + r0 * kLd, kLd,
                                 sm.q + n * kLd, kLd, HS);
-          mma_tile<false, true>(sm.dp + r0 * kLdS + n, kLdS, false, sm.v + r0 * kLd, kLd,
+          mma_tile<false, true>(sm.dp + r0 * kLdSq + n, kLdSq, false, sm.v + r0 * kLd, kLd,
                                 sm.d + n * kLd, kLd, HS);
         }
         ln.sync();
         for (int e = ln.lane; e < 32; e += ln.n) {  // two lanes a key row, 32 queries each
-          const int r = r0 + e / 2, n0 = (e % 2) * (kTile / 2);
-          for (int n = n0; n < n0 + kTile / 2; n++) {  // a query that sees nothing has LSE −inf
+          const int r = r0 + e / 2, n0 = (e % 2) * (kQ / 2);
+          for (int n = n0; n < n0 + kQ / 2; n++) {  // a query that sees nothing has LSE −inf
             const bool sees = sm.kseq[r] == sm.qseq[n] && sm.kpos[r] <= sm.qpos[n] &&
                               sm.lse_t[n] != body::neg_inf();
-            const float pv = sees ? expf(sm.s[r * kLdS + n] * scale - sm.lse_t[n]) : 0.0f;
-            sm.p[r * kLdP + n] = to_bf16(pv);
-            sm.ds[r * kLdP + n] =
-                to_bf16(sees ? pv * (sm.dp[r * kLdS + n] - sm.delta_t[n]) * scale : 0.0f);
+            const float pv = sees ? expf(sm.s[r * kLdSq + n] * scale - sm.lse_t[n]) : 0.0f;
+            sm.p[r * kLdPq + n] = to_bf16(pv);
+            sm.ds[r * kLdPq + n] =
+                to_bf16(sees ? pv * (sm.dp[r * kLdSq + n] - sm.delta_t[n]) * scale : 0.0f);
           }
         }
         ln.sync();
         for (int c = 0; c < HS; c += 16) {  // dV += Pᵀ·dO, dK += dSᵀ·Q (16 keys × HS)
-          mma_tile<false, false>(sm.dv + r0 * kLdO + c, kLdO, true, sm.p + r0 * kLdP, kLdP,
-                                 sm.d + c, kLd, kTile);
-          mma_tile<false, false>(sm.dk + r0 * kLdO + c, kLdO, true, sm.ds + r0 * kLdP, kLdP,
-                                 sm.q + c, kLd, kTile);
+          mma_tile<false, false>(sm.dv + r0 * kLdO + c, kLdO, true, sm.p + r0 * kLdPq, kLdPq,
+                                 sm.d + c, kLd, kQ);
+          mma_tile<false, false>(sm.dk + r0 * kLdO + c, kLdO, true, sm.ds + r0 * kLdPq, kLdPq,
+                                 sm.q + c, kLd, kQ);
         }
       });
       team.sync();
@@ -407,7 +409,7 @@ struct Backward {
         if (qb >= queries) return;
         float* part = sm.dqt + w * 256;
         for (int c = 0; c < HS; c += 16) {
-          mma_tile<true, false>(part, 16, false, sm.ds + qb, kLdP, sm.k + c, kLd, kTile);
+          mma_tile<true, false>(part, 16, false, sm.ds + qb, kLdPq, sm.k + c, kLd, kTile);
           ln.sync();
           for (int e = ln.lane; e < 256; e += ln.n) {
             const int i = qb + e / 16;

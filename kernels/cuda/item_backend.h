@@ -274,8 +274,30 @@ class ItemBackend final : public Exec {
         return launch_flash(name,
                             flash::Backward<64, Src>{dq, dk, dv, dstride, dout, lse, dl, src, NH});
       default:
-        return launch_flash(name,
-                            flash::Backward<128, Src>{dq, dk, dv, dstride, dout, lse, dl, src, NH});
+        if (backward_query_tile(128) == 64)
+          return launch_flash(
+              name, flash::Backward<128, Src>{dq, dk, dv, dstride, dout, lse, dl, src, NH});
+        return launch_flash(
+            name, flash::Backward<128, Src, 32>{dq, dk, dv, dstride, dout, lse, dl, src, NH});
+    }
+  }
+  // The query tile of the tiled backward at this head size: 64, or 32 where 64 does not fit the
+  // device's shared memory but 32 does (head size 128 on an A100: 150 KiB instead of 191.5); 0
+  // where neither fits.
+  int backward_query_tile(int head_size) const {
+    using V = flash::Varlen;  // the regions do not depend on the source
+    const size_t most = this->max_block_shared_bytes();
+    switch (head_size) {
+      case 32:
+        return flash::Backward<32, V>::shared_bytes() <= most ? 64 : 0;
+      case 64:
+        return flash::Backward<64, V>::shared_bytes() <= most ? 64 : 0;
+      case 128:
+        return flash::Backward<128, V>::shared_bytes() <= most       ? 64
+               : flash::Backward<128, V, 32>::shared_bytes() <= most ? 32
+                                                                     : 0;
+      default:
+        return 0;
     }
   }
   template <class K>
@@ -286,16 +308,11 @@ class ItemBackend final : public Exec {
  private:
   // bf16 precision runs the varlen attention and ring attention's blocks on tensor cores
   // (flash_bodies.h) for the head sizes those kernels take, where a block's shared memory fits
-  // the device (the backward's is the larger); otherwise, and always in fp32, the fp32 kernels
-  // of thread_bodies.h.
+  // the device (the backward's, even with 32-query tiles, is larger than the forward's);
+  // otherwise, and always in fp32, the fp32 kernels of thread_bodies.h.
   bool tensor_core_attention(int head_size) const {
-    if (this->matmul_precision() != MatmulPrecision::kBf16 || !flash::supports(head_size))
-      return false;
-    using V = flash::Varlen;  // the regions do not depend on the source
-    const size_t need = head_size == 32   ? flash::Backward<32, V>::shared_bytes()
-                        : head_size == 64 ? flash::Backward<64, V>::shared_bytes()
-                                          : flash::Backward<128, V>::shared_bytes();
-    return need <= this->max_block_shared_bytes();
+    return this->matmul_precision() == MatmulPrecision::kBf16 && flash::supports(head_size) &&
+           backward_query_tile(head_size) > 0;
   }
   // att_offsets[s] = Σ_{s' < s} NH·L_{s'}², on the device.
   DeviceBuffer<int64_t> att_offsets(const int32_t* cu_host, int S, int NH) {
