@@ -132,12 +132,16 @@ TEST(Plan, GpuProfilesModelBerthsCudaBackendInEitherPrecision) {
   const std::string text = format_plan(fp32, 0);
   EXPECT_NE(text.find("precision: fp32 GEMMs (no tensor cores: TF32 off)"), std::string::npos)
       << text;
-  EXPECT_NE(format_plan(bf16, 0).find("precision: bf16 GEMMs (tensor cores)"), std::string::npos);
+  EXPECT_NE(format_plan(bf16, 0).find("precision: bf16 GEMMs and attention (tensor cores)"),
+            std::string::npos);
   // attention: bf16 runs the tensor-core kernels for head sizes 32, 64 and 128 only; 16 heads of
   // 48 (the same FLOPs) stay on the fp32 kernels, and in fp32 the head size changes nothing
   PlanInput hs48 = small(12, 16, 768, 50257, 1024, 8);
   hs48.layout = in.layout, hs48.bf16 = true;
-  EXPECT_LT(bf16.step.compute, make_plan(hs48, h100).step.compute);
+  const Plan bf16_hs48 = make_plan(hs48, h100);
+  EXPECT_LT(bf16.step.compute, bf16_hs48.step.compute);
+  EXPECT_NE(format_plan(bf16_hs48, 0).find("precision: bf16 GEMMs (tensor cores)"),
+            std::string::npos);
   hs48.bf16 = false;
   EXPECT_NEAR(make_plan(hs48, h100).step.compute, fp32.step.compute, 1e-9 * fp32.step.compute);
 }

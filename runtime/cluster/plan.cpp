@@ -262,6 +262,14 @@ double interpolate(const std::vector<std::pair<double, double>>& r, double x) {
 
 // The peak a GEMM can reach: the profile's peak, except fp32 GEMMs on a GPU (no tensor cores:
 // berth's fp32 mode keeps TF32 off), which reach the fp32 peak.
+// Whether berth runs this model's attention on tensor cores: in bf16 on a GPU, where the tiled
+// kernels take the head size (32, 64 or 128; the ring's blocks too).
+bool tensor_core_attention(const PlanInput& in, const HardwareProfile& hw) {
+  const int64_t hs = in.model.NH > 0 ? in.model.C / in.model.NH : 0;
+  return in.bf16 && !hw.cpu && in.model.C % std::max<int64_t>(in.model.NH, 1) == 0 &&
+         (hs == 32 || hs == 64 || hs == 128);
+}
+
 double gemm_peak(const HardwareProfile& hw, bool bf16) {
   return hw.cpu || bf16 || hw.fp32_flops <= 0 ? hw.peak_flops : hw.fp32_flops;
 }
@@ -359,7 +367,7 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   // berth's attention kernels: in bf16 on a GPU, the tiled tensor-core kernels (head sizes 32,
   // 64, 128; the ring's blocks too) at the bf16 peak × the GEMM share; otherwise fp32 kernels (no
   // tensor cores) at the fp32 peak × the GEMM share. Both are upper bounds.
-  const bool tc_attention = in.bf16 && !hw.cpu && (HS == 32 || HS == 64 || HS == 128);
+  const bool tc_attention = tensor_core_attention(in, hw);
   double attn_rate = gemm_peak(hw, tc_attention) * hw.matmul_efficiency;
   if (l.cp > 1 && hw.block_attention_rate > 0) {
     attn_rate = hw.block_attention_rate;  // the ring's block kernel
@@ -510,8 +518,9 @@ std::string format_plan(const Plan& p, double price) {
                        ? std::string()
                        : fmt::format(" (bf16; fp32 {})", si(p.hw.fp32_flops, "FLOP/s")),
                    format_bytes(p.hw.mem_capacity));
-  s += fmt::format("precision: {} GEMMs{}; fp32 weights, gradients, moments and activations\n",
+  s += fmt::format("precision: {} GEMMs{}{}; fp32 weights, gradients, moments and activations\n",
                    p.input.bf16 ? "bf16" : "fp32",
+                   tensor_core_attention(p.input, p.hw) ? " and attention" : "",
                    p.hw.cpu ? (p.input.bf16 ? " (emulated)" : "")
                             : (p.input.bf16 ? " (tensor cores)" : " (no tensor cores: TF32 off)"));
   const double n = double(p.params.total);
