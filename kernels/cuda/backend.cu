@@ -4,10 +4,9 @@
 // the fp32 mode compares with the CPU reference) or, in bf16 precision, on bf16 copies of their
 // inputs with fp32 accumulation and output (cublasGemmEx, tensor cores); a forward GEMM with a
 // bias through cuBLASLt with the bias (and for the MLP's first layer the GELU) in its epilogue;
-// the other ops as one
-// thread per work item running the bodies of thread_bodies.h, and in bf16 the varlen attention as
-// the tiled tensor-core kernels of flash_bodies.h. Every launch is checked, with the kernel's
-// name.
+// the other ops as one thread per work item running the bodies of thread_bodies.h, and in bf16
+// the attention as the tiled tensor-core kernels of flash_bodies.h. Every launch is checked, with
+// the kernel's name.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -184,17 +183,10 @@ class CudaExec : public Backend {
   void* stream_handle() const override { return stream_; }
 
   // Row-major (N, IC) · (OC, IC)ᵀ is column-major outᵀ (OC, N) = W (IC, OC)ᵀ · inpᵀ (IC, N).
-  // outᵀ (OC, N) = W (OC, IC as IC × OC column-major)ᵀ · inpᵀ (IC, N) + bias: the bias in
-  // cuBLASLt's epilogue where it takes the GEMM, else a kernel after it
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                       int IC, int OC) override {
-    const void* w = operand(weight, int64_t(OC) * IC, 1);
-    const void* x = operand(inp, int64_t(N) * IC, 0);
-    if (bias != nullptr && lt_gemm(OC, N, IC, w, x, out, bias, nullptr)) return;
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w, IC, x, IC, 0.0f, out, OC);
-    if (bias != nullptr)
-      launch_on("add_bias", stream_, int64_t(N) * OC,
-                [=] __device__(int64_t i) { body::add_bias(i, out, bias, OC); });
+    gemm_bias(out, operand(weight, int64_t(OC) * IC, 1), operand(inp, int64_t(N) * IC, 0), bias, N,
+              IC, OC);
   }
   // The same with GELU. In bf16: one cuBLASLt GEMM whose epilogue adds the bias, keeps the sum in
   // `pre` and writes gelu of it (GELU_AUX_BIAS). In fp32, the mode that compares with the CPU
@@ -205,17 +197,10 @@ class CudaExec : public Backend {
                            const float* bias, int N, int IC, int OC) override {
     const void* w = operand(weight, int64_t(OC) * IC, 1);
     const void* x = operand(inp, int64_t(N) * IC, 0);
-    if (bias != nullptr) {
-      if (matmul_precision() == MatmulPrecision::kBf16) {
-        if (lt_gemm(OC, N, IC, w, x, out, bias, pre)) return;
-      } else if (lt_gemm(OC, N, IC, w, x, pre, bias, nullptr)) {
-        return gelu_forward(out, pre, int64_t(N) * OC);
-      }
-    }
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w, IC, x, IC, 0.0f, pre, OC);
-    if (bias != nullptr)
-      launch_on("add_bias", stream_, int64_t(N) * OC,
-                [=] __device__(int64_t i) { body::add_bias(i, pre, bias, OC); });
+    if (bias != nullptr && matmul_precision() == MatmulPrecision::kBf16 &&
+        lt_gemm(OC, N, IC, w, x, out, bias, pre))
+      return;
+    gemm_bias(pre, w, x, bias, N, IC, OC);
     gelu_forward(out, pre, int64_t(N) * OC);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
@@ -238,6 +223,17 @@ class CudaExec : public Backend {
   template <typename F>
   void launch(const char* name, int64_t n, F f) {
     launch_on(name, stream_, n, f);
+  }
+  // out (N, OC) = x·wᵀ + bias on operands as operand() gave them: the bias in cuBLASLt's
+  // epilogue where it takes the GEMM, else a kernel after it. (Public: an extended lambda's
+  // enclosing function may not be private.)
+  void gemm_bias(float* out, const void* w, const void* x, const float* bias, int N, int IC,
+                 int OC) {
+    if (bias != nullptr && lt_gemm(OC, N, IC, w, x, out, bias, nullptr)) return;
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w, IC, x, IC, 0.0f, out, OC);
+    if (bias != nullptr)
+      launch_on("add_bias", stream_, int64_t(N) * OC,
+                [=] __device__(int64_t i) { body::add_bias(i, out, bias, OC); });
   }
   // A block per tile, `threads` threads and `shared` bytes of dynamic shared memory each; above
   // the default 48 KiB the kernel is allowed that much first.

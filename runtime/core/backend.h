@@ -110,9 +110,9 @@ class Backend {
   // Which causal attention the model should run on this backend: the flash-style varlen ops
   // (keep the LSE; GPUs) or attention_forward/backward (keep the probabilities; BLAS on the CPU).
   virtual bool prefers_flash_attention() const = 0;
-  // Whether attention_varlen_forward/backward run on tensor cores (bf16 operands) at this head
-  // size in the current precision (the CUDA backend in bf16 where its tiled kernels take the head
-  // size and fit the device's shared memory); otherwise they are the fp32 kernels.
+  // Whether attention_varlen_* and attention_block_* run on tensor cores (bf16 operands) at this
+  // head size in the current precision (the CUDA backend in bf16 where its tiled kernels take the
+  // head size and fit the device's shared memory); otherwise they are the fp32 kernels.
   virtual bool attention_on_tensor_cores(int head_size) const {
     (void)head_size;
     return false;
