@@ -51,6 +51,10 @@ class Ops<float> {
                            int N, int IC, int OC) const {
     be_->matmul_gelu_forward(out, pre, inp, w, b, N, IC, OC);
   }
+  void gelu_matmul_backward(float* dpre, float* dw, float* db, const float* dout, const float* inp,
+                            const float* w, const float* pre, int N, int IC, int OC) const {
+    be_->gelu_matmul_backward(dpre, dw, db, dout, inp, w, pre, N, IC, OC);
+  }
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu,
                          const int32_t* cu_host, int S, int C, int NH) const {
     be_->attention_forward(out, att, qkv, cu, cu_host, S, C, NH);
@@ -162,6 +166,12 @@ class Ops<double> {
                            const double* b, int N, int IC, int OC) const {
     cpu::matmul_forward(pre, inp, w, b, N, IC, OC);
     cpu::gelu_forward(out, pre, int64_t(N) * OC);
+  }
+  void gelu_matmul_backward(double* dpre, double* dw, double* db, const double* dout,
+                            const double* inp, const double* w, const double* pre, int N, int IC,
+                            int OC) const {
+    cpu::matmul_backward(dpre, dw, db, dout, inp, w, N, IC, OC);
+    cpu::gelu_backward(dpre, pre, dpre, int64_t(N) * IC);
   }
   void attention_forward(double* out, double* att, const double* qkv, const int32_t* cu,
                          const int32_t*, int S, int C, int NH) const {

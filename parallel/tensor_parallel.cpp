@@ -60,6 +60,14 @@ void row_linear_backward(Backend* be, T* dinp_local, T* dw, T* db, const T* dout
   Ops<T>(be).matmul_backward(dinp_local, dw, db, dout, inp_local, w, N, IC_local, OC);
 }
 
+template <typename T>
+void row_linear_gelu_backward(Backend* be, T* dpre_local, T* dw, T* db, const T* dout,
+                              const T* inp_local, const T* w, const T* pre_local, int N,
+                              int IC_local, int OC) {
+  Ops<T>(be).gelu_matmul_backward(dpre_local, dw, db, dout, inp_local, w, pre_local, N, IC_local,
+                                  OC);
+}
+
 // Each rank looks up the tokens it holds (0 for the others) and tp rank 0 adds the position
 // embedding; the sum over tp is wte + wpe exactly (one nonzero wte row, one wpe row, zeros).
 template <typename T>
@@ -136,6 +144,8 @@ void vocab_parallel_cross_entropy_backward(Backend* be, Communicator* tp, T* dlo
                                       int, int, int);                                              \
   template void row_linear_backward<T>(Backend*, T*, T*, T*, const T*, const T*, const T*, int,    \
                                        int, int);                                                  \
+  template void row_linear_gelu_backward<T>(Backend*, T*, T*, T*, const T*, const T*, const T*,    \
+                                            const T*, int, int, int);                              \
   template void vocab_parallel_embedding_forward<T>(Backend*, Communicator*, T*, const int32_t*,   \
                                                     const int32_t*, const T*, const T*, int, int,  \
                                                     int, int);                                     \

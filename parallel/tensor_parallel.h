@@ -50,6 +50,13 @@ void row_linear_forward(Backend* be, Communicator* tp, T* out, const T* inp_loca
 template <typename T>
 void row_linear_backward(Backend* be, T* dinp_local, T* dw, T* db, const T* dout,
                          const T* inp_local, const T* w, int N, int IC_local, int OC);
+// The same where inp_local = gelu(pre_local) (the MLP's second layer), giving the gradient of
+// pre_local instead: dpre_local = (dout · w) ⊙ gelu'(pre_local) (overwritten; one fused op where
+// the backend has one).
+template <typename T>
+void row_linear_gelu_backward(Backend* be, T* dpre_local, T* dw, T* db, const T* dout,
+                              const T* inp_local, const T* w, const T* pre_local, int N,
+                              int IC_local, int OC);
 
 // out (N, C) = wte[tokens] + wpe[positions] with wte_local holding vocabulary rows
 // [vocab_offset, vocab_offset + Vp_local).

@@ -282,6 +282,42 @@ TEST_F(BackendOps, MatmulGeluForwardIsTheMatmulThenGelu) {
   }
 }
 
+// The MLP's second layer backward with the GELU's derivative: dweight and dbias accumulate
+// (onto 0.5) from the saved gelu output and dout, and dpre = (dout·W) ⊙ gelu'(pre) is
+// overwritten; in bf16 the GEMM operands are rounded, as matmul_backward rounds them.
+TEST_F(BackendOps, GeluMatmulBackwardIsTheMatmulBackwardThenGeluBackward) {
+  const int IC = 64, OC = 24;
+  const auto pre = randn(size_t(kN) * IC, 30), w = randn(size_t(OC) * IC, 31, 0.2f),
+             dout = randn(size_t(kN) * OC, 32);
+  std::vector<float> inp(pre.size());
+  cpu::gelu_forward(inp.data(), pre.data(), int64_t(inp.size()));
+  for (MatmulPrecision p : {MatmulPrecision::kFp32, MatmulPrecision::kBf16}) {
+    SCOPED_TRACE(matmul_precision_name(p));
+    auto rounded = [&](std::vector<float> v) {
+      if (p == MatmulPrecision::kBf16) cpu::round_to_bf16(v.data(), v.data(), int64_t(v.size()));
+      return v;
+    };
+    std::vector<float> dpre(pre.size()), dw(w.size(), 0.5f), db(size_t(OC), 0.5f);
+    const auto rd = rounded(dout);
+    cpu::matmul_backward(dpre.data(), dw.data(), static_cast<float*>(nullptr), rd.data(),
+                         rounded(inp).data(), rounded(w).data(), kN, IC, OC);
+    cpu::matmul_backward(static_cast<float*>(nullptr), static_cast<float*>(nullptr), db.data(),
+                         dout.data(), inp.data(), w.data(), kN, IC, OC);  // bias: fp32 dout
+    cpu::gelu_backward(dpre.data(), pre.data(), dpre.data(), int64_t(dpre.size()));
+    be_->set_matmul_precision(p);
+    auto d_pre = up(pre), d_inp = up(inp), d_w = up(w), d_dout = up(dout);
+    auto d_dpre = up(std::vector<float>(pre.size(), 7.0f)),
+         d_dw = up(std::vector<float>(w.size(), 0.5f)), d_db = up(std::vector<float>(OC, 0.5f));
+    be_->gelu_matmul_backward(d_dpre.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
+                              d_w.data(), d_pre.data(), kN, IC, OC);
+    check(d_dpre, dpre, "dpre (overwritten)",
+          p == MatmulPrecision::kBf16 ? test::kCublasLtDgelu : test::kBackendF32);
+    check(d_dw, dw, "dweight (+=)");
+    check(d_db, db, "dbias (+=)");
+    EXPECT_EQ(down(d_pre), pre) << "inputs are left as they were";
+  }
+}
+
 TEST_F(BackendOps, PackedCausalAttentionForwardAndBackward) {
   for (int NH : {4, 1}) {  // head sizes 16 and 64
     const int C = 64;

@@ -3,8 +3,9 @@
 // nothing from the driver), every op queued on one stream, GEMMs through cuBLAS in fp32 (no TF32:
 // the fp32 mode compares with the CPU reference) or, in bf16 precision, on bf16 copies of their
 // inputs with fp32 accumulation and output (cublasGemmEx, tensor cores); a forward GEMM with a
-// bias through cuBLASLt with the bias (and for the MLP's first layer the GELU) in its epilogue;
-// the other ops as one thread per work item running the bodies of thread_bodies.h, and in bf16
+// bias through cuBLASLt with the bias (and for the MLP's first layer the GELU) in its epilogue,
+// and in bf16 the MLP's GELU derivative in the epilogue of the backward GEMM before it; the other
+// ops as one thread per work item running the bodies of thread_bodies.h, and in bf16
 // the attention as the tiled tensor-core kernels of flash_bodies.h. Every launch is checked, with
 // the kernel's name.
 #include <cublasLt.h>
@@ -16,7 +17,9 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -198,7 +201,7 @@ class CudaExec : public Backend {
     const void* w = operand(weight, int64_t(OC) * IC, 1);
     const void* x = operand(inp, int64_t(N) * IC, 0);
     if (bias != nullptr && matmul_precision() == MatmulPrecision::kBf16 &&
-        lt_gemm(OC, N, IC, w, x, out, bias, pre))
+        lt_gemm({CUBLAS_OP_T, OC, N, IC, w, x, out, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre}))
       return;
     gemm_bias(pre, w, x, bias, N, IC, OC);
     gelu_forward(out, pre, int64_t(N) * OC);
@@ -209,13 +212,25 @@ class CudaExec : public Backend {
     if (dinp != nullptr)  // dinpᵀ (IC, N) = W (IC, OC) · doutᵀ (OC, N)
       gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, operand(weight, int64_t(OC) * IC, 1), IC, d, OC,
            0.0f, dinp, IC);
-    // dWᵀ (IC, OC) += inpᵀ (IC, N) · dout (N, OC)
-    if (dweight != nullptr)
-      gemm(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, operand(inp, int64_t(N) * IC, 0), IC, d, OC, 1.0f,
-           dweight, IC);
-    if (dbias != nullptr)  // from the fp32 output gradient in either precision
-      launch_on("bias_grad", stream_, OC,
-                [=] __device__(int64_t o) { body::bias_grad(int(o), dbias, dout, N, OC); });
+    weight_grads(dweight, dbias, d, dout, inp, N, IC, OC);
+  }
+  // In bf16: the dinp GEMM with cuBLASLt's DGELU epilogue, which multiplies its result by gelu'
+  // of the saved pre-activation (the aux input) as it writes it, instead of writing it for
+  // gelu_backward to read back. In fp32 (compared with the CPU within
+  // 1e-5) and where cuBLASLt does not take the call: matmul_backward, then gelu_backward.
+  void gelu_matmul_backward(float* dpre, float* dweight, float* dbias, const float* dout,
+                            const float* inp, const float* weight, const float* pre, int N, int IC,
+                            int OC) override {
+    if (matmul_precision() == MatmulPrecision::kBf16 && dpre != nullptr) {
+      const void* d = operand(dout, int64_t(N) * OC, 2);
+      const void* w = operand(weight, int64_t(OC) * IC, 1);
+      if (lt_gemm({CUBLAS_OP_N, IC, N, OC, w, d, dpre, CUBLASLT_EPILOGUE_DGELU, nullptr,
+                   const_cast<float*>(pre)})) {
+        weight_grads(dweight, dbias, d, dout, inp, N, IC, OC);
+        return;
+      }
+    }
+    Backend::gelu_matmul_backward(dpre, dweight, dbias, dout, inp, weight, pre, N, IC, OC);
   }
 
  public:
@@ -229,11 +244,24 @@ class CudaExec : public Backend {
   // enclosing function may not be private.)
   void gemm_bias(float* out, const void* w, const void* x, const float* bias, int N, int IC,
                  int OC) {
-    if (bias != nullptr && lt_gemm(OC, N, IC, w, x, out, bias, nullptr)) return;
+    if (bias != nullptr &&
+        lt_gemm({CUBLAS_OP_T, OC, N, IC, w, x, out, CUBLASLT_EPILOGUE_BIAS, bias}))
+      return;
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, w, IC, x, IC, 0.0f, out, OC);
     if (bias != nullptr)
       launch_on("add_bias", stream_, int64_t(N) * OC,
                 [=] __device__(int64_t i) { body::add_bias(i, out, bias, OC); });
+  }
+  // dWᵀ (IC, OC) += inpᵀ (IC, N) · dout (N, OC), with dout as operand() gave it (`d`), and the
+  // bias gradient from the fp32 output gradient in either precision; either may be null.
+  void weight_grads(float* dweight, float* dbias, const void* d, const float* dout,
+                    const float* inp, int N, int IC, int OC) {
+    if (dweight != nullptr)
+      gemm(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, operand(inp, int64_t(N) * IC, 0), IC, d, OC, 1.0f,
+           dweight, IC);
+    if (dbias != nullptr)
+      launch_on("bias_grad", stream_, OC,
+                [=] __device__(int64_t o) { body::bias_grad(int(o), dbias, dout, N, OC); });
   }
   // A block per tile, `threads` threads and `shared` bytes of dynamic shared memory each; above
   // the default 48 KiB the kernel is allowed that much first.
@@ -302,76 +330,133 @@ class CudaExec : public Backend {
                                 CUBLAS_GEMM_DEFAULT));
     }
   }
-  // D (m, n) column-major fp32 = Aᵀ·B + bias (m), A stored k × m and B k × n (column-major,
-  // leading dimension k) in the GEMM precision, as operand() gave them; with `pre`: pre = that sum
-  // and D = gelu(pre) (cuBLASLt's GELU, the tanh form kernels/ops.h uses). fp32 compute (no TF32).
+  // One cuBLASLt GEMM, column-major with fp32 compute (no TF32), alpha 1 and beta 0:
+  // D (m, n) fp32 = op(A)·B, A stored k × m (transa T) or m × k (N), B k × n, both in the GEMM
+  // precision as operand() gave them, then the epilogue:
+  //   BIAS:          D += bias (m);
+  //   GELU_AUX_BIAS: aux = that sum, D = gelu(aux) (the tanh form kernels/ops.h uses);
+  //   DGELU:         D ⊙= gelu'(aux), aux the saved pre-activation (an input).
+  // aux is m × n with leading dimension m.
+  struct LtCall {
+    cublasOperation_t transa;
+    int m, n, k;
+    const void* a;
+    const void* b;
+    float* d;
+    cublasLtEpilogue_t epilogue;
+    const float* bias = nullptr;
+    float* aux = nullptr;
+  };
   // False, with nothing queued, where cuBLASLt does not take it: a pointer not 16-byte aligned,
-  // `pre`'s leading dimension not a multiple of 8, no algorithm for the shape, or a refused call.
-  bool lt_gemm(int m, int n, int k, const void* a, const void* b, float* d, const float* bias,
-               float* pre) {
+  // aux's leading dimension not a multiple of 8, no algorithm for the shape, or a refused call.
+  // The descriptors and the algorithm the heuristic chose are kept per problem (shape, epilogue,
+  // precision and the operands' alignment), as cuBLAS advises, since the heuristic costs tens of
+  // microseconds of host time a call; only the pointers are set per call.
+  bool lt_gemm(const LtCall& c) {
     auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (!aligned(a) || !aligned(b) || !aligned(d) || !aligned(bias)) return false;
-    if (pre != nullptr && (!aligned(pre) || m % 8 != 0)) return false;
-    const cudaDataType_t in =
-        matmul_precision() == MatmulPrecision::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
-    LtDescs ds;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    lt_set(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(CUBLAS_OP_T));
-    lt_set(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(CUBLAS_OP_N));
-    lt_set(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
-           uint32_t(pre != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS));
-    lt_set(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
-    if (pre != nullptr) {
-      lt_set(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(pre));
-      lt_set(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(m));
-    }
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.a, in, uint64_t(k), uint64_t(m), int64_t(k)));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.b, in, uint64_t(k), uint64_t(n), int64_t(k)));
-    CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&ds.d, CUDA_R_32F, uint64_t(m), uint64_t(n), int64_t(m)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&ds.pref));
-    const size_t ws = kLtWorkspaceBytes;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    // The heuristic assumes 256-byte aligned matrices unless told: tell it what these are
-    // (parameters are views into one buffer), so it picks an algorithm that takes them.
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> alignments[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, a},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, b},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, d},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, d}};
-    for (const auto& [attr, p] : alignments) {
+    if (!aligned(c.a) || !aligned(c.b) || !aligned(c.d)) return false;
+    if (c.bias != nullptr && !aligned(c.bias)) return false;
+    if (c.aux != nullptr && (!aligned(c.aux) || c.m % 8 != 0)) return false;
+    // the largest power of two up to 256 that divides the address
+    auto alignment = [](const void* p) {
       uint32_t align = 256;
       while (reinterpret_cast<uintptr_t>(p) % align != 0) align /= 2;
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, attr, &align, sizeof align));
+      return align;
+    };
+    const bool bf16 = matmul_precision() == MatmulPrecision::kBf16;
+    const LtKey key{int(c.transa),  c.m,           c.n, c.k, int(c.epilogue), bf16, alignment(c.a),
+                    alignment(c.b), alignment(c.d)};
+    auto [it, fresh] = lt_plans_.try_emplace(key);
+    LtPlan& plan = it->second;
+    if (fresh) {
+      try {
+        plan_lt(plan, c, key, bf16 ? CUDA_R_16BF : CUDA_R_32F);
+      } catch (...) {  // no half-made plan stays behind
+        lt_plans_.erase(it);
+        throw;
+      }
     }
-    cublasLtMatmulHeuristicResult_t h{};
-    int found = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt_, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &h,
-                                       &found) != CUBLAS_STATUS_SUCCESS ||
-        found == 0)
-      return false;
+    if (!plan.found) return false;
+    if (c.bias != nullptr)
+      lt_set(plan.ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(c.bias));
+    if (c.aux != nullptr)
+      lt_set(plan.ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(c.aux));
     if (lt_workspace_ == nullptr) lt_workspace_ = alloc(kLtWorkspaceBytes);  // once
     const float one = 1.0f, zero = 0.0f;
-    // a refusal queues nothing: the caller then runs the unfused path
-    return cublasLtMatmul(lt_, ds.op, &one, a, ds.a, b, ds.b, &zero, d, ds.d, d, ds.d, &h.algo,
-                          lt_workspace_, kLtWorkspaceBytes, stream_) == CUBLAS_STATUS_SUCCESS;
+    // a refusal queues nothing: the caller then runs the unfused path, as it will from now on
+    plan.found = cublasLtMatmul(lt_, plan.ds.op, &one, c.a, plan.ds.a, c.b, plan.ds.b, &zero, c.d,
+                                plan.ds.d, c.d, plan.ds.d, &plan.algo, lt_workspace_,
+                                kLtWorkspaceBytes, stream_) == CUBLAS_STATUS_SUCCESS;
+    return plan.found;
   }
-  // The descriptors of one cuBLASLt call, destroyed with it.
+  // What a cuBLASLt plan depends on: the problem, its epilogue and precision, and the alignment
+  // of A, B and D the heuristic was told.
+  struct LtKey {
+    int transa, m, n, k, epilogue;
+    bool bf16;
+    uint32_t align_a, align_b, align_d;
+    bool operator<(const LtKey& o) const {
+      return std::tie(transa, m, n, k, epilogue, bf16, align_a, align_b, align_d) <
+             std::tie(o.transa, o.m, o.n, o.k, o.epilogue, o.bf16, o.align_a, o.align_b, o.align_d);
+    }
+  };
+  // The descriptors of one problem, destroyed with it.
   struct LtDescs {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-    cublasLtMatmulPreference_t pref = nullptr;
     LtDescs() = default;
     LtDescs(const LtDescs&) = delete;
     LtDescs& operator=(const LtDescs&) = delete;
     ~LtDescs() {
-      if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
       for (cublasLtMatrixLayout_t l : {a, b, d})
         if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
       if (op != nullptr) cublasLtMatmulDescDestroy(op);
     }
   };
+  struct LtPlan {
+    LtDescs ds;
+    cublasLtMatmulAlgo_t algo{};
+    bool found = false;  // an algorithm takes the problem (and cuBLASLt has not refused it)
+  };
+  // Creates the descriptors of c's problem and asks the heuristic for an algorithm, telling it
+  // the operands' real alignment (parameters are views into one buffer: the heuristic assumes 256
+  // bytes unless told).
+  void plan_lt(LtPlan& plan, const LtCall& c, const LtKey& key, cudaDataType_t in) {
+    LtDescs& ds = plan.ds;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    lt_set(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(c.transa));
+    lt_set(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(CUBLAS_OP_N));
+    lt_set(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(c.epilogue));
+    if (c.aux != nullptr) lt_set(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(c.m));
+    const bool ta = c.transa == CUBLAS_OP_T;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.a, in, uint64_t(ta ? c.k : c.m),
+                                            uint64_t(ta ? c.m : c.k), int64_t(ta ? c.k : c.m)));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.b, in, uint64_t(c.k), uint64_t(c.n), int64_t(c.k)));
+    CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&ds.d, CUDA_R_32F, uint64_t(c.m), uint64_t(c.n), int64_t(c.m)));
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = kLtWorkspaceBytes;
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    for (const auto& [attr, align] : alignments) {
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof align);
+    }
+    cublasLtMatmulHeuristicResult_t h{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, ds.op, ds.a, ds.b, ds.d, ds.d, pref, 1, &h, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    // a problem the heuristic cannot serve (an epilogue this GPU lacks) runs unfused
+    plan.found = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    plan.algo = h.algo;
+  }
   template <typename T>
   static void lt_set(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, const T& v) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, attr, &v, sizeof v));
@@ -390,6 +475,7 @@ class CudaExec : public Backend {
   cublasLtHandle_t lt_ = nullptr;
   static constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
   void* lt_workspace_ = nullptr;  // cuBLASLt's workspace, allocated at its first call
+  std::map<LtKey, LtPlan> lt_plans_;
   Scratch bf16_[3];
   Stage stage_[kStageSlots];
   int next_stage_ = 0;

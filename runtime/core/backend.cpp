@@ -20,4 +20,11 @@ void Backend::matmul_gelu_forward(float* out, float* pre, const float* inp, cons
   gelu_forward(out, pre, int64_t(N) * OC);
 }
 
+void Backend::gelu_matmul_backward(float* dpre, float* dweight, float* dbias, const float* dout,
+                                   const float* inp, const float* weight, const float* pre, int N,
+                                   int IC, int OC) {
+  matmul_backward(dpre, dweight, dbias, dout, inp, weight, N, IC, OC);
+  gelu_backward(dpre, pre, dpre, int64_t(N) * IC);
+}
+
 }  // namespace berth

@@ -91,6 +91,14 @@ class Backend {
   // cuBLASLt's GELU_AUX_BIAS epilogue).
   virtual void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight,
                                    const float* bias, int N, int IC, int OC);
+  // The backward of the MLP's second linear layer, whose input is inp = gelu(pre) (N, IC):
+  // dweight += doutᵀ·inp, dbias += Σ_n dout (when not null) and dpre (N, IC) = (dout·W) ⊙
+  // gelu'(pre), overwritten: what this default does (matmul_backward into dpre, then
+  // gelu_backward in place); a backend may fuse the GELU's derivative into the dinp GEMM (CUDA:
+  // cuBLASLt's DGELU epilogue).
+  virtual void gelu_matmul_backward(float* dpre, float* dweight, float* dbias, const float* dout,
+                                    const float* inp, const float* weight, const float* pre, int N,
+                                    int IC, int OC);
   // cu_seqlens (S+1 entries) is read on the host as well: pass a device copy in `cu_seqlens` and
   // the host copy in `cu_seqlens_host` (the same pointer on the CPU).
   virtual void attention_forward(float* out, float* att, const float* qkv,

@@ -384,9 +384,8 @@ void GPT<T>::backward(const PackedBatch& batch, T dloss, int slot) {
   for (int l = L - 1; l >= 0; l--) {
     const LayerIdx& ix = idx_[size_t(l)];
     LayerActs& a = sl.layers[size_t(l)];
-    row_linear_backward(be_, dfch_.data(), G(ix.fcproj_w), G(ix.fcproj_b), dres_.data(),
-                        a.fch_gelu.data(), P(ix.fcproj_w), N, F_, C);
-    ops_.gelu_backward(dfch_.data(), a.fch.data(), dfch_.data(), int64_t(N) * F_);
+    row_linear_gelu_backward(be_, dfch_.data(), G(ix.fcproj_w), G(ix.fcproj_b), dres_.data(),
+                             a.fch_gelu.data(), P(ix.fcproj_w), a.fch.data(), N, F_, C);
     column_linear_backward(be_, tp_, dln_.data(), G(ix.fc_w), G(ix.fc_b), dfch_.data(),
                            a.ln2.data(), P(ix.fc_w), N, C, F_);
     ops_.layernorm_backward(dres_.data(), G(ix.ln2_w), G(ix.ln2_b), dln_.data(), a.res2.data(),
