@@ -272,9 +272,13 @@ class CudaExec : public Backend {
                 blocks);
     BERTH_CHECK(shared <= max_shared_, "{}: a block needs {} bytes of shared memory, {} has {}",
                 name, shared, name_, max_shared_);
-    if (shared > 48 * 1024) {
-      CUDA_CHECK(cudaFuncSetAttribute(run_tiles<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(shared)));
+    if (shared > 48 * 1024) {  // once per kernel and size on this backend's device
+      size_t& allowed = shared_allowed_[reinterpret_cast<const void*>(run_tiles<K>)];
+      if (allowed < shared) {
+        CUDA_CHECK(cudaFuncSetAttribute(run_tiles<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(shared)));
+        allowed = shared;
+      }
     }
     run_tiles<K><<<unsigned(blocks), unsigned(threads), shared, stream_>>>(k);
     const cudaError_t err = cudaGetLastError();
@@ -476,6 +480,7 @@ class CudaExec : public Backend {
   static constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
   void* lt_workspace_ = nullptr;  // cuBLASLt's workspace, allocated at its first call
   std::map<LtKey, LtPlan> lt_plans_;
+  std::map<const void*, size_t> shared_allowed_;  // a tiled kernel's dynamic shared memory limit
   Scratch bf16_[3];
   Stage stage_[kStageSlots];
   int next_stage_ = 0;
