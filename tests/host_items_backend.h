@@ -15,9 +15,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -34,9 +37,12 @@ class HostExec : public Backend {
   // device_capacity > 0 makes it report a device of that many bytes (free = capacity − what it
   // holds), as the CUDA backend reports its GPU's; 0: host memory, like the CPU backend.
   // max_shared: the shared memory a tiled kernel's block may have (its host size, where a bf16 is
-  // a 4-byte float), as a GPU's limit; the default takes every kernel.
-  explicit HostExec(bool guarded = false, int64_t device_capacity = 0, size_t max_shared = SIZE_MAX)
-      : guarded_(guarded), capacity_(device_capacity), max_shared_(max_shared) {}
+  // a 4-byte float), as a GPU's limit; the default takes every kernel. simt: run a tiled kernel's
+  // block on as many host threads as it has GPU threads (kernels/cuda/host_simt.h) instead of
+  // one.
+  explicit HostExec(bool guarded = false, int64_t device_capacity = 0, size_t max_shared = SIZE_MAX,
+                    bool simt = false)
+      : guarded_(guarded), capacity_(device_capacity), max_shared_(max_shared), simt_(simt) {}
   ~HostExec() override {
     for (auto& [p, n] : maps_) munmap(p, n);
   }
@@ -106,20 +112,60 @@ class HostExec : public Backend {
     for (int64_t i = 0; i < n; ++i) f(i);
   }
   // A tiled kernel's blocks one after another, each played by one host thread (kernels/cuda/
-  // tiles.h), its shared memory filled with 0xff bytes (NaN as floats) first, so a read of shared
-  // memory the block has not written shows in the results.
+  // tiles.h), or in SIMT mode by `threads` host threads, its shared memory filled with 0xff bytes
+  // (NaN as floats) first, so a read of shared memory the block has not written shows in the
+  // results.
   template <class K>
-  void launch_tiles(const char*, int64_t blocks, int, size_t shared, const K& k) {
+  void launch_tiles(const char*, int64_t blocks, int threads, size_t shared, const K& k) {
     const Open o(this);
     constexpr size_t kAlign = cuda::tiles::kSharedAlign;
     std::vector<unsigned char> buf(shared + kAlign);
     unsigned char* smem = buf.data() + (kAlign - reinterpret_cast<uintptr_t>(buf.data()) % kAlign);
+    if (simt_) return launch_simt(blocks, threads, smem, shared, k);
     for (int64_t b = 0; b < blocks; ++b) {
       std::memset(smem, 0xff, shared);
       k.run(int(b), cuda::tiles::Team{0, 1}, smem);
     }
   }
   size_t max_block_shared_bytes() const { return max_shared_; }
+
+ private:
+  // The blocks one after another, each run by `threads` host threads at once; between blocks the
+  // threads meet at a barrier and thread 0 refills the shared memory. The first error of any
+  // thread is rethrown here once all have stopped.
+  template <class K>
+  void launch_simt(int64_t blocks, int threads, unsigned char* smem, size_t shared, const K& k) {
+    namespace simt = cuda::tiles::host_simt;
+    BERTH_CHECK(threads > 0 && threads % cuda::tiles::kWarpSize == 0,
+                "host SIMT executor: {} threads a block is not a whole number of warps", threads);
+    simt::BlockSync sync(threads);
+    std::mutex m;
+    std::exception_ptr first;
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; t++) {
+      workers.emplace_back([&, t] {
+        simt::current = &sync, simt::tid = t;
+        try {
+          for (int64_t b = 0; b < blocks; ++b) {
+            if (t == 0) std::memset(smem, 0xff, shared);
+            sync.sync_block();
+            k.run(int(b), cuda::tiles::Team{t, threads}, smem);
+            sync.sync_block();
+          }
+        } catch (const simt::Abandoned&) {  // another thread failed first
+        } catch (...) {
+          {
+            const std::lock_guard<std::mutex> lk(m);
+            if (!first) first = std::current_exception();
+          }
+          sync.abandon();
+        }
+        simt::current = nullptr;
+      });
+    }
+    for (std::thread& w : workers) w.join();
+    if (first) std::rethrow_exception(first);
+  }
 
  public:
   // Makes every allocation readable and writable for its scope (guarded mode): the backend's own
@@ -141,6 +187,7 @@ class HostExec : public Backend {
   bool guarded_;
   int64_t capacity_;
   size_t max_shared_;
+  bool simt_;
   std::unique_ptr<Backend> mem_ = make_cpu_backend();
   std::map<void*, size_t> maps_, sizes_;
   int64_t in_use_ = 0, peak_ = 0;
@@ -148,8 +195,9 @@ class HostExec : public Backend {
 
 inline std::unique_ptr<Backend> make_host_items_backend(bool guarded = false,
                                                         int64_t device_capacity = 0,
-                                                        size_t max_shared = SIZE_MAX) {
-  return std::make_unique<cuda::ItemBackend<HostExec>>(guarded, device_capacity, max_shared);
+                                                        size_t max_shared = SIZE_MAX,
+                                                        bool simt = false) {
+  return std::make_unique<cuda::ItemBackend<HostExec>>(guarded, device_capacity, max_shared, simt);
 }
 
 // A communicator over another (MPI, host memory) whose calls may read and write a guarded

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
@@ -504,6 +505,68 @@ TEST_F(BackendOps, Bf16AttentionBackwardWith32QueryTilesIsWithinTwiceANaiveBf16E
   ASSERT_EQ(items->backward_query_tile(128), 32);
   check_bf16_varlen({1});
   check_bf16_ring_blocks({1});
+}
+
+// The tiled bf16 kernels with a host thread per GPU thread and real barriers (SIMT mode,
+// kernels/cuda/host_simt.h) against the same kernels played by one thread: bit-identical, since
+// each value is computed by the same operations in the same order and only which thread computes
+// it changes. A barrier missing between a write to shared memory and another thread's read of it
+// lets that read run early, as on a GPU, and shows here as a difference (dropping the __syncwarp
+// after the forward's S = Q·Kᵀ does). Varlen and ring blocks, head sizes 32, 64 and 128, and 128
+// with the 32-query backward.
+TEST_F(BackendOps, TiledBf16AttentionIsTheSameWithEveryThreadOfABlockRunning) {
+  using V = cuda::flash::Varlen;
+  const std::vector<int32_t> cu = {0, 100, 101, 230, 300};
+  const int N = cu.back(), S = int(cu.size()) - 1, C = 128, nq = 70, n1 = 90;
+  std::vector<int32_t> q_seq(nq), q_pos(nq), k_seq(n1), k_pos(n1);
+  for (int i = 0; i < nq; ++i)
+    q_seq[size_t(i)] = i < 45 ? 0 : 1, q_pos[size_t(i)] = i < 45 ? 80 + i : i - 45;
+  for (int j = 0; j < n1; ++j)
+    k_seq[size_t(j)] = j < 60 ? 0 : 2, k_pos[size_t(j)] = j < 60 ? 2 * j : j;
+  const auto qkv = randn(size_t(N) * 3 * C, 50, 1.5f), dout = randn(size_t(N) * C, 51);
+  const auto q = randn(size_t(nq) * C, 60, 1.5f), k1 = randn(size_t(n1) * C, 61, 1.5f),
+             v1 = randn(size_t(n1) * C, 62), k2 = randn(size_t(nq) * C, 63, 1.5f),
+             v2 = randn(size_t(nq) * C, 64), ring_dout = randn(size_t(nq) * C, 65);
+  struct Case {
+    int NH;
+    size_t max_shared;
+  };
+  const size_t a100_like = cuda::flash::Backward<128, V, 32>::shared_bytes();
+  for (const Case c :
+       {Case{4, SIZE_MAX}, Case{2, SIZE_MAX}, Case{1, SIZE_MAX}, Case{1, a100_like}}) {
+    const int NH = c.NH;
+    SCOPED_TRACE("head size " + std::to_string(C / NH) +
+                 (c.max_shared == a100_like ? ", 32-query backward" : ""));
+    std::vector<std::vector<float>> results[2];  // turn-taking, SIMT
+    for (const bool simt : {false, true}) {
+      be_ = test::make_host_items_backend(false, 0, c.max_shared, simt);
+      be_->set_matmul_precision(MatmulPrecision::kBf16);
+      ASSERT_TRUE(be_->attention_on_tensor_cores(C / NH));
+      auto d_qkv = up(qkv), d_dout = up(dout);
+      auto d_cu = up(cu);
+      DeviceBuffer<float> d_out(*be_, int64_t(N) * C), d_lse(*be_, int64_t(N) * NH),
+          d_dqkv(*be_, int64_t(N) * 3 * C);
+      be_->attention_varlen_forward(d_out.data(), d_lse.data(), d_qkv.data(), d_cu.data(),
+                                    cu.data(), S, C, NH);
+      be_->attention_varlen_backward(d_dqkv.data(), d_dout.data(), d_out.data(), d_lse.data(),
+                                     d_qkv.data(), d_cu.data(), cu.data(), S, C, NH);
+      const RingBlocks r =
+          ring_blocks(q, k1, v1, k2, v2, ring_dout, q_seq, q_pos, k_seq, k_pos, C, NH, 0.5f);
+      results[simt] = {down(d_out), down(d_lse), down(d_dqkv), r.out1, r.lse1, r.out,
+                       r.lse,       r.dq,        r.dk1,        r.dv1,  r.dk2,  r.dv2};
+    }
+    const char* names[] = {"varlen out",  "varlen lse", "varlen dqkv", "block 1 out",
+                           "block 1 lse", "merged out", "merged lse",  "ring dq",
+                           "ring dk1",    "ring dv1",   "ring dk2",    "ring dv2"};
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      const auto &a = results[0][i], &b = results[1][i];
+      ASSERT_EQ(a.size(), b.size());
+      size_t differ = 0;
+      for (size_t e = 0; e < a.size(); ++e) differ += std::memcmp(&a[e], &b[e], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << names[i] << ": " << differ << " of " << a.size()
+                            << " values differ between one thread and a thread per GPU thread";
+    }
+  }
 }
 #endif
 

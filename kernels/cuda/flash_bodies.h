@@ -146,11 +146,7 @@ template <int kCols = kTile, class Sees>
 BERTH_DEV bool warp_any(const Lanes& ln, Sees sees) {
   bool mine = false;
   for (int e = ln.lane; e < 16 * kCols && !mine; e += ln.n) mine = sees(e / kCols, e % kCols);
-#if defined(__CUDACC__)
-  return __any_sync(0xffffffffu, mine);
-#else
-  return mine;  // one "lane" covered every pair
-#endif
+  return tiles::any_lane(ln, mine);
 }
 
 // ---- forward: a block per (query tile, head) ----------------------------------------------------

@@ -8,7 +8,9 @@
 //     a plain loop with wmma's documented contract: element (i, k) of a row-major A at
 //     a[i·lda + k], of a column-major A at a[i + k·lda], fp32 accumulation. It also checks what
 //     wmma requires and cannot check itself: leading dimensions a multiple of 16 bytes, tile
-//     pointers 32-byte aligned (as they would be on the device), K a multiple of 16.
+//     pointers 32-byte aligned (as they would be on the device), K a multiple of 16;
+//   - on the host in SIMT mode (kernels/cuda/host_simt.h): a host thread per GPU thread, with the
+//     same thread and lane indices and real barriers, so a missing barrier shows as a race.
 // So a kernel written on these runs on the CPU in the tests, against the CPU reference, with the
 // same tiling, masking and shared-memory layout as on the GPU. What a block keeps from one phase to
 // the next lives in shared memory (per-thread registers would not survive the host's turn-taking).
@@ -30,6 +32,7 @@
 #define BERTH_TILES_HD __host__ __device__ inline
 #define BERTH_TILES_EXECUTOR device_executor
 #else
+#include "kernels/cuda/host_simt.h"
 #include "kernels/ops.h"
 #include "runtime/core/check.h"
 #define BERTH_DEV inline
@@ -52,12 +55,15 @@ BERTH_DEV bf16 to_bf16(float x) { return cpu::round_to_bf16(x); }
 constexpr int kWarpSize = 32;
 constexpr size_t kSharedAlign = 128;  // every region of a block's shared memory starts so aligned
 
-// The threads of a block: thread `tid` of `n`. On the host, one thread (0 of 1) plays them all.
+// The threads of a block: thread `tid` of `n`. On the host, one thread (0 of 1) plays them all,
+// or in SIMT mode each plays its own.
 struct Team {
   int tid, n;
   BERTH_DEV void sync() const {
 #if defined(__CUDACC__)
     __syncthreads();
+#else
+    if (host_simt::current != nullptr) host_simt::current->sync_block();
 #endif
   }
 };
@@ -68,20 +74,36 @@ struct Lanes {
   BERTH_DEV void sync() const {
 #if defined(__CUDACC__)
     __syncwarp();
+#else
+    if (host_simt::current != nullptr) host_simt::current->sync_warp(host_simt::tid / kWarpSize);
 #endif
   }
 };
 
-// f(warp, lanes) for each of the block's `warps` warps: on the GPU each thread calls it once for
-// its own warp; on the host the warps take turns.
+// f(warp, lanes) for each of the block's `warps` warps: on the GPU (and the host in SIMT mode)
+// each thread calls it once for its own warp; on the host the warps take turns.
 template <typename F>
 BERTH_DEV void each_warp(const Team& team, int warps, F f) {
 #if defined(__CUDACC__)
   (void)warps;
   f(team.tid / kWarpSize, Lanes{team.tid % kWarpSize, kWarpSize});
 #else
-  (void)team;
+  if (host_simt::current != nullptr) {
+    f(team.tid / kWarpSize, Lanes{team.tid % kWarpSize, kWarpSize});
+    return;
+  }
   for (int w = 0; w < warps; w++) f(w, Lanes{0, 1});
+#endif
+}
+
+// Whether `mine` holds for any lane of the warp (__any_sync); every lane must call it.
+BERTH_DEV bool any_lane(const Lanes& ln, bool mine) {
+#if defined(__CUDACC__)
+  (void)ln;
+  return __any_sync(0xffffffffu, mine);
+#else
+  if (host_simt::current == nullptr) return mine;  // one "lane" covered every element
+  return host_simt::current->any(host_simt::tid / kWarpSize, ln.lane, mine);
 #endif
 }
 
@@ -140,6 +162,10 @@ BERTH_DEV void mma_tile(float* c, int ldc, bool accumulate, const bf16* a, int l
               "mma_tile: K {} and bf16 leading dimensions {} {} must be multiples of 16 and 8, "
               "the fp32 one {} of 4",
               K, lda, ldb, ldc);
+  // SIMT mode: lane 0 computes the tile while the other lanes go on, without waiting for them;
+  // so the operands must have been made visible by a barrier before, which the kernels do
+  // (wmma's _sync calls do wait for the warp's lanes; the kernels do not lean on that)
+  if (host_simt::current != nullptr && host_simt::tid % kWarpSize != 0) return;
   BERTH_CHECK(aligned(c, 8, sizeof(float)), "mma_tile: the fp32 tile is not 32-byte aligned");
   for (int k0 = 0; k0 < K; k0 += 16) {
     BERTH_CHECK(aligned(kTransA ? a + size_t(k0) * lda : a + k0, 16, sizeof(bf16)) &&
