@@ -37,6 +37,13 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
 
+// How the model's attention runs on this backend at this head size (the log's model line).
+const char* attention_path(const Backend& be, int head_size) {
+  if (!be.prefers_flash_attention()) return "attention through its probabilities (BLAS)";
+  return be.attention_on_tensor_cores(head_size) ? "flash-style attention on tensor cores (bf16)"
+                                                 : "flash-style attention in fp32";
+}
+
 std::string describe_layers(int L, int pp, int stage) {
   const LayerRange r = stage_layers(L, pp, stage);
   return fmt::format("{}..{}", r.begin, r.end - 1);
@@ -601,11 +608,19 @@ std::vector<StepStats> Trainer::run() {
   log_info(
       "model: {} parameters ({:.2f} M; {} on this rank), L={} C={} NH={} V={} (padded {}) | "
       "batch {}x{} | {:.1f} MFLOP/token | {} OpenMP threads | activations {:.1f} MiB in {} "
-      "slot(s) | device {}, {} GEMMs",
+      "slot(s) | device {}, {} GEMMs, {}",
       n_params, double(n_params) / 1e6, model_->layout().total, gcfg_.L, gcfg_.C, gcfg_.NH, gcfg_.V,
       gcfg_.Vp, cfg_.train.micro_batch_size, cfg_.data.seq_len, flops_per_token_ / 1e6,
       omp_get_max_threads(), double(model_->activation_bytes()) / (1024.0 * 1024.0),
-      model_->slots(), backend_->name(), matmul_precision_name(backend_->matmul_precision()));
+      model_->slots(), backend_->name(), matmul_precision_name(backend_->matmul_precision()),
+      attention_path(*backend_, gcfg_.C / gcfg_.NH));
+  if (backend_->kind() == DeviceKind::kCuda &&
+      backend_->matmul_precision() == MatmulPrecision::kBf16 &&
+      !backend_->attention_on_tensor_cores(gcfg_.C / gcfg_.NH))
+    log_info("warning: attention at head size {} runs on the fp32 kernels, not on tensor cores "
+             "(those take head sizes 32, 64 and 128 where the GPU's shared memory holds their "
+             "blocks); the GEMMs stay bf16",
+             gcfg_.C / gcfg_.NH);
   log_info("data: {} tokens in {} documents | {}", train_ds_.n_tokens(), train_ds_.n_docs(),
            data_summary_);
   const GridShape& shape = grid_->shape();

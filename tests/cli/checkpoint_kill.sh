@@ -45,6 +45,8 @@ grep -q "resumed from $ck/step-00000002 at step 2" "$tmp/second.log"
 check "resume auto used the previous complete checkpoint (step 2)" $?
 grep -q "removed 1 incomplete checkpoint" "$tmp/second.log"
 check "the partial checkpoint was cleaned up" $?
+grep -q "device cpu, fp32 GEMMs, attention through its probabilities (BLAS)" "$tmp/second.log"
+check "the log says how the GEMMs and the attention run" $?
 ! compgen -G "$ck/*.tmp-*" > /dev/null
 check "no temporary checkpoint directory left" $?
 [ -f "$ck/step-00000006/meta.json" ]
