@@ -141,27 +141,34 @@ class HostExec : public Backend {
     simt::BlockSync sync(threads);
     std::mutex m;
     std::exception_ptr first;
+    auto fail = [&](std::exception_ptr e) {
+      {
+        const std::lock_guard<std::mutex> lk(m);
+        if (!first) first = e;
+      }
+      sync.abandon();
+    };
     std::vector<std::thread> workers;
-    for (int t = 0; t < threads; t++) {
-      workers.emplace_back([&, t] {
-        simt::current = &sync, simt::tid = t;
-        try {
-          for (int64_t b = 0; b < blocks; ++b) {
-            if (t == 0) std::memset(smem, 0xff, shared);
-            sync.sync_block();
-            k.run(int(b), cuda::tiles::Team{t, threads}, smem);
-            sync.sync_block();
+    try {
+      for (int t = 0; t < threads; t++) {
+        workers.emplace_back([&, t] {
+          simt::current = &sync, simt::tid = t;
+          try {
+            for (int64_t b = 0; b < blocks; ++b) {
+              if (t == 0) std::memset(smem, 0xff, shared);
+              sync.sync_block(t);
+              k.run(int(b), cuda::tiles::Team{t, threads}, smem);
+              sync.sync_block(t);
+            }
+          } catch (const simt::Abandoned&) {  // another thread failed first
+          } catch (...) {
+            fail(std::current_exception());
           }
-        } catch (const simt::Abandoned&) {  // another thread failed first
-        } catch (...) {
-          {
-            const std::lock_guard<std::mutex> lk(m);
-            if (!first) first = std::current_exception();
-          }
-          sync.abandon();
-        }
-        simt::current = nullptr;
-      });
+          simt::current = nullptr;
+        });
+      }
+    } catch (...) {  // a thread that could not start: release the others, which wait for it
+      fail(std::current_exception());
     }
     for (std::thread& w : workers) w.join();
     if (first) std::rethrow_exception(first);

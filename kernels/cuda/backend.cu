@@ -221,16 +221,16 @@ class CudaExec : public Backend {
   void gelu_matmul_backward(float* dpre, float* dweight, float* dbias, const float* dout,
                             const float* inp, const float* weight, const float* pre, int N, int IC,
                             int OC) override {
-    if (matmul_precision() == MatmulPrecision::kBf16 && dpre != nullptr) {
-      const void* d = operand(dout, int64_t(N) * OC, 2);
-      const void* w = operand(weight, int64_t(OC) * IC, 1);
-      if (lt_gemm({CUBLAS_OP_N, IC, N, OC, w, d, dpre, CUBLASLT_EPILOGUE_DGELU, nullptr,
-                   const_cast<float*>(pre)})) {
-        weight_grads(dweight, dbias, d, dout, inp, N, IC, OC);
-        return;
-      }
+    if (matmul_precision() == MatmulPrecision::kFp32 || dpre == nullptr)
+      return Backend::gelu_matmul_backward(dpre, dweight, dbias, dout, inp, weight, pre, N, IC, OC);
+    const void* d = operand(dout, int64_t(N) * OC, 2);
+    const void* w = operand(weight, int64_t(OC) * IC, 1);
+    if (!lt_gemm({CUBLAS_OP_N, IC, N, OC, w, d, dpre, CUBLASLT_EPILOGUE_DGELU, nullptr,
+                  const_cast<float*>(pre)})) {  // unfused, on the operands already rounded
+      gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, w, IC, d, OC, 0.0f, dpre, IC);
+      gelu_backward(dpre, pre, dpre, int64_t(N) * IC);
     }
-    Backend::gelu_matmul_backward(dpre, dweight, dbias, dout, inp, weight, pre, N, IC, OC);
+    weight_grads(dweight, dbias, d, dout, inp, N, IC, OC);
   }
 
  public:
@@ -368,8 +368,17 @@ class CudaExec : public Backend {
       return align;
     };
     const bool bf16 = matmul_precision() == MatmulPrecision::kBf16;
-    const LtKey key{int(c.transa),  c.m,           c.n, c.k, int(c.epilogue), bf16, alignment(c.a),
-                    alignment(c.b), alignment(c.d)};
+    const LtKey key{int(c.transa),
+                    c.m,
+                    c.n,
+                    c.k,
+                    int(c.epilogue),
+                    bf16,
+                    alignment(c.a),
+                    alignment(c.b),
+                    alignment(c.d),
+                    c.bias != nullptr ? alignment(c.bias) : 0u,
+                    c.aux != nullptr ? alignment(c.aux) : 0u};
     auto [it, fresh] = lt_plans_.try_emplace(key);
     LtPlan& plan = it->second;
     if (fresh) {
@@ -381,27 +390,40 @@ class CudaExec : public Backend {
       }
     }
     if (!plan.found) return false;
-    if (c.bias != nullptr)
-      lt_set(plan.ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(c.bias));
-    if (c.aux != nullptr)
-      lt_set(plan.ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(c.aux));
+    set_pointers(plan.ds.op, c);
     if (lt_workspace_ == nullptr) lt_workspace_ = alloc(kLtWorkspaceBytes);  // once
     const float one = 1.0f, zero = 0.0f;
-    // a refusal queues nothing: the caller then runs the unfused path, as it will from now on
-    plan.found = cublasLtMatmul(lt_, plan.ds.op, &one, c.a, plan.ds.a, c.b, plan.ds.b, &zero, c.d,
-                                plan.ds.d, c.d, plan.ds.d, &plan.algo, lt_workspace_,
-                                kLtWorkspaceBytes, stream_) == CUBLAS_STATUS_SUCCESS;
-    return plan.found;
+    const cublasStatus_t st =
+        cublasLtMatmul(lt_, plan.ds.op, &one, c.a, plan.ds.a, c.b, plan.ds.b, &zero, c.d, plan.ds.d,
+                       c.d, plan.ds.d, &plan.algo, lt_workspace_, kLtWorkspaceBytes, stream_);
+    // a refusal queues nothing: the caller then runs the unfused path, as it will for this
+    // problem from now on; any other failure is an error
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
+        st == CUBLAS_STATUS_ARCH_MISMATCH) {
+      plan.found = false;
+      return false;
+    }
+    CUBLAS_CHECK(st);
+    return true;
+  }
+  // The bias and aux pointers of call c on its matmul descriptor.
+  static void set_pointers(cublasLtMatmulDesc_t op, const LtCall& c) {
+    if (c.bias != nullptr)
+      lt_set(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(c.bias));
+    if (c.aux != nullptr)
+      lt_set(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(c.aux));
   }
   // What a cuBLASLt plan depends on: the problem, its epilogue and precision, and the alignment
-  // of A, B and D the heuristic was told.
+  // of A, B and D the heuristic was told, and of the bias and aux, which it reads from their
+  // pointers.
   struct LtKey {
     int transa, m, n, k, epilogue;
     bool bf16;
-    uint32_t align_a, align_b, align_d;
+    uint32_t align_a, align_b, align_d, align_bias, align_aux;  // 0: no bias, no aux
     bool operator<(const LtKey& o) const {
-      return std::tie(transa, m, n, k, epilogue, bf16, align_a, align_b, align_d) <
-             std::tie(o.transa, o.m, o.n, o.k, o.epilogue, o.bf16, o.align_a, o.align_b, o.align_d);
+      return std::tie(transa, m, n, k, epilogue, bf16, align_a, align_b, align_d, align_bias,
+                      align_aux) < std::tie(o.transa, o.m, o.n, o.k, o.epilogue, o.bf16, o.align_a,
+                                            o.align_b, o.align_d, o.align_bias, o.align_aux);
     }
   };
   // The descriptors of one problem, destroyed with it.
@@ -432,6 +454,7 @@ class CudaExec : public Backend {
     lt_set(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(CUBLAS_OP_N));
     lt_set(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(c.epilogue));
     if (c.aux != nullptr) lt_set(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(c.m));
+    set_pointers(ds.op, c);  // before the heuristic, which takes their alignment from them
     const bool ta = c.transa == CUBLAS_OP_T;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.a, in, uint64_t(ta ? c.k : c.m),
                                             uint64_t(ta ? c.m : c.k), int64_t(ta ? c.k : c.m)));

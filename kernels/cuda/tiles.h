@@ -63,7 +63,7 @@ struct Team {
 #if defined(__CUDACC__)
     __syncthreads();
 #else
-    if (host_simt::current != nullptr) host_simt::current->sync_block();
+    if (host_simt::current != nullptr) host_simt::current->sync_block(host_simt::tid);
 #endif
   }
 };
@@ -75,7 +75,7 @@ struct Lanes {
 #if defined(__CUDACC__)
     __syncwarp();
 #else
-    if (host_simt::current != nullptr) host_simt::current->sync_warp(host_simt::tid / kWarpSize);
+    if (host_simt::current != nullptr) host_simt::current->sync_warp(host_simt::tid);
 #endif
   }
 };
@@ -102,8 +102,9 @@ BERTH_DEV bool any_lane(const Lanes& ln, bool mine) {
   (void)ln;
   return __any_sync(0xffffffffu, mine);
 #else
+  (void)ln;
   if (host_simt::current == nullptr) return mine;  // one "lane" covered every element
-  return host_simt::current->any(host_simt::tid / kWarpSize, ln.lane, mine);
+  return host_simt::current->any(host_simt::tid, mine);
 #endif
 }
 
@@ -165,7 +166,10 @@ BERTH_DEV void mma_tile(float* c, int ldc, bool accumulate, const bf16* a, int l
   // SIMT mode: lane 0 computes the tile while the other lanes go on, without waiting for them;
   // so the operands must have been made visible by a barrier before, which the kernels do
   // (wmma's _sync calls do wait for the warp's lanes; the kernels do not lean on that)
-  if (host_simt::current != nullptr && host_simt::tid % kWarpSize != 0) return;
+  if (host_simt::current != nullptr) {
+    host_simt::current->count_mma(host_simt::tid);
+    if (host_simt::tid % kWarpSize != 0) return;
+  }
   BERTH_CHECK(aligned(c, 8, sizeof(float)), "mma_tile: the fp32 tile is not 32-byte aligned");
   for (int k0 = 0; k0 < K; k0 += 16) {
     BERTH_CHECK(aligned(kTransA ? a + size_t(k0) * lda : a + k0, 16, sizeof(bf16)) &&

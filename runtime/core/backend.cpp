@@ -24,7 +24,7 @@ void Backend::gelu_matmul_backward(float* dpre, float* dweight, float* dbias, co
                                    const float* inp, const float* weight, const float* pre, int N,
                                    int IC, int OC) {
   matmul_backward(dpre, dweight, dbias, dout, inp, weight, N, IC, OC);
-  gelu_backward(dpre, pre, dpre, int64_t(N) * IC);
+  if (dpre != nullptr) gelu_backward(dpre, pre, dpre, int64_t(N) * IC);
 }
 
 }  // namespace berth

@@ -92,8 +92,8 @@ class Backend {
   virtual void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight,
                                    const float* bias, int N, int IC, int OC);
   // The backward of the MLP's second linear layer, whose input is inp = gelu(pre) (N, IC):
-  // dweight += doutᵀ·inp, dbias += Σ_n dout (when not null) and dpre (N, IC) = (dout·W) ⊙
-  // gelu'(pre), overwritten: what this default does (matmul_backward into dpre, then
+  // dweight += doutᵀ·inp, dbias += Σ_n dout and dpre (N, IC) = (dout·W) ⊙ gelu'(pre),
+  // overwritten (each when not null): what this default does (matmul_backward into dpre, then
   // gelu_backward in place); a backend may fuse the GELU's derivative into the dinp GEMM (CUDA:
   // cuBLASLt's DGELU epilogue).
   virtual void gelu_matmul_backward(float* dpre, float* dweight, float* dbias, const float* dout,
