@@ -156,8 +156,8 @@ class BackendOps : public ::testing::Test {
     return r;
   }
   // The bf16 attention checks below, at these head counts (C = 128).
-  void check_bf16_varlen(const std::vector<int>& head_counts);
-  void check_bf16_ring_blocks(const std::vector<int>& head_counts);
+  void check_bf16_varlen(int C, const std::vector<int>& head_counts);
+  void check_bf16_ring_blocks(int C, const std::vector<int>& head_counts);
   std::unique_ptr<Backend> be_;
 };
 
@@ -393,10 +393,10 @@ bool on_tensor_cores(Backend& be, int head_size) {
 // bf16 precision: the varlen attention (the tiled tensor-core kernels on the CUDA backend,
 // kernels/cuda/flash_bodies.h, run block by block on the host in test_backend) against the fp64
 // reference, within twice the error of the naive bf16 implementation. Packed documents of 100,
-// 1, 129 and 70 tokens cross the 64-token tiles; head sizes 32, 64 and 128.
-void BackendOps::check_bf16_varlen(const std::vector<int>& head_counts) {
+// 1, 129 and 70 tokens cross the 64-token tiles; head sizes 32, 64, 80, 96 and 128.
+void BackendOps::check_bf16_varlen(int C, const std::vector<int>& head_counts) {
   const std::vector<int32_t> cu = {0, 100, 101, 230, 300};
-  const int N = cu.back(), S = int(cu.size()) - 1, C = 128;
+  const int N = cu.back(), S = int(cu.size()) - 1;
   std::vector<int> doc(static_cast<size_t>(N));
   for (int s = 0; s < S; ++s)
     for (int t = cu[size_t(s)]; t < cu[size_t(s) + 1]; ++t) doc[size_t(t)] = s;
@@ -437,7 +437,9 @@ void BackendOps::check_bf16_varlen(const std::vector<int>& head_counts) {
   be_->set_matmul_precision(MatmulPrecision::kFp32);
 }
 TEST_F(BackendOps, Bf16AttentionIsWithinTwiceTheErrorOfANaiveBf16Implementation) {
-  check_bf16_varlen({4, 2, 1});
+  check_bf16_varlen(128, {4, 2, 1});
+  check_bf16_varlen(160, {2});  // head size 80
+  check_bf16_varlen(192, {2});  // 96
 }
 
 // bf16 precision, ring attention's pieces (on the CUDA backend the tiled tensor-core kernels
@@ -445,9 +447,9 @@ TEST_F(BackendOps, Bf16AttentionIsWithinTwiceTheErrorOfANaiveBf16Implementation)
 // queries' own tokens and one with earlier positions of sequence 0 and tokens of a sequence no
 // query has (so some queries see nothing in it: LSE −inf, out 0), merged by LSE in fp32, then the
 // block backwards. Against the fp64 reference over both blocks' keys, within twice the error of
-// the naive bf16 implementation; head sizes 32, 64 and 128.
-void BackendOps::check_bf16_ring_blocks(const std::vector<int>& head_counts) {
-  const int C = 128, nq = 70, n1 = 90;
+// the naive bf16 implementation; head sizes 32, 64, 80, 96 and 128.
+void BackendOps::check_bf16_ring_blocks(int C, const std::vector<int>& head_counts) {
+  const int nq = 70, n1 = 90;
   std::vector<int32_t> q_seq(nq), q_pos(nq), k_seq(n1), k_pos(n1);
   for (int i = 0; i < nq; ++i)  // sequence 0 from position 80, sequence 1 from 0
     q_seq[size_t(i)] = i < 45 ? 0 : 1, q_pos[size_t(i)] = i < 45 ? 80 + i : i - 45;
@@ -490,21 +492,32 @@ void BackendOps::check_bf16_ring_blocks(const std::vector<int>& head_counts) {
   be_->set_matmul_precision(MatmulPrecision::kFp32);
 }
 TEST_F(BackendOps, Bf16RingAttentionBlocksAreWithinTwiceTheErrorOfANaiveBf16Implementation) {
-  check_bf16_ring_blocks({4, 2, 1});
+  check_bf16_ring_blocks(128, {4, 2, 1});
+  check_bf16_ring_blocks(160, {2});  // head size 80
+  check_bf16_ring_blocks(192, {2});  // 96
 }
 
 #if !BERTH_TEST_CUDA
-// A device whose shared memory takes head size 128's backward only with 32-query tiles (an A100:
-// 163 KiB, the 64-query tiles need 191): the same two checks there, on the 32-query backward.
+// A device whose shared memory takes a head size's backward only with 32-query tiles (128 on an
+// A100: 163 KiB, the 64-query tiles need 191.5; 64 on sm_86/89: 99 KiB, they need 127.5): the
+// same two checks there, on the 32-query backward.
 TEST_F(BackendOps, Bf16AttentionBackwardWith32QueryTilesIsWithinTwiceANaiveBf16Error) {
   using V = cuda::flash::Varlen;
-  be_ = test::make_host_items_backend(false, 0, cuda::flash::Backward<128, V, 32>::shared_bytes());
-  be_->set_matmul_precision(MatmulPrecision::kBf16);
-  const auto* items = dynamic_cast<const cuda::ItemBackend<test::HostExec>*>(be_.get());
-  ASSERT_NE(items, nullptr);
-  ASSERT_EQ(items->backward_query_tile(128), 32);
-  check_bf16_varlen({1});
-  check_bf16_ring_blocks({1});
+  struct Case {
+    int head_size;
+    size_t max_shared;
+  };
+  for (const Case c : {Case{128, cuda::flash::Backward<128, V, 32>::shared_bytes()},
+                       Case{64, cuda::flash::Backward<64, V, 32>::shared_bytes()}}) {
+    SCOPED_TRACE(c.head_size);
+    be_ = test::make_host_items_backend(false, 0, c.max_shared);
+    be_->set_matmul_precision(MatmulPrecision::kBf16);
+    const auto* items = dynamic_cast<const cuda::ItemBackend<test::HostExec>*>(be_.get());
+    ASSERT_NE(items, nullptr);
+    ASSERT_EQ(items->backward_query_tile(c.head_size), 32);
+    check_bf16_varlen(c.head_size, {1});
+    check_bf16_ring_blocks(c.head_size, {1});
+  }
 }
 
 // The tiled bf16 kernels with a host thread per GPU thread and real barriers (SIMT mode,
@@ -513,31 +526,33 @@ TEST_F(BackendOps, Bf16AttentionBackwardWith32QueryTilesIsWithinTwiceANaiveBf16E
 // it changes. A barrier missing between a write to shared memory and another thread's read of it
 // lets that read run early, as on a GPU, and shows here as a difference (dropping the __syncwarp
 // after the forward's S = Q·Kᵀ does), or under ThreadSanitizer (scripts/race_check) as a race.
-// Varlen and ring blocks (and blocks with no key or no query), head sizes 32, 64 and 128, and 128
-// with the 32-query backward.
+// Varlen and ring blocks (and blocks with no key or no query), head sizes 32, 64, 80, 96 and
+// 128, and 128 and 64 with the 32-query backward.
 TEST_F(BackendOps, TiledBf16AttentionIsTheSameWithEveryThreadOfABlockRunning) {
   using V = cuda::flash::Varlen;
   const std::vector<int32_t> cu = {0, 100, 101, 230, 300};
-  const int N = cu.back(), S = int(cu.size()) - 1, C = 128, nq = 70, n1 = 90;
+  const int N = cu.back(), S = int(cu.size()) - 1, nq = 70, n1 = 90;
   std::vector<int32_t> q_seq(nq), q_pos(nq), k_seq(n1), k_pos(n1);
   for (int i = 0; i < nq; ++i)
     q_seq[size_t(i)] = i < 45 ? 0 : 1, q_pos[size_t(i)] = i < 45 ? 80 + i : i - 45;
   for (int j = 0; j < n1; ++j)
     k_seq[size_t(j)] = j < 60 ? 0 : 2, k_pos[size_t(j)] = j < 60 ? 2 * j : j;
-  const auto qkv = randn(size_t(N) * 3 * C, 50, 1.5f), dout = randn(size_t(N) * C, 51);
-  const auto q = randn(size_t(nq) * C, 60, 1.5f), k1 = randn(size_t(n1) * C, 61, 1.5f),
-             v1 = randn(size_t(n1) * C, 62), k2 = randn(size_t(nq) * C, 63, 1.5f),
-             v2 = randn(size_t(nq) * C, 64), ring_dout = randn(size_t(nq) * C, 65);
   struct Case {
-    int NH;
+    int C, NH;
     size_t max_shared;
   };
-  const size_t a100_like = cuda::flash::Backward<128, V, 32>::shared_bytes();
-  for (const Case c :
-       {Case{4, SIZE_MAX}, Case{2, SIZE_MAX}, Case{1, SIZE_MAX}, Case{1, a100_like}}) {
-    const int NH = c.NH;
+  const size_t a100_like = cuda::flash::Backward<128, V, 32>::shared_bytes(),
+               sm86_like = cuda::flash::Backward<64, V, 32>::shared_bytes();
+  for (const Case c : {Case{128, 4, SIZE_MAX}, Case{128, 2, SIZE_MAX}, Case{128, 1, SIZE_MAX},
+                       Case{160, 2, SIZE_MAX}, Case{192, 2, SIZE_MAX}, Case{128, 1, a100_like},
+                       Case{64, 1, sm86_like}}) {
+    const int C = c.C, NH = c.NH;
+    const auto qkv = randn(size_t(N) * 3 * C, 50, 1.5f), dout = randn(size_t(N) * C, 51);
+    const auto q = randn(size_t(nq) * C, 60, 1.5f), k1 = randn(size_t(n1) * C, 61, 1.5f),
+               v1 = randn(size_t(n1) * C, 62), k2 = randn(size_t(nq) * C, 63, 1.5f),
+               v2 = randn(size_t(nq) * C, 64), ring_dout = randn(size_t(nq) * C, 65);
     SCOPED_TRACE("head size " + std::to_string(C / NH) +
-                 (c.max_shared == a100_like ? ", 32-query backward" : ""));
+                 (c.max_shared != SIZE_MAX ? ", 32-query backward" : ""));
     std::vector<std::vector<float>> results[2];  // turn-taking, SIMT
     for (const bool simt : {false, true}) {
       be_ = test::make_host_items_backend(false, 0, c.max_shared, simt);

@@ -191,10 +191,10 @@ TEST_F(ModelParallelTest, EveryLayoutInBf16MatchesOneRankInBf16) {
 
 // bf16 on the CUDA backend's ops run on the host, where bf16 also runs attention on the tiled
 // tensor-core kernels (kernels/cuda/flash_bodies.h: the varlen kernels, and with cp the ring's
-// block kernels): heads of 32 (d_model 64, 2 heads; the tile kernels take 32, 64 and 128), every
-// layout of this world against one rank on the same backend in bf16. The ring merges per-block
-// softmaxes whose P was rounded to bf16 separately, so cp layouts differ from one rank by more:
-// measured bounds kBf16TensorCoreLayout* and kBf16RingLayout* in tests/tolerance.h.
+// block kernels): heads of 32 (d_model 64, 2 heads; the tile kernels take 32, 64, 80, 96 and 128),
+// every layout of this world against one rank on the same backend in bf16. The ring merges
+// per-block softmaxes whose P was rounded to bf16 separately, so cp layouts differ from one rank by
+// more: measured bounds kBf16TensorCoreLayout* and kBf16RingLayout* in tests/tolerance.h.
 TEST_F(ModelParallelTest, EveryLayoutInBf16OnTheCudaBackendsOpsMatchesOneRank) {
   auto shaped = [](RunConfig c) {
     c.model.d_model = 64, c.model.n_head = 2, c.run.precision = "bf16";

@@ -134,8 +134,9 @@ TEST(Plan, GpuProfilesModelBerthsCudaBackendInEitherPrecision) {
       << text;
   EXPECT_NE(format_plan(bf16, 0).find("precision: bf16 GEMMs and attention (tensor cores)"),
             std::string::npos);
-  // attention: bf16 runs the tensor-core kernels for head sizes 32, 64 and 128 only; 16 heads of
-  // 48 (the same FLOPs) stay on the fp32 kernels, and in fp32 the head size changes nothing
+  // attention: bf16 runs the tensor-core kernels for head sizes 32, 64, 80, 96 and 128 only; 16
+  // heads of 48 (the same FLOPs) stay on the fp32 kernels, and in fp32 the head size changes
+  // nothing
   PlanInput hs48 = small(12, 16, 768, 50257, 1024, 8);
   hs48.layout = in.layout, hs48.bf16 = true;
   const Plan bf16_hs48 = make_plan(hs48, h100);

@@ -251,6 +251,10 @@ class ItemBackend final : public Exec {
         return launch_flash(name, flash::Forward<32, Src>{out, lse, src, NH});
       case 64:
         return launch_flash(name, flash::Forward<64, Src>{out, lse, src, NH});
+      case 80:
+        return launch_flash(name, flash::Forward<80, Src>{out, lse, src, NH});
+      case 96:
+        return launch_flash(name, flash::Forward<96, Src>{out, lse, src, NH});
       default:
         return launch_flash(name, flash::Forward<128, Src>{out, lse, src, NH});
     }
@@ -268,37 +272,54 @@ class ItemBackend final : public Exec {
     });
     switch (C / NH) {
       case 32:
-        return launch_flash(name,
-                            flash::Backward<32, Src>{dq, dk, dv, dstride, dout, lse, dl, src, NH});
+        return flash_backward_at<32>(name, dq, dk, dv, dstride, dout, lse, dl, src, NH);
       case 64:
-        return launch_flash(name,
-                            flash::Backward<64, Src>{dq, dk, dv, dstride, dout, lse, dl, src, NH});
+        return flash_backward_at<64>(name, dq, dk, dv, dstride, dout, lse, dl, src, NH);
+      case 80:
+        return flash_backward_at<80>(name, dq, dk, dv, dstride, dout, lse, dl, src, NH);
+      case 96:
+        return flash_backward_at<96>(name, dq, dk, dv, dstride, dout, lse, dl, src, NH);
       default:
-        if (backward_query_tile(128) == 64)
-          return launch_flash(
-              name, flash::Backward<128, Src>{dq, dk, dv, dstride, dout, lse, dl, src, NH});
-        return launch_flash(
-            name, flash::Backward<128, Src, 32>{dq, dk, dv, dstride, dout, lse, dl, src, NH});
+        return flash_backward_at<128>(name, dq, dk, dv, dstride, dout, lse, dl, src, NH);
     }
+  }
+  // The tiled backward at head size HS with the query tile backward_query_tile gives it.
+  template <int HS, class Src>
+  void flash_backward_at(const char* name, float* dq, float* dk, float* dv, int64_t dstride,
+                         const float* dout, const float* lse, const float* delta, const Src& src,
+                         int NH) {
+    if (backward_query_tile(HS) == 64)
+      return launch_flash(name,
+                          flash::Backward<HS, Src>{dq, dk, dv, dstride, dout, lse, delta, src, NH});
+    return launch_flash(
+        name, flash::Backward<HS, Src, 32>{dq, dk, dv, dstride, dout, lse, delta, src, NH});
   }
   // The query tile of the tiled backward at this head size: 64, or 32 where 64 does not fit the
   // device's shared memory but 32 does (head size 128 on an A100: 150 KiB instead of 191.5); 0
-  // where neither fits.
+  // where neither fits or the kernels do not take the head size.
   int backward_query_tile(int head_size) const {
-    using V = flash::Varlen;  // the regions do not depend on the source
-    const size_t most = this->max_block_shared_bytes();
     switch (head_size) {
       case 32:
-        return flash::Backward<32, V>::shared_bytes() <= most ? 64 : 0;
+        return query_tile_that_fits<32>();
       case 64:
-        return flash::Backward<64, V>::shared_bytes() <= most ? 64 : 0;
+        return query_tile_that_fits<64>();
+      case 80:
+        return query_tile_that_fits<80>();
+      case 96:
+        return query_tile_that_fits<96>();
       case 128:
-        return flash::Backward<128, V>::shared_bytes() <= most       ? 64
-               : flash::Backward<128, V, 32>::shared_bytes() <= most ? 32
-                                                                     : 0;
+        return query_tile_that_fits<128>();
       default:
         return 0;
     }
+  }
+  template <int HS>
+  int query_tile_that_fits() const {
+    using V = flash::Varlen;  // the regions do not depend on the source
+    const size_t most = this->max_block_shared_bytes();
+    return flash::Backward<HS, V>::shared_bytes() <= most       ? 64
+           : flash::Backward<HS, V, 32>::shared_bytes() <= most ? 32
+                                                                : 0;
   }
   template <class K>
   void launch_flash(const char* name, const K& k) {

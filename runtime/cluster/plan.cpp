@@ -260,16 +260,16 @@ double interpolate(const std::vector<std::pair<double, double>>& r, double x) {
   return r.back().second;
 }
 
-// The peak a GEMM can reach: the profile's peak, except fp32 GEMMs on a GPU (no tensor cores:
-// berth's fp32 mode keeps TF32 off), which reach the fp32 peak.
 // Whether berth runs this model's attention on tensor cores: in bf16 on a GPU, where the tiled
-// kernels take the head size (32, 64 or 128; the ring's blocks too).
+// kernels take the head size (32, 64, 80, 96 or 128; the ring's blocks too).
 bool tensor_core_attention(const PlanInput& in, const HardwareProfile& hw) {
   const int64_t hs = in.model.NH > 0 ? in.model.C / in.model.NH : 0;
   return in.bf16 && !hw.cpu && in.model.C % std::max<int64_t>(in.model.NH, 1) == 0 &&
-         (hs == 32 || hs == 64 || hs == 128);
+         (hs == 32 || hs == 64 || hs == 80 || hs == 96 || hs == 128);
 }
 
+// The peak a GEMM can reach: the profile's peak, except fp32 GEMMs on a GPU (no tensor cores:
+// berth's fp32 mode keeps TF32 off), which reach the fp32 peak.
 double gemm_peak(const HardwareProfile& hw, bool bf16) {
   return hw.cpu || bf16 || hw.fp32_flops <= 0 ? hw.peak_flops : hw.fp32_flops;
 }

@@ -617,10 +617,11 @@ std::vector<StepStats> Trainer::run() {
   if (backend_->kind() == DeviceKind::kCuda &&
       backend_->matmul_precision() == MatmulPrecision::kBf16 &&
       !backend_->attention_on_tensor_cores(gcfg_.C / gcfg_.NH))
-    log_info("warning: attention at head size {} runs on the fp32 kernels, not on tensor cores "
-             "(those take head sizes 32, 64 and 128 where the GPU's shared memory holds their "
-             "blocks); the GEMMs stay bf16",
-             gcfg_.C / gcfg_.NH);
+    log_info(
+        "warning: attention at head size {} runs on the fp32 kernels, not on tensor cores "
+        "(those take head sizes 32, 64, 80, 96 and 128 where the GPU's shared memory holds their "
+        "blocks); the GEMMs stay bf16",
+        gcfg_.C / gcfg_.NH);
   log_info("data: {} tokens in {} documents | {}", train_ds_.n_tokens(), train_ds_.n_docs(),
            data_summary_);
   const GridShape& shape = grid_->shape();
