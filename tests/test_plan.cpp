@@ -145,6 +145,11 @@ TEST(Plan, GpuProfilesModelBerthsCudaBackendInEitherPrecision) {
             std::string::npos);
   hs48.bf16 = false;
   EXPECT_NEAR(make_plan(hs48, h100).step.compute, fp32.step.compute, 1e-9 * fp32.step.compute);
+  PlanInput hs80 = small(12, 12, 960, 50257, 1024, 8);  // GPT-3 2.7B's head size
+  hs80.layout = in.layout, hs80.bf16 = true;
+  EXPECT_NE(format_plan(make_plan(hs80, h100), 0)
+                .find("precision: bf16 GEMMs and attention (tensor cores)"),
+            std::string::npos);
 }
 
 TEST(Plan, LayoutsAreRankedAndRejectionsSayWhy) {
