@@ -404,7 +404,7 @@ void BackendOps::check_bf16_varlen(int C, const std::vector<int>& head_counts) {
   be_->set_matmul_precision(MatmulPrecision::kBf16);
   for (int NH : head_counts) {
     SCOPED_TRACE(NH);
-    if (!on_tensor_cores(*be_, C / NH)) continue;  // e.g. head size 128 on an A100
+    if (!on_tensor_cores(*be_, C / NH)) continue;  // e.g. head size 80 on sm_86/89
     const auto qkv = randn(size_t(N) * 3 * C, 50, 1.5f), dout = randn(size_t(N) * C, 51);
     const auto q = third(qkv, C, 0), k = third(qkv, C, 1), v = third(qkv, C, 2);
     const EagerAttention ref = test::eager_attention(q, k, v, dout, C, NH, sees, identity);

@@ -365,8 +365,8 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   const double pairs = B * sq / double(l.cp) / (hw.cpu ? 1.0 : 2.0);
   const double attn_flops = 3.0 * 2.0 * 2.0 * pairs * HS * NHl;
   // berth's attention kernels: in bf16 on a GPU, the tiled tensor-core kernels (head sizes 32,
-  // 64, 128; the ring's blocks too) at the bf16 peak × the GEMM share; otherwise fp32 kernels (no
-  // tensor cores) at the fp32 peak × the GEMM share. Both are upper bounds.
+  // 64, 80, 96, 128; the ring's blocks too) at the bf16 peak × the GEMM share; otherwise fp32
+  // kernels (no tensor cores) at the fp32 peak × the GEMM share. Both are upper bounds.
   const bool tc_attention = tensor_core_attention(in, hw);
   double attn_rate = gemm_peak(hw, tc_attention) * hw.matmul_efficiency;
   if (l.cp > 1 && hw.block_attention_rate > 0) {
