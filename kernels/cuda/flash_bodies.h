@@ -1,7 +1,8 @@
 // The bf16 tensor-core attention of the CUDA backend (run.precision = "bf16"), flash-style
 // (FlashAttention-2's loop order): tiles in shared memory, an online softmax, 16×16×16 bf16
 // products with fp32 accumulation (tiles.h), the log-sum-exp kept for the backward, never an
-// L×L matrix. Head sizes 32, 64, 80, 96 and 128. Two token sources, one kernel each way:
+// L×L matrix. Head sizes: tiled_attention_head_size (runtime/core/backend.h). Two token sources,
+// one kernel each way:
 //   - Varlen: the model's causal attention over one (N, 3C) qkv cut by cu_seqlens;
 //   - Block: ring attention's query block against a key/value block, tokens placed by sequence
 //     id and global position (kernels/ops.h attention_block_*).
@@ -47,12 +48,6 @@ BERTH_TILES_HD Tile tile_of(int block, int N, int NH) {
   return {block % NH, first, N - first < kTile ? N - first : kTile};
 }
 inline int64_t tile_blocks(int N, int NH) { return int64_t((N + kTile - 1) / kTile) * NH; }
-
-// Whether these kernels take a head size.
-inline bool supports(int head_size) {
-  return head_size == 32 || head_size == 64 || head_size == 80 || head_size == 96 ||
-         head_size == 128;
-}
 
 // Tile rows [row0, row0 + count) of one head of a (N, 3C) qkv (part 0 q, 1 k, 2 v) or (N, C)
 // tensor `src` with row stride `stride`, rounded to bf16, into dst (pitch ld); rows at or past

@@ -332,8 +332,8 @@ class ItemBackend final : public Exec {
   // the device (the backward's, even with 32-query tiles, is larger than the forward's);
   // otherwise, and always in fp32, the fp32 kernels of thread_bodies.h.
   bool tensor_core_attention(int head_size) const {
-    return this->matmul_precision() == MatmulPrecision::kBf16 && flash::supports(head_size) &&
-           backward_query_tile(head_size) > 0;
+    return this->matmul_precision() == MatmulPrecision::kBf16 &&
+           tiled_attention_head_size(head_size) && backward_query_tile(head_size) > 0;
   }
   // att_offsets[s] = Σ_{s' < s} NH·L_{s'}², on the device.
   DeviceBuffer<int64_t> att_offsets(const int32_t* cu_host, int S, int NH) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "runtime/core/backend.h"
 #include "runtime/core/check.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/fs.h"
@@ -261,11 +262,11 @@ double interpolate(const std::vector<std::pair<double, double>>& r, double x) {
 }
 
 // Whether berth runs this model's attention on tensor cores: in bf16 on a GPU, where the tiled
-// kernels take the head size (32, 64, 80, 96 or 128; the ring's blocks too).
+// kernels take the head size (tiled_attention_head_size; the ring's blocks too).
 bool tensor_core_attention(const PlanInput& in, const HardwareProfile& hw) {
   const int64_t hs = in.model.NH > 0 ? in.model.C / in.model.NH : 0;
   return in.bf16 && !hw.cpu && in.model.C % std::max<int64_t>(in.model.NH, 1) == 0 &&
-         (hs == 32 || hs == 64 || hs == 80 || hs == 96 || hs == 128);
+         tiled_attention_head_size(int(hs));
 }
 
 // The peak a GEMM can reach: the profile's peak, except fp32 GEMMs on a GPU (no tensor cores:
@@ -364,9 +365,9 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   const double doc = sq / T;  // the typical document length
   const double pairs = B * sq / double(l.cp) / (hw.cpu ? 1.0 : 2.0);
   const double attn_flops = 3.0 * 2.0 * 2.0 * pairs * HS * NHl;
-  // berth's attention kernels: in bf16 on a GPU, the tiled tensor-core kernels (head sizes 32,
-  // 64, 80, 96, 128; the ring's blocks too) at the bf16 peak × the GEMM share; otherwise fp32
-  // kernels (no tensor cores) at the fp32 peak × the GEMM share. Both are upper bounds.
+  // berth's attention kernels: in bf16 on a GPU, the tiled tensor-core kernels (head sizes of
+  // tiled_attention_head_size; the ring's blocks too) at the bf16 peak × the GEMM share; otherwise
+  // fp32 kernels (no tensor cores) at the fp32 peak × the GEMM share. Both are upper bounds.
   const bool tc_attention = tensor_core_attention(in, hw);
   double attn_rate = gemm_peak(hw, tc_attention) * hw.matmul_efficiency;
   if (l.cp > 1 && hw.block_attention_rate > 0) {

@@ -26,6 +26,13 @@ enum class MatmulPrecision { kFp32, kBf16 };
 const char* matmul_precision_name(MatmulPrecision p);
 MatmulPrecision parse_matmul_precision(const std::string& name);  // "fp32" | "bf16"; throws
 
+// The head sizes the CUDA backend's tiled tensor-core attention (kernels/cuda/flash_bodies.h) is
+// built for: 32, 64, 80, 96 and 128. The one list: the backend dispatches on it and `berth plan`
+// counts attention at the bf16 rate for it.
+constexpr bool tiled_attention_head_size(int hs) {
+  return hs == 32 || hs == 64 || hs == 80 || hs == 96 || hs == 128;
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
