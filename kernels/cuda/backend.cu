@@ -357,11 +357,7 @@ class CudaExec : public Backend {
   // precision and the operands' alignment), as cuBLAS advises, since the heuristic costs tens of
   // microseconds of host time a call; only the pointers are set per call.
   bool lt_gemm(const LtCall& c) {
-    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (!aligned(c.a) || !aligned(c.b) || !aligned(c.d)) return false;
-    if (c.bias != nullptr && !aligned(c.bias)) return false;
-    if (c.aux != nullptr && (!aligned(c.aux) || c.m % 8 != 0)) return false;
-    // the largest power of two up to 256 that divides the address
+    // the largest power of two up to 256 that divides the address (256 for none)
     auto alignment = [](const void* p) {
       uint32_t align = 256;
       while (reinterpret_cast<uintptr_t>(p) % align != 0) align /= 2;
@@ -377,8 +373,11 @@ class CudaExec : public Backend {
                     alignment(c.a),
                     alignment(c.b),
                     alignment(c.d),
-                    c.bias != nullptr ? alignment(c.bias) : 0u,
-                    c.aux != nullptr ? alignment(c.aux) : 0u};
+                    alignment(c.bias),
+                    alignment(c.aux)};
+    if (std::min({key.align_a, key.align_b, key.align_d, key.align_bias, key.align_aux}) < 16 ||
+        (c.aux != nullptr && c.m % 8 != 0))
+      return false;
     auto [it, fresh] = lt_plans_.try_emplace(key);
     LtPlan& plan = it->second;
     if (fresh) {
@@ -419,7 +418,7 @@ class CudaExec : public Backend {
   struct LtKey {
     int transa, m, n, k, epilogue;
     bool bf16;
-    uint32_t align_a, align_b, align_d, align_bias, align_aux;  // 0: no bias, no aux
+    uint32_t align_a, align_b, align_d, align_bias, align_aux;
     bool operator<(const LtKey& o) const {
       return std::tie(transa, m, n, k, epilogue, bf16, align_a, align_b, align_d, align_bias,
                       align_aux) < std::tie(o.transa, o.m, o.n, o.k, o.epilogue, o.bf16, o.align_a,
