@@ -67,6 +67,36 @@ std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), 
 
 // Documents of 17, 31 and 11 tokens (a packed row: attention never crosses them).
 const std::vector<int32_t> kCu = {0, 17, 48, 59};
+
+// The bf16 attention checks' data. Varlen: packed documents of 100, 1, 129 and 70 tokens, which
+// cross the 64-token tiles. Ring blocks: 70 queries, of sequence 0 from position 80 and of
+// sequence 1 from 0, and a key block of 90 tokens: sequence 0 at positions 0..118 (every other
+// one), then sequence 2, which no query has.
+const std::vector<int32_t> kTileDocs = {0, 100, 101, 230, 300};
+constexpr int kRingQueries = 70, kRingKeys = 90;
+struct RingPlaces {
+  std::vector<int32_t> q_seq, q_pos, k_seq, k_pos;
+};
+RingPlaces ring_places() {
+  RingPlaces r{std::vector<int32_t>(kRingQueries), std::vector<int32_t>(kRingQueries),
+               std::vector<int32_t>(kRingKeys), std::vector<int32_t>(kRingKeys)};
+  for (size_t i = 0; i < size_t(kRingQueries); ++i)
+    r.q_seq[i] = i < 45 ? 0 : 1, r.q_pos[i] = i < 45 ? int32_t(80 + i) : int32_t(i - 45);
+  for (size_t j = 0; j < size_t(kRingKeys); ++j)
+    r.k_seq[j] = j < 60 ? 0 : 2, r.k_pos[j] = j < 60 ? int32_t(2 * j) : int32_t(j);
+  return r;
+}
+// Their inputs at width C: the varlen qkv (kTileDocs' tokens) and output gradient; the ring's
+// queries, key block 1 (k1, v1), the queries' own keys and values (k2, v2) and output gradient.
+struct Bf16Inputs {
+  std::vector<float> qkv, dout, q, k1, v1, k2, v2, ring_dout;
+};
+Bf16Inputs bf16_inputs(int C) {
+  const size_t N = size_t(kTileDocs.back()), nq = kRingQueries, n1 = kRingKeys, c = size_t(C);
+  return {randn(N * 3 * c, 50, 1.5f), randn(N * c, 51),  randn(nq * c, 60, 1.5f),
+          randn(n1 * c, 61, 1.5f),    randn(n1 * c, 62), randn(nq * c, 63, 1.5f),
+          randn(nq * c, 64),          randn(nq * c, 65)};
+}
 constexpr int kN = 59, kS = 3;
 
 class BackendOps : public ::testing::Test {
@@ -395,7 +425,7 @@ bool on_tensor_cores(Backend& be, int head_size) {
 // reference, within twice the error of the naive bf16 implementation. Packed documents of 100,
 // 1, 129 and 70 tokens cross the 64-token tiles; head sizes 32, 64, 80, 96 and 128.
 void BackendOps::check_bf16_varlen(int C, const std::vector<int>& head_counts) {
-  const std::vector<int32_t> cu = {0, 100, 101, 230, 300};
+  const std::vector<int32_t>& cu = kTileDocs;
   const int N = cu.back(), S = int(cu.size()) - 1;
   std::vector<int> doc(static_cast<size_t>(N));
   for (int s = 0; s < S; ++s)
@@ -405,7 +435,8 @@ void BackendOps::check_bf16_varlen(int C, const std::vector<int>& head_counts) {
   for (int NH : head_counts) {
     SCOPED_TRACE(NH);
     if (!on_tensor_cores(*be_, C / NH)) continue;  // e.g. head size 80 on sm_86/89
-    const auto qkv = randn(size_t(N) * 3 * C, 50, 1.5f), dout = randn(size_t(N) * C, 51);
+    const Bf16Inputs in = bf16_inputs(C);
+    const std::vector<float>&qkv = in.qkv, &dout = in.dout;
     const auto q = third(qkv, C, 0), k = third(qkv, C, 1), v = third(qkv, C, 2);
     const EagerAttention ref = test::eager_attention(q, k, v, dout, C, NH, sees, identity);
     const EagerAttention naive = test::eager_attention(q, k, v, dout, C, NH, sees, bf16_round);
@@ -449,12 +480,8 @@ TEST_F(BackendOps, Bf16AttentionIsWithinTwiceTheErrorOfANaiveBf16Implementation)
 // block backwards. Against the fp64 reference over both blocks' keys, within twice the error of
 // the naive bf16 implementation; head sizes 32, 64, 80, 96 and 128.
 void BackendOps::check_bf16_ring_blocks(int C, const std::vector<int>& head_counts) {
-  const int nq = 70, n1 = 90;
-  std::vector<int32_t> q_seq(nq), q_pos(nq), k_seq(n1), k_pos(n1);
-  for (int i = 0; i < nq; ++i)  // sequence 0 from position 80, sequence 1 from 0
-    q_seq[size_t(i)] = i < 45 ? 0 : 1, q_pos[size_t(i)] = i < 45 ? 80 + i : i - 45;
-  for (int j = 0; j < n1; ++j)  // sequence 0 positions 0..119 (every other one), sequence 2
-    k_seq[size_t(j)] = j < 60 ? 0 : 2, k_pos[size_t(j)] = j < 60 ? 2 * j : j;
+  const int nq = kRingQueries;
+  const auto [q_seq, q_pos, k_seq, k_pos] = ring_places();
   // keys: block 1, then the queries' own tokens
   std::vector<int32_t> all_seq = k_seq, all_pos = k_pos;
   all_seq.insert(all_seq.end(), q_seq.begin(), q_seq.end());
@@ -466,9 +493,9 @@ void BackendOps::check_bf16_ring_blocks(int C, const std::vector<int>& head_coun
   for (int NH : head_counts) {
     SCOPED_TRACE(NH);
     if (!on_tensor_cores(*be_, C / NH)) continue;
-    const auto q = randn(size_t(nq) * C, 60, 1.5f), k1 = randn(size_t(n1) * C, 61, 1.5f),
-               v1 = randn(size_t(n1) * C, 62), k2 = randn(size_t(nq) * C, 63, 1.5f),
-               v2 = randn(size_t(nq) * C, 64), dout = randn(size_t(nq) * C, 65);
+    const Bf16Inputs in = bf16_inputs(C);
+    const std::vector<float>&q = in.q, &k1 = in.k1, &v1 = in.v1, &k2 = in.k2, &v2 = in.v2,
+          &dout = in.ring_dout;
     std::vector<float> k = k1, v = v1;
     k.insert(k.end(), k2.begin(), k2.end()), v.insert(v.end(), v2.begin(), v2.end());
     const EagerAttention ref = test::eager_attention(q, k, v, dout, C, NH, sees, identity);
@@ -530,13 +557,9 @@ TEST_F(BackendOps, Bf16AttentionBackwardWith32QueryTilesIsWithinTwiceANaiveBf16E
 // 128, and 128 and 64 with the 32-query backward.
 TEST_F(BackendOps, TiledBf16AttentionIsTheSameWithEveryThreadOfABlockRunning) {
   using V = cuda::flash::Varlen;
-  const std::vector<int32_t> cu = {0, 100, 101, 230, 300};
-  const int N = cu.back(), S = int(cu.size()) - 1, nq = 70, n1 = 90;
-  std::vector<int32_t> q_seq(nq), q_pos(nq), k_seq(n1), k_pos(n1);
-  for (int i = 0; i < nq; ++i)
-    q_seq[size_t(i)] = i < 45 ? 0 : 1, q_pos[size_t(i)] = i < 45 ? 80 + i : i - 45;
-  for (int j = 0; j < n1; ++j)
-    k_seq[size_t(j)] = j < 60 ? 0 : 2, k_pos[size_t(j)] = j < 60 ? 2 * j : j;
+  const std::vector<int32_t>& cu = kTileDocs;
+  const int N = cu.back(), S = int(cu.size()) - 1, nq = kRingQueries, n1 = kRingKeys;
+  const auto [q_seq, q_pos, k_seq, k_pos] = ring_places();
   struct Case {
     int C, NH;
     size_t max_shared;
@@ -547,10 +570,9 @@ TEST_F(BackendOps, TiledBf16AttentionIsTheSameWithEveryThreadOfABlockRunning) {
                        Case{160, 2, SIZE_MAX}, Case{192, 2, SIZE_MAX}, Case{128, 1, a100_like},
                        Case{64, 1, sm86_like}}) {
     const int C = c.C, NH = c.NH;
-    const auto qkv = randn(size_t(N) * 3 * C, 50, 1.5f), dout = randn(size_t(N) * C, 51);
-    const auto q = randn(size_t(nq) * C, 60, 1.5f), k1 = randn(size_t(n1) * C, 61, 1.5f),
-               v1 = randn(size_t(n1) * C, 62), k2 = randn(size_t(nq) * C, 63, 1.5f),
-               v2 = randn(size_t(nq) * C, 64), ring_dout = randn(size_t(nq) * C, 65);
+    const Bf16Inputs in = bf16_inputs(C);
+    const std::vector<float>&qkv = in.qkv, &dout = in.dout, &q = in.q, &k1 = in.k1, &v1 = in.v1,
+          &k2 = in.k2, &v2 = in.v2, &ring_dout = in.ring_dout;
     SCOPED_TRACE("head size " + std::to_string(C / NH) +
                  (c.max_shared != SIZE_MAX ? ", 32-query backward" : ""));
     std::vector<std::vector<float>> results[2];  // turn-taking, SIMT
