@@ -207,5 +207,45 @@ TEST(Plan, ProfileFilesRoundTripAndBadOnesAreNamed) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Plan, TensorCoreAttentionOnlyWhereTheProfilesSharedMemoryTakesItsBlocks) {
+  // A hand-written profile of a GPU with 99 KiB of shared memory per block (compute capability
+  // 8.6 / 8.9, e.g. an L40S), read back from its file: the tiled attention's blocks need 94 KiB
+  // at head size 64 and 150 KiB at 128 (tiled_attention_shared_bytes), so only 64 runs on tensor
+  // cores there, as the CUDA backend decides from the device's limit.
+  const std::string dir = ::testing::TempDir() + "berth_plan_smem";
+  std::filesystem::create_directories(dir);
+  HardwareProfile l40s = builtin_profile("h100");
+  l40s.name = "l40s", l40s.source = "hand-written";
+  l40s.block_shared_bytes = 99 * 1024;
+  const std::string path = dir + "/l40s.json";
+  std::ofstream(path) << hardware_profile_json(l40s);
+  const HardwareProfile read = read_hardware_profile(path);
+  EXPECT_DOUBLE_EQ(read.block_shared_bytes, 99 * 1024);
+  std::filesystem::remove_all(dir);
+  EXPECT_DOUBLE_EQ(builtin_profile("a100").block_shared_bytes, 163 * 1024);
+
+  PlanInput hs128 = small(12, 6, 768, 50257, 1024, 8);  // 6 heads of 128
+  hs128.layout = PlanLayout{1, 1, 1, 1, 0, 1}, hs128.bf16 = true;
+  const Plan on_h100 = make_plan(hs128, builtin_profile("h100"));
+  const Plan on_a100 = make_plan(hs128, builtin_profile("a100"));  // 163 KiB: fits
+  const Plan on_l40s = make_plan(hs128, read);
+  EXPECT_NE(format_plan(on_a100, 0).find("bf16 GEMMs and attention (tensor cores)"),
+            std::string::npos);
+  const std::string text = format_plan(on_l40s, 0);
+  EXPECT_NE(text.find("precision: bf16 GEMMs (tensor cores)"), std::string::npos) << text;
+  EXPECT_NE(text.find("attention in fp32 without tensor cores: head size 128 needs 150 KiB of "
+                      "shared memory per block, l40s has 99 KiB"),
+            std::string::npos)
+      << text;
+  EXPECT_GT(on_l40s.step.compute, on_h100.step.compute) << "the fp32 attention kernels";
+  PlanInput hs64 = small(12, 12, 768, 50257, 1024, 8);
+  hs64.layout = hs128.layout, hs64.bf16 = true;
+  EXPECT_NE(format_plan(make_plan(hs64, read), 0).find("bf16 GEMMs and attention (tensor cores)"),
+            std::string::npos);
+  // a profile without the figure (an older file) is taken to have enough
+  l40s.block_shared_bytes = 0;
+  EXPECT_DOUBLE_EQ(make_plan(hs128, l40s).step.compute, on_h100.step.compute);
+}
+
 }  // namespace
 }  // namespace berth

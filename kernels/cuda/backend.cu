@@ -68,6 +68,20 @@ __global__ void run_tiles(K k) {
   k.run(int(blockIdx.x), tiles::Team{int(threadIdx.x), int(blockDim.x)}, smem);
 }
 
+// runtime/core/backend.h's table of the tiled attention's shared memory (what `berth plan` and
+// the head-size dispatch go by) is these kernels' own layout on the device: the backward with
+// 32-query tiles, the most that the forward needs too.
+template <int HS>
+constexpr bool shared_bytes_as_listed() {
+  using V = flash::Varlen;  // the regions do not depend on the source
+  return flash::Backward<HS, V, 32>::shared_bytes() == tiled_attention_shared_bytes(HS) &&
+         flash::Forward<HS, V>::shared_bytes() <= tiled_attention_shared_bytes(HS);
+}
+static_assert(shared_bytes_as_listed<32>() && shared_bytes_as_listed<64>() &&
+                  shared_bytes_as_listed<80>() && shared_bytes_as_listed<96>() &&
+                  shared_bytes_as_listed<128>(),
+              "tiled_attention_shared_bytes (runtime/core/backend.h) is not the kernels' layout");
+
 // dst (n) = x rounded to bf16, to nearest even
 void round_to_bf16_on(cudaStream_t stream, __nv_bfloat16* dst, const float* x, int64_t n) {
   launch_on("round_to_bf16", stream, n,

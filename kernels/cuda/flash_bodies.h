@@ -163,7 +163,7 @@ struct Forward {
     float *part_max, *part_sum, *corr, *m_new;  // the softmax's halves of a row, and its update
     int32_t *qseq, *qpos, *kseq, *kpos;
   };
-  static BERTH_TILES_HD Shared carve(tiles::SharedCarver& c) {
+  static constexpr BERTH_TILES_HD Shared carve(tiles::SharedCarver& c) {
     Shared sm{};
     sm.q = c.take<bf16>(kTile * kLd), sm.k = c.take<bf16>(kTile * kLd);
     sm.v = c.take<bf16>(kTile * kLd), sm.s = c.take<float>(kTile * kLdS);
@@ -175,7 +175,7 @@ struct Forward {
     sm.kseq = c.take<int32_t>(kTile), sm.kpos = c.take<int32_t>(kTile);
     return sm;
   }
-  static size_t shared_bytes() { return tiles::SharedCarver::bytes_of(carve); }
+  static constexpr size_t shared_bytes() { return tiles::SharedCarver::bytes_of(carve); }
   int64_t blocks() const { return tile_blocks(src.nq(), NH); }
 
   BERTH_DEV void run(int block, const Team& team, unsigned char* smem) const {
@@ -304,7 +304,7 @@ struct Backward {
     float *s, *dp, *dk, *dv, *dqt, *lse_t, *delta_t;
     int32_t *qseq, *qpos, *kseq, *kpos;
   };
-  static BERTH_TILES_HD Shared carve(tiles::SharedCarver& c) {
+  static constexpr BERTH_TILES_HD Shared carve(tiles::SharedCarver& c) {
     Shared sm{};
     sm.k = c.take<bf16>(kTile * kLd), sm.v = c.take<bf16>(kTile * kLd);
     sm.q = c.take<bf16>(kQ * kLd), sm.d = c.take<bf16>(kQ * kLd);
@@ -317,7 +317,7 @@ struct Backward {
     sm.kseq = c.take<int32_t>(kTile), sm.kpos = c.take<int32_t>(kTile);
     return sm;
   }
-  static size_t shared_bytes() { return tiles::SharedCarver::bytes_of(carve); }
+  static constexpr size_t shared_bytes() { return tiles::SharedCarver::bytes_of(carve); }
   int64_t blocks() const { return tile_blocks(src.nk(), NH); }
 
   BERTH_DEV void run(int block, const Team& team, unsigned char* smem) const {

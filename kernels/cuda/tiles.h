@@ -115,14 +115,16 @@ struct SharedCarver {
   unsigned char* base = nullptr;
   size_t bytes = 0;
   template <typename T>
-  BERTH_TILES_HD T* take(size_t count) {
+  constexpr BERTH_TILES_HD T* take(size_t count) {
     const size_t at = (bytes + kSharedAlign - 1) / kSharedAlign * kSharedAlign;
     bytes = at + count * sizeof(T);
     return base == nullptr ? nullptr : reinterpret_cast<T*>(base + at);
   }
+  // A carve's bytes, without memory (a constant: backend.cu checks them against
+  // runtime/core/backend.h's tiled_attention_shared_bytes at compile time).
   template <typename Carve>
-  static size_t bytes_of(Carve carve) {
-    SharedCarver counter;
+  static constexpr size_t bytes_of(Carve carve) {
+    SharedCarver counter{};
     carve(counter);
     return counter.bytes;
   }

@@ -27,12 +27,13 @@ HardwareProfile builtin_profile(const std::string& name) {
   // NVLink 4, 400 Gb/s IB), latency.
   struct Row {
     const char* name;
-    double peak, fp32, mem_bw, capacity, intra, inter, latency;
+    double peak, fp32, mem_bw, capacity, intra, inter, latency, block_shared;
   };
+  // Shared memory a block may opt in to: 163 KiB on compute capability 8.0, 227 KiB on 9.0.
   static const Row kGpus[] = {
-      {"a100", 312e12, 19.5e12, 2.0e12, 80.0 * kGiB, 240e9, 24e9, 20e-6},
-      {"h100", 989e12, 67e12, 3.35e12, 80.0 * kGiB, 360e9, 45e9, 15e-6},
-      {"h200", 989e12, 67e12, 4.8e12, 141.0 * 1e9, 360e9, 45e9, 15e-6},
+      {"a100", 312e12, 19.5e12, 2.0e12, 80.0 * kGiB, 240e9, 24e9, 20e-6, 163 * 1024.0},
+      {"h100", 989e12, 67e12, 3.35e12, 80.0 * kGiB, 360e9, 45e9, 15e-6, 227 * 1024.0},
+      {"h200", 989e12, 67e12, 4.8e12, 141.0 * 1e9, 360e9, 45e9, 15e-6, 227 * 1024.0},
   };
   HardwareProfile h;
   h.name = name;
@@ -46,6 +47,7 @@ HardwareProfile builtin_profile(const std::string& name) {
     h.intra_bandwidth = r.intra;
     h.inter_bandwidth = r.inter;
     h.latency_s = r.latency;
+    h.block_shared_bytes = r.block_shared;
     h.matmul_efficiency = 0.55;  // an assumed GEMM share of peak, not measured here
     return h;
   }
@@ -95,7 +97,8 @@ std::string hardware_profile_json(const HardwareProfile& h) {
                             {"intra_bandwidth", h.intra_bandwidth},
                             {"inter_bandwidth", h.inter_bandwidth},
                             {"latency_s", h.latency_s},
-                            {"devices_per_node", h.devices_per_node}};
+                            {"devices_per_node", h.devices_per_node},
+                            {"block_shared_bytes", h.block_shared_bytes}};
   return j.dump(2) + "\n";
 }
 
@@ -112,7 +115,8 @@ HardwareProfile read_hardware_profile(const std::string& path) {
                                 "mem_capacity", "intra_bandwidth", "inter_bandwidth",
                                 "latency_s", "devices_per_node", "attention_rates",
                                 "block_attention_rate", "layernorm_s", "gelu_s", "residual_s",
-                                "crossentropy_s", "adamw_s", "grad_pass_s"};
+                                "crossentropy_s", "adamw_s", "grad_pass_s",
+                                "block_shared_bytes"};
   // clang-format on
   for (const auto& [key, value] : j.items()) {
     BERTH_CHECK(std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) {
@@ -154,11 +158,14 @@ HardwareProfile read_hardware_profile(const std::string& path) {
   };
   table("gemm_rates", &h.gemm_rates);
   table("attention_rates", &h.attention_rates);
-  for (auto [key, field] :
-       {std::pair{"block_attention_rate", &h.block_attention_rate},
-        {"layernorm_s", &h.layernorm_s}, {"gelu_s", &h.gelu_s}, {"residual_s", &h.residual_s},
-        {"crossentropy_s", &h.crossentropy_s}, {"adamw_s", &h.adamw_s},
-        {"grad_pass_s", &h.grad_pass_s}}) {
+  for (auto [key, field] : {std::pair{"block_attention_rate", &h.block_attention_rate},
+                            {"layernorm_s", &h.layernorm_s},
+                            {"gelu_s", &h.gelu_s},
+                            {"residual_s", &h.residual_s},
+                            {"crossentropy_s", &h.crossentropy_s},
+                            {"adamw_s", &h.adamw_s},
+                            {"grad_pass_s", &h.grad_pass_s},
+                            {"block_shared_bytes", &h.block_shared_bytes}}) {
     if (j.contains(key)) number(key, field, false);
   }
   return h;
@@ -261,12 +268,23 @@ double interpolate(const std::vector<std::pair<double, double>>& r, double x) {
   return r.back().second;
 }
 
-// Whether berth runs this model's attention on tensor cores: in bf16 on a GPU, where the tiled
-// kernels take the head size (tiled_attention_head_size; the ring's blocks too).
-bool tensor_core_attention(const PlanInput& in, const HardwareProfile& hw) {
+// Why berth would not run this model's attention on tensor cores, or "" where it would: in bf16
+// on a GPU, where the tiled kernels take the head size and fit the profile's shared memory per
+// block (tiled_attention_shared_bytes; the ring's blocks too).
+std::string scalar_attention_reason(const PlanInput& in, const HardwareProfile& hw) {
+  if (!in.bf16 || hw.cpu) return "fp32 run or CPU";
   const int64_t hs = in.model.NH > 0 ? in.model.C / in.model.NH : 0;
-  return in.bf16 && !hw.cpu && in.model.C % std::max<int64_t>(in.model.NH, 1) == 0 &&
-         tiled_attention_head_size(int(hs));
+  if (in.model.C % std::max<int64_t>(in.model.NH, 1) != 0 || !tiled_attention_head_size(int(hs)))
+    return fmt::format("the tiled kernels take head sizes 32, 64, 80, 96 and 128, not {}", hs);
+  const size_t need = tiled_attention_shared_bytes(int(hs));
+  if (hw.block_shared_bytes > 0 && double(need) > hw.block_shared_bytes)
+    return fmt::format(
+        "head size {} needs {:.0f} KiB of shared memory per block, {} has {:.0f} KiB", hs,
+        double(need) / 1024, hw.name, hw.block_shared_bytes / 1024);
+  return "";
+}
+bool tensor_core_attention(const PlanInput& in, const HardwareProfile& hw) {
+  return scalar_attention_reason(in, hw).empty();
 }
 
 // The peak a GEMM can reach: the profile's peak, except fp32 GEMMs on a GPU (no tensor cores:
@@ -524,6 +542,9 @@ std::string format_plan(const Plan& p, double price) {
                    tensor_core_attention(p.input, p.hw) ? " and attention" : "",
                    p.hw.cpu ? (p.input.bf16 ? " (emulated)" : "")
                             : (p.input.bf16 ? " (tensor cores)" : " (no tensor cores: TF32 off)"));
+  if (p.input.bf16 && !p.hw.cpu && !tensor_core_attention(p.input, p.hw))
+    s += fmt::format("  attention in fp32 without tensor cores: {}\n",
+                     scalar_attention_reason(p.input, p.hw));
   const double n = double(p.params.total);
   s += fmt::format("parameters: {} ({}; embeddings {}; padded as stored {})\n", p.params.total,
                    n >= 1e9 ? fmt::format("{:.2f} B", n / 1e9) : fmt::format("{:.2f} M", n / 1e6),

@@ -39,6 +39,10 @@ struct HardwareProfile {
   double inter_bandwidth = 0;       // bytes/s per device between nodes
   double latency_s = 0;             // per collective or transfer
   int devices_per_node = 8;
+  // GPUs: the shared memory a block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin), in
+  // bytes; berth's tiled attention needs tiled_attention_shared_bytes (runtime/core/backend.h).
+  // 0 = not given (taken to be enough).
+  double block_shared_bytes = 0;
   bool cpu = false;  // fp32 reference kernels (else the CUDA backend)
 };
 

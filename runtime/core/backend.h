@@ -26,12 +26,29 @@ enum class MatmulPrecision { kFp32, kBf16 };
 const char* matmul_precision_name(MatmulPrecision p);
 MatmulPrecision parse_matmul_precision(const std::string& name);  // "fp32" | "bf16"; throws
 
-// The head sizes the CUDA backend's tiled tensor-core attention (kernels/cuda/flash_bodies.h) is
-// built for: 32, 64, 80, 96 and 128. The one list: the backend dispatches on it and `berth plan`
-// counts attention at the bf16 rate for it.
-constexpr bool tiled_attention_head_size(int hs) {
-  return hs == 32 || hs == 64 || hs == 80 || hs == 96 || hs == 128;
+// The CUDA backend's tiled tensor-core attention (kernels/cuda/flash_bodies.h) by head size: the
+// least shared memory a block needs on the device, in bytes (its backward with 32-query tiles,
+// its largest kernel then; the forward and the 64-query backward need less and more), or 0 where
+// the kernels are not built for the head size. The one list: the backend dispatches on it, and
+// `berth plan` counts attention at the bf16 rate where a profile's GPU has this much.
+// test_backend_gpu checks the figures against the kernels' own layout.
+constexpr size_t tiled_attention_shared_bytes(int hs) {
+  switch (hs) {
+    case 32:
+      return 67584;  // 66 KiB
+    case 64:
+      return 96256;  // 94 KiB
+    case 80:
+      return 110592;  // 108 KiB
+    case 96:
+      return 124928;  // 122 KiB
+    case 128:
+      return 153600;  // 150 KiB
+    default:
+      return 0;
+  }
 }
+constexpr bool tiled_attention_head_size(int hs) { return tiled_attention_shared_bytes(hs) > 0; }
 
 class Backend {
  public:
