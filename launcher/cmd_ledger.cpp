@@ -31,6 +31,10 @@
 namespace berth {
 namespace {
 
+// `reserve --gpus` not given (any number a user can type, -1 included, goes to the ledger's
+// range check)
+constexpr int64_t kGpusNotGiven = INT64_MIN;
+
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::string local_minute(double t) {
@@ -97,8 +101,15 @@ struct LedgerArgs {
   bool json = false;
 };
 
-std::unique_ptr<LedgerStore> open_ledger(const LedgerArgs& a) {
+// `create`: a ledger that does not exist yet is made (registering devices, booking); otherwise
+// (listing, showing, cancelling, extending) a mistyped path is an error, not an empty new ledger
+// that would answer "no reservations".
+std::unique_ptr<LedgerStore> open_ledger(const LedgerArgs& a, bool create = false) {
   const std::string path = resolve_ledger_path(a.ledger, "");
+  BERTH_CHECK(create || std::filesystem::exists(path),
+              "ledger '{}' does not exist: check --ledger and $BERTH_LEDGER, or start one with "
+              "`berth devices register`",
+              path);
   return open_sqlite_ledger(path, ledger_options_for(path));
 }
 
@@ -260,7 +271,7 @@ void size_from_plan(const std::string& config, std::string gpu, double margin, s
   BERTH_CHECK(p.fits, "reserve --config: {} does not fit {} x {}: {} (see berth plan {})", config,
               devices, hw.name, p.why_not, config);
   std::fprintf(out, "sized from %s on %s (%s):\n", config.c_str(), hw.name.c_str(), hw.source.c_str());
-  if (*gpus == -1) {
+  if (*gpus == kGpusNotGiven) {
     *gpus = devices;
     std::fprintf(out, "  devices        %lld (%s)\n", static_cast<long long>(devices), how.c_str());
   }
@@ -324,7 +335,8 @@ void register_ledger_commands(CLI::App& app) {
     reg->add_option("--cpu-slots", a->cpu_slots, "Register N CPU slots of this host (model "
                                                  "'cpu')")->check(CLI::Range(int64_t(1), int64_t(4096)));
     reg->add_option("--slot-memory-gib", a->cpu_slot_gib,
-                    "Memory per CPU slot (default: host memory / N)");
+                    "Memory per CPU slot (default: host memory / N)")
+        ->check(CLI::Range(1.0 / 1024, 1e6));
     reg->add_option("--host", a->host, "Host name for --cpu-slots (default: this host)");
     reg->callback([a] {
       std::vector<Device> devs;
@@ -349,15 +361,20 @@ void register_ledger_commands(CLI::App& app) {
         for (const cuda::DeviceInfo& g : cuda::device_inventory()) {
           devs.push_back(Device{0, host_name(), "gpu", g.index, g.name, g.total_bytes, g.uuid});
         }
-        BERTH_CHECK(!devs.empty(), "this host has no usable CUDA device ({}); register a cluster "
-                    "with --from cluster.toml, or CPU slots with --cpu-slots N",
-                    cuda::describe_devices());
+        if (devs.empty()) {
+          std::string why = cuda::describe_devices();  // one line per device, each ending '\n'
+          while (!why.empty() && why.back() == '\n') why.pop_back();
+          BERTH_FAIL(
+              "this host has no usable CUDA device ({}); register a cluster with --from "
+              "cluster.toml, or CPU slots with --cpu-slots N",
+              why);
+        }
 #else
         BERTH_FAIL("this berth was built without CUDA, so it sees no GPUs here; register a "
                    "cluster with --from cluster.toml, or CPU slots with --cpu-slots N");
 #endif
       }
-      auto ledger = open_ledger(a->l);
+      auto ledger = open_ledger(a->l, true);
       const int64_t n = ledger->register_devices(devs);
       std::printf("registered %zu device(s) (%lld new or changed); the ledger now has %zu\n",
                   devs.size(), static_cast<long long>(n), ledger->devices().size());
@@ -368,7 +385,7 @@ void register_ledger_commands(CLI::App& app) {
   {
     struct Args {
       LedgerArgs l;
-      int64_t gpus = -1;  // -1: not given
+      int64_t gpus = kGpusNotGiven;
       std::string model, min_free_mem = "0", duration, start = "earliest", priority = "P3", name,
                   key;
       bool preempt = false, allow_split = false, print_id = false;
@@ -404,7 +421,8 @@ void register_ledger_commands(CLI::App& app) {
       if (!a->config.empty()) size_from_plan(a->config, a->gpu, a->margin, &a->model, &a->gpus,
                                              &a->min_free_mem, &a->duration,
                                              a->l.json ? stderr : stdout);
-      BERTH_CHECK(a->gpus != -1, "reserve needs --gpus N (or --config CONFIG to size the booking)");
+      BERTH_CHECK(a->gpus != kGpusNotGiven,
+                  "reserve needs --gpus N (or --config CONFIG to size the booking)");
       BERTH_CHECK(!a->duration.empty(),
                   "reserve needs --duration (e.g. 72h), or --config CONFIG to size it");
       ReserveRequest q;
@@ -419,7 +437,7 @@ void register_ledger_commands(CLI::App& app) {
       q.owner = current_user();
       q.preempt = a->preempt;
       q.allow_split = a->allow_split;
-      auto ledger = open_ledger(a->l);
+      auto ledger = open_ledger(a->l, true);
       const BookingResult r = ledger->reserve(q);
       if (a->l.json) {
         nlohmann::json j = {{"booked", r.booked}, {"replayed", r.replayed}, {"reason", r.reason}};
@@ -429,7 +447,9 @@ void register_ledger_commands(CLI::App& app) {
         for (const Reservation& x : r.preempted) j["preempted"].push_back(x.id);
         if (r.earliest_start > 0) j["earliest_start"] = format_utc_iso(r.earliest_start);
         j["blockers"] = nlohmann::json::array();
+        std::set<int64_t> seen;  // a booking blocks once, however many of its devices do
         for (const Busy& b : r.blockers) {
+          if (!seen.insert(b.reservation).second) continue;
           j["blockers"].push_back({{"reservation", b.reservation}, {"owner", b.owner},
                                    {"priority", fmt::format("P{}", b.priority)},
                                    {"start", format_utc_iso(b.start)},

@@ -22,6 +22,31 @@ struct RankPlace {
   double free_bytes = 0;
 };
 
+// The booked devices must be the ranks' hosts: local rank k of a host uses the k-th booked device
+// of that host (by index), which must exist and have the free memory. Throws LeaseRefused.
+void check_placement(const Reservation& r, const std::vector<RankPlace>& places) {
+  for (size_t k = 0; k < places.size(); ++k) {
+    const RankPlace& p = places[k];
+    const int64_t local_rank = int64_t(p.local_rank);
+    int64_t on_host = 0;
+    for (const Device& d : r.devices) on_host += d.host == p.host;
+    if (local_rank >= on_host) {
+      std::string booked;
+      for (const Device& d : r.devices)
+        booked += fmt::format("{}{}:{}{}", booked.empty() ? "" : ", ", d.host, d.kind, d.index);
+      throw LeaseRefused(fmt::format(
+          "rank {} runs on {} as local rank {}, but reservation {} booked {} device(s) there "
+          "({}): launch on the booked hosts, one rank per booked device",
+          k, p.host, local_rank, r.id, on_host, booked));
+    }
+    if (p.free_bytes < double(r.min_free_mem_bytes)) {
+      throw LeaseRefused(fmt::format(
+          "rank {} on {} has {:.1f} GiB free, reservation {} needs {:.1f} GiB per device", k,
+          p.host, p.free_bytes / (1 << 30), r.id, double(r.min_free_mem_bytes) / (1 << 30)));
+    }
+  }
+}
+
 }  // namespace
 
 LedgerOptions ledger_options_for(const std::string& path) {
@@ -56,6 +81,10 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
   if (world.rank() == 0) {
     try {
       const std::string path = resolve_ledger_path("", rc.ledger);
+      BERTH_CHECK(std::filesystem::exists(path),
+                  "ledger '{}' does not exist: check reservation.ledger and $BERTH_LEDGER (the "
+                  "ledger `berth reserve` booked in)",
+                  path);
       ledger_ = open_sqlite_ledger(path, ledger_options_for(path));
       reservation_ = rc.id;
       if (reservation_ == 0 && rc.without == "refuse") {
@@ -83,34 +112,18 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
         log_info("lease: booked reservation {} on demand (P3, {})", reservation_,
                  format_duration(rc.on_demand_s));
       }
-      const Reservation r = ledger_->reservation(reservation_);
-      // The booked devices must be the ranks' hosts: local rank k of a host uses the k-th
-      // booked device of that host (by index), which must exist and have the free memory.
-      for (int k = 0; k < world.size(); ++k) {
-        const RankPlace& p = places[size_t(k)];
-        const int64_t local_rank = int64_t(p.local_rank);
-        int64_t on_host = 0;
-        for (const Device& d : r.devices) on_host += d.host == p.host;
-        if (local_rank >= on_host) {
-          throw LeaseRefused(fmt::format(
-              "rank {} runs on {} as local rank {}, but reservation {} booked {} device(s) there "
-              "({}): launch on the booked hosts, one rank per booked device",
-              k, p.host, local_rank, reservation_, on_host, [&] {
-                std::string s;
-                for (const Device& d : r.devices)
-                  s += fmt::format("{}{}:{}{}", s.empty() ? "" : ", ", d.host, d.kind, d.index);
-                return s;
-              }()));
-        }
-        if (p.free_bytes < double(r.min_free_mem_bytes)) {
-          throw LeaseRefused(fmt::format(
-              "rank {} on {} has {:.1f} GiB free, reservation {} needs {:.1f} GiB per device",
-              k, p.host, p.free_bytes / (1 << 30), reservation_,
-              double(r.min_free_mem_bytes) / (1 << 30)));
-        }
-      }
+      // The lease first: whether the booking is active, its window open and nobody else holds
+      // it is the answer a user needs before where the ranks run (a cancelled booking is refused
+      // as cancelled, whatever the launch). The placement checks below give it back if they fail.
       const LeaseResult l = ledger_->acquire_lease(reservation_, host, getpid(), rc.lease_ttl_s);
       if (!l.ok) throw LeaseRefused("cannot take the lease: " + l.reason);
+      const Reservation r = ledger_->reservation(reservation_);
+      try {
+        check_placement(r, places);
+      } catch (const LeaseRefused&) {
+        ledger_->release_lease(reservation_, l.lease.token);
+        throw;
+      }
       token_ = l.lease.token;
       window_end_ = l.lease.window_end;
       last_renew_ = unix_now();

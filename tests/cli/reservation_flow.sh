@@ -83,6 +83,25 @@ check "700 losses identical to the uninterrupted run" $?
 "$berth" cancel "$id2" > /dev/null && "$berth" reservation show "$id2" | grep -q "| cancelled |"
 check "the finished run's booking is cancelled by its owner" $?
 
+# A cancelled booking is refused as cancelled, even by a launch that does not match its devices
+# (2 ranks, 1 booked): the lease is checked before the placement.
+idc=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
+"$berth" cancel "$idc" > /dev/null
+timeout 60 "${mpi[@]}" -np 2 "$berth" train "$cfg" "${small[@]}" --set train.steps=5 \
+    --set "run.out_dir=$tmp/c" --reservation "$idc" > "$tmp/c.log" 2>&1; rc=$?
+[ $rc -eq 4 ] && grep -q "reservation $idc is cancelled" "$tmp/c.log" && [ ! -e "$tmp/c" ]
+check "a cancelled booking is refused as cancelled before the placement check (rc $rc)" $?
+# A placement refusal gives the lease back at once: a matching launch takes it right after.
+idp=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
+timeout 60 "${mpi[@]}" -np 2 "$berth" train "$cfg" "${small[@]}" --set train.steps=5 \
+    --set "run.out_dir=$tmp/p" --reservation "$idp" > "$tmp/p1.log" 2>&1; rc=$?
+[ $rc -eq 4 ] && grep -q "launch on the booked hosts" "$tmp/p1.log" &&
+  "$berth" reservation show "$idp" | grep -q "released" &&
+  timeout 60 "$berth" train "$cfg" "${small[@]}" --set train.steps=5 --set "run.out_dir=$tmp/p" \
+    --reservation "$idp" > "$tmp/p2.log" 2>&1
+check "a placement refusal (rc $rc) releases the lease; one rank then trains under it" $?
+"$berth" cancel "$idp" > /dev/null
+
 # ---- double start; SIGKILLed holder -------------------------------------------------------------
 id3=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
 one=(train "$cfg" "${small[@]}" --set train.steps=100000 --reservation "$id3")
