@@ -26,8 +26,12 @@ struct ImportArgs {
 
 void run_import(const ImportArgs& a) {
   BERTH_CHECK(a.val_out.empty() == (a.val_fraction == 0.0),
-              "--val-out and --val-fraction go together: give both (e.g. --val-out val.h5 "
-              "--val-fraction 0.1) or neither");
+              "--val-out and --val-fraction go together: give both, the fraction above 0 (e.g. "
+              "--val-out val.h5 --val-fraction 0.1), or neither");
+  BERTH_CHECK(a.val_out.empty() || !same_file_path(a.out, a.val_out),
+              "--out and --val-out are the same file ({}): the validation split would replace "
+              "the training data; give --val-out another path",
+              a.out);
   TokenDataset all;
   if (a.format == "text") {
     all = import_text_files(a.inputs);
@@ -111,7 +115,7 @@ void register_data_commands(CLI::App& app) {
   CLI::App* info = data->add_subcommand("info", "Summarize a token dataset");
   info->add_option("dataset", *path, "Dataset (.h5)")->required();
   info->add_option("--seq-len", *info_seq_len, "Also show what packing into T-token rows achieves")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer());
   info->callback([path, info_seq_len]() {
     const TokenDataset ds = read_token_dataset(*path);
     log_info("{}", format_dataset_info(*path, dataset_info(ds)));

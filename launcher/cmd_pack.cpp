@@ -39,6 +39,11 @@ void run_pack(const PackArgs& a) {
   const PackPlan plan = pack_documents(lengths, o);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  BERTH_CHECK(plan.n_rows() > 0,
+              "nothing to pack: {} of the {} documents are longer than --seq-len {} and "
+              "--drop-long drops them; raise --seq-len or leave out --drop-long (long documents "
+              "are then cut into --seq-len pieces)",
+              pack_stats(plan, lengths).docs_dropped, lengths.size(), a.seq_len);
   const std::string key = plan_key(ds.doc_offsets, o);
   write_plan(a.out, plan, key);
   log_info("wrote packing plan {} (key {}, {} {}, seq_len {})\n{}", a.out, key, a.algorithm,
@@ -54,12 +59,12 @@ void register_pack_command(CLI::App& app) {
   pack->add_option("--data", args->data, "Token dataset (.h5)")->required()->check(CLI::ExistingFile);
   pack->add_option("--seq-len", args->seq_len, "Row length T in tokens")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer());
   pack->add_option("--algorithm", args->algorithm, "bfd, next_fit, padded or balanced")
       ->check(CLI::IsMember({"bfd", "next_fit", "padded", "balanced"}))
       ->capture_default_str();
   pack->add_option("--window", args->window, "BFD window in pieces")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_integer())
       ->capture_default_str();
   pack->add_option("--seed", args->seed, "Seed of the document order")->capture_default_str();
   pack->add_flag("--drop-long", args->drop_long, "Drop documents longer than T (default: split)");
@@ -67,7 +72,7 @@ void register_pack_command(CLI::App& app) {
                    "Pad every piece to a multiple of this many tokens (2·cp for training with "
                    "parallel.cp; must divide --seq-len)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer());
   pack->add_option("--out", args->out, "Output plan (.h5)")->required();
   pack->callback([args]() { run_pack(*args); });
 }

@@ -38,11 +38,13 @@ void calibrate(const PlanArgs& a) {
   write_file_atomic(path, hardware_profile_json(h));
   std::printf("calibrated %s: sgemm", h.source.c_str());
   for (const auto& [size, rate] : h.gemm_rates) std::printf(" %.0f³ %.1f GFLOP/s", size, rate / 1e9);
-  std::printf("\n  memory bandwidth %.1f GB/s, all-reduce bus bandwidth %.2f GB/s, latency %.1f µs, "
-              "%d rank(s) per host, %s per rank\nsaved %s (use it with --gpu cpu or --gpu %s)\n",
-              h.mem_bandwidth / 1e9, h.intra_bandwidth / 1e9, h.latency_s * 1e6,
-              h.devices_per_node, format_bytes(h.mem_capacity).c_str(), path.c_str(),
-              path.c_str());
+  // --gpu cpu reads the default path only
+  std::printf(
+      "\n  memory bandwidth %.1f GB/s, all-reduce bus bandwidth %.2f GB/s, latency %.1f µs, "
+      "%d rank(s) per host, %s per rank\nsaved %s (use it with %s--gpu %s)\n",
+      h.mem_bandwidth / 1e9, h.intra_bandwidth / 1e9, h.latency_s * 1e6, h.devices_per_node,
+      format_bytes(h.mem_capacity).c_str(), path.c_str(), a.out.empty() ? "--gpu cpu or " : "",
+      path.c_str());
 }
 
 void plan(const PlanArgs& a) {
@@ -56,11 +58,16 @@ void plan(const PlanArgs& a) {
                           : cfg.parallel.dp > 0 ? inner * cfg.parallel.dp
                                                 : inner;
   const PlanInput in = plan_input_from_config(cfg, devices);
-  BERTH_CHECK(in.layout.world() == devices,
+  BERTH_CHECK(cfg.parallel.dp == 0 || in.layout.world() == devices,
               "the config's layout tp·pp·cp·dp = {}·{}·{}·{} = {} does not use --gpus {}: set "
               "parallel.dp = 0 to derive it, or plan for {} devices",
               in.layout.tp, in.layout.pp, in.layout.cp, in.layout.dp, in.layout.world(), devices,
               in.layout.world());
+  BERTH_CHECK(in.layout.world() == devices,
+              "the config's tp·pp·cp = {}·{}·{} = {} does not divide --gpus {}: plan for a "
+              "multiple of {} devices, or set parallel.tp, pp and cp (e.g. --set parallel.tp=1) "
+              "to a product that divides {}",
+              in.layout.tp, in.layout.pp, in.layout.cp, inner, devices, inner, devices);
   const Plan p = make_plan(in, hw);
   const std::vector<LayoutChoice> ranked = rank_layouts(in, hw, devices);
   const int64_t smallest = smallest_fitting_devices(in, hw);
@@ -108,7 +115,7 @@ void register_plan_command(CLI::App& app) {
   cmd->add_option("--set", a->overrides, "Override a config value (repeatable)")
       ->type_name("KEY=VALUE");
   cmd->add_option("--gpus", a->gpus, "Devices to plan for (default: the config's layout)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer());
   cmd->add_option("--gpu", a->gpu,
                   "Hardware profile: a100, h100, h200, cpu (this host's calibrated profile, else "
                   "a guess) or a profile file")

@@ -26,6 +26,22 @@ std::string version_text() {
 #endif
 }
 
+CLI::Validator positive_integer() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        size_t used = 0;
+        long long v = 0;
+        try {
+          v = std::stoll(value, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == value.size() && used > 0 && v >= 1) return "";
+        return value + " is not a whole number >= 1";
+      },
+      "INT>=1", "POSITIVE_INTEGER");
+}
+
 void register_train_command(CLI::App& app) {
   struct Args {
     std::string config;
@@ -45,7 +61,7 @@ void register_train_command(CLI::App& app) {
       ->type_name("auto|PATH");
   cmd->add_option("--reservation", args->reservation,
                   "Train under this reservation's lease (sets reservation.id)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer());
   cmd->callback([args]() {
     std::vector<std::string> overrides = args->overrides;
     if (args->reservation > 0) overrides.push_back(fmt::format("reservation.id={}", args->reservation));

@@ -6,11 +6,16 @@
 
 namespace CLI {
 class App;
+class Validator;
 }
 
 namespace berth {
 
 std::string version_text();  // "berth 0.1.0 (CUDA: ...)"
+
+// An option that must be a whole number ≥ 1 ("--gpus: 0 is not a whole number >= 1"), instead of
+// CLI::PositiveNumber's "Value 0 not in range 0.000000 to 1.797…e+308".
+CLI::Validator positive_integer();
 
 void register_train_command(CLI::App& app);  // berth train CONFIG [--set k=v]...
 void register_data_commands(CLI::App& app);  // berth data import|info

@@ -372,6 +372,14 @@ TEST(Config, ValidationPipelineSchedule) {
   EXPECT_CONTAINS(msg, "unknown parallel.schedule \"gpipe\"; use \"1f1b\"");
 }
 
+TEST(Config, RunNameIsOneDirectoryName) {
+  for (const char* bad : {"", ".", "..", "sweep/a", "/abs"}) {
+    const std::string msg = parse_error("", {fmt::format("run.name=\"{}\"", bad)});
+    EXPECT_CONTAINS(msg, "must be one directory name");
+  }
+  EXPECT_NO_THROW(parse_config("[run]\nname = \"gpt2-small_v2.1\"\n", "configs/x.toml"));
+}
+
 TEST(Config, ValidationRunDevice) {
   EXPECT_EQ(parse_config("", "configs/x.toml").run.device, "cpu");
   EXPECT_EQ(parse_config("[run]\ndevice = \"auto\"\n", "configs/x.toml").run.device, "auto");

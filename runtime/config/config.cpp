@@ -412,6 +412,16 @@ void validate_config(const RunConfig& cfg) {
                "model.max_seq_len",
                w, cfg.data.seq_len, cfg.model.max_seq_len);
   }
+  // run.name is one directory under run.out_dir: empty, "..", or a path would put the run's
+  // files (and checkpoints) somewhere else, e.g. straight into out_dir among other runs'.
+  const std::string& run_name = cfg.run.name;
+  if (run_name.empty() || run_name == "." || run_name == ".." ||
+      run_name.find('/') != std::string::npos) {
+    BERTH_FAIL(
+        "{}: run.name {} must be one directory name (no '/', not empty, '.' or '..'): the "
+        "run's files go to run.out_dir/run.name",
+        w, quote_toml(run_name));
+  }
   if (cfg.run.device != "cpu" && cfg.run.device != "cuda" && cfg.run.device != "auto") {
     BERTH_FAIL("{}: unknown run.device {}; use \"cpu\", \"cuda\" or \"auto\"", w,
                quote_toml(cfg.run.device));

@@ -50,6 +50,15 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
+bool same_file_path(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code ea, eb;
+  const fs::path pa = fs::weakly_canonical(fs::absolute(a), ea);
+  const fs::path pb = fs::weakly_canonical(fs::absolute(b), eb);
+  if (ea || eb) return fs::absolute(a).lexically_normal() == fs::absolute(b).lexically_normal();
+  return pa == pb;
+}
+
 void ensure_writable_dir(const std::string& dir, const char* what) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

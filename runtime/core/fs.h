@@ -34,6 +34,11 @@ void write_via_temp(const std::string& path, Write&& write) {
 // Reads a whole file; throws Error naming the path when it cannot be read.
 std::string read_text_file(const std::string& path);
 
+// Whether two paths name the same file, existing or not ("x.h5", "./x.h5" and a path through a
+// symlink to its directory do): their absolute, normalized forms with symlinks resolved as far as
+// the paths exist.
+bool same_file_path(const std::string& a, const std::string& b);
+
 // Creates `dir` (and parents) if needed and checks that it is writable; throws Error otherwise.
 void ensure_writable_dir(const std::string& dir, const char* what);
 

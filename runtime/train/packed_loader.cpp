@@ -83,7 +83,13 @@ void fill_packed_rows(const TokenDataset& ds, const PackPlan& plan,
 PackedLoader::PackedLoader(const TokenDataset* ds, PackPlan plan, int B, int T, bool shuffle,
                            uint64_t seed, StreamLoader::Shard shard)
     : ds_(ds), plan_(std::move(plan)), B_(B), T_(T), shuffle_(shuffle), seed_(seed), shard_(shard) {
-  BERTH_CHECK(plan_.n_rows() > 0, "the packing plan has no rows: the dataset has no tokens to train on");
+  BERTH_CHECK(plan_.n_rows() > 0 || plan_.options.long_docs != LongDocs::DROP,
+              "the packing plan has no rows: every document of the dataset is longer than "
+              "data.seq_len ({}) and data.long_docs = \"drop\" drops them; use \"split\" or a "
+              "larger seq_len",
+              T);
+  BERTH_CHECK(plan_.n_rows() > 0,
+              "the packing plan has no rows: the dataset has no tokens to train on");
   BERTH_CHECK(plan_.options.seq_len == T, "packing plan is for seq_len {}, the run uses {}",
               plan_.options.seq_len, T);
   BERTH_CHECK(shard.count > 0 && shard.index >= 0 && shard.index < shard.count,

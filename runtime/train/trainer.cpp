@@ -184,7 +184,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
   const int M = int(cfg_.parallel.microbatches);
   train_actions_ = cfg_.parallel.schedule == "afab" ? schedule_afab(shape.pp, at.pp, M)
                                                     : schedule_1f1b(shape.pp, at.pp, M);
-  if (shape.pp > 1 && cfg_.parallel.schedule == "1f1b" && M < shape.pp) {
+  if (shape.pp > 1 && cfg_.parallel.schedule == "1f1b" && M < shape.pp && world_.rank() == 0) {
     log_warn("parallel.microbatches = {} < pp = {}: the pipeline is idle for most of each step "
              "(bubble (pp − 1)/(M + pp − 1) = {:.0f} %); raise parallel.microbatches to at least "
              "{}",
@@ -595,6 +595,10 @@ std::vector<StepStats> Trainer::run() {
   const std::string resolved = config_to_toml(cfg_);
   if (writer) {
     ensure_writable_dir(run_dir_, "run directory (run.out_dir/run.name)");
+    // The checkpoint directory is checked now, not at the first save: an unusable checkpoint.dir
+    // would otherwise fail only after the steps before it had run (all of them with
+    // checkpoint.interval = 0).
+    ensure_writable_dir(checkpoint_dir_, "checkpoint directory (checkpoint.dir)");
     write_file_atomic(run_dir_ + "/config.toml", resolved);
     const int cleaned = clean_partial_checkpoints(checkpoint_dir_);
     if (cleaned > 0) {
@@ -728,7 +732,9 @@ std::vector<StepStats> Trainer::run() {
     st.val_loss = val_loss;
     all.push_back(st);
     if (initial_eval) log_info("val loss before training {:.4f}", initial_val_loss);
-    if (step % cfg_.train.log_interval == 0 || last) {
+    // every log_interval-th step from the first, the last, and every step that evaluated (whose
+    // validation loss would otherwise reach only metrics.jsonl)
+    if (step % cfg_.train.log_interval == 0 || last || eval) {
       log_info("step {:>5}/{} | loss {:.4f} | lr {:.3e} | norm {:.4f} | {:.1f} ms | {:.0f} tok/s | "
                "{:.2f} GFLOP/s{}",
                step + 1, steps, st.loss, st.lr, st.grad_norm, st.seconds * 1e3, st.tokens_per_s,

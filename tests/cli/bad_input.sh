@@ -121,6 +121,17 @@ grep -Eq '^tokens +502$' "$log" || why+=" no 'tokens 502' line"
 grep -Eq '^vocab +257 ' "$log" || why+=" no 'vocab 257' line"
 report "data_info" "$why"
 
+# An evaluation's loss reaches the console even when its step is not a log_interval step (steps
+# 1, 5 are; the evaluations are after steps 3 and 6).
+train_tiny evallog --set train.steps=6 --set eval.interval=3 --set train.log_interval=4 \
+  --set "data.val=$tmp/d.h5" --set eval.batches=1 >"$log" 2>&1
+why=""
+grep -Eq 'step +3/6 .*\| val loss [0-9.]+$' "$log" || why+=" no step 3 line with its val loss"
+grep -Eq 'step +5/6 ' "$log" || why+=" no step 5 line (log_interval)"
+[ "$(grep -Ec 'val loss (before training )?[0-9]' "$log")" -eq 3 ] ||
+  why+=" not 3 val losses (before, 3, 6)"
+report "eval_steps_are_logged" "$why"
+
 run_dir="$tmp/runs/tiny3"
 train_tiny tiny3 >"$log" 2>&1
 rc=$?
@@ -222,6 +233,10 @@ expect_error "dataset_shorter_than_one_window" "fewer than data.seq_len + 1 = 17
 : >"$tmp/afile"
 expect_error "out_dir_under_a_file" "cannot create run directory" "$tmp/afile/sub" \
   train_tiny unwritable --set "run.out_dir=$tmp/afile/sub"
+# checkpoint.dir likewise, before the first step (not at the first save, after the steps)
+expect_error "checkpoint_dir_under_a_file" "cannot create checkpoint directory" \
+  "$tmp/runs/ckdir/config.toml" \
+  train_tiny ckdir --set "checkpoint.dir=$tmp/afile/ck"
 
 # ---- data import / info errors -------------------------------------------------------------------
 
@@ -239,6 +254,10 @@ expect_error "import_val_out_without_val_fraction" "--val-out and --val-fraction
 expect_error "import_val_fraction_out_of_range" "--val-fraction" "$tmp/x_range.h5" \
   "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/x_range.h5" \
   --val-out "$tmp/v_range.h5" --val-fraction 1.5
+
+expect_error "import_val_out_is_out" "--out and --val-out are the same file" "$tmp/x_same.h5" \
+  "$BERTH" data import --format text "$tmp/doc1.txt" "$tmp/doc2.txt" --out "$tmp/x_same.h5" \
+  --val-out "$tmp/./x_same.h5" --val-fraction 0.5
 
 # llm.c token file with a zero header (magic 0), the right size for 0 tokens.
 head -c 1024 /dev/zero >"$tmp/bad_magic.bin"
@@ -291,6 +310,10 @@ expect_error "plan_profile_missing_a_figure" "'matmul_efficiency' must be a numb
   "$BERTH" plan "$TINY_TOML" --gpu "$tmp/short_profile.json"
 expect_error "plan_layout_not_matching_gpus" "does not use --gpus 3" "" \
   "$BERTH" plan "$TINY_TOML" --gpus 3 --set parallel.dp=2
+expect_error "plan_inner_layout_not_dividing_gpus" "tp·pp·cp = 2·1·1 = 2 does not divide --gpus 3" \
+  "" "$BERTH" plan "$TINY_TOML" --gpus 3 --set parallel.tp=2
+expect_error "plan_zero_gpus" "--gpus: 0 is not a whole number >= 1" "" \
+  "$BERTH" plan "$TINY_TOML" --gpus 0
 expect_error "plan_negative_price" "--price-per-gpu-hour must be >= 0" "" \
   "$BERTH" plan "$TINY_TOML" --price-per-gpu-hour -1
 "$BERTH" plan "$TINY_TOML" --gpus 2 --gpu h100 --price-per-gpu-hour 3 >"$log" 2>&1
@@ -302,6 +325,17 @@ report "plan_tiny_on_two_h100" "$why"
 "$BERTH" plan "$TINY_TOML" --gpus 2 --json >"$log" 2>&1
 report "plan_json_parses" "$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); \
 assert d['params']['total'] == 842624 and d['layouts']" "$log" 2>&1 | tail -1)"
+
+# ---- ledger and packing ---------------------------------------------------------------------------
+# A mistyped ledger path is an error for the commands that only read it (not a new, empty ledger
+# that answers "no reservations").
+expect_error "reservations_on_a_missing_ledger" "does not exist" "$tmp/typo/ledger.db" \
+  "$BERTH" reservations --ledger "$tmp/typo/ledger.db"
+expect_error "timeline_on_a_missing_ledger" "does not exist" "$tmp/typo/ledger.db" \
+  "$BERTH" timeline --ledger "$tmp/typo/ledger.db"
+# Every document is longer than the rows and --drop-long drops them: no empty plan.
+expect_error "pack_drops_every_document" "nothing to pack" "$tmp/p_empty.h5" \
+  "$BERTH" pack --data "$tmp/d.h5" --seq-len 4 --drop-long --out "$tmp/p_empty.h5"
 
 # ---- summary -------------------------------------------------------------------------------------
 
