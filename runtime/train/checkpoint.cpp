@@ -191,17 +191,22 @@ int64_t step_of_name(const std::string& name) {
   return std::stoll(digits);
 }
 
-// Complete checkpoints in `dir`, sorted by step.
-std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string& dir) {
+// The step-NNNNNNNN directories in `dir` (not temporaries) with meta.json (`complete`) or
+// without, sorted by step.
+std::vector<std::pair<int64_t, fs::path>> step_dirs(const std::string& dir, bool complete) {
   std::vector<std::pair<int64_t, fs::path>> out;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     const int64_t step = step_of_name(e.path().filename().string());
-    if (step >= 0 && fs::exists(e.path() / "meta.json")) out.emplace_back(step, e.path());
+    if (step >= 0 && fs::exists(e.path() / "meta.json") == complete)
+      out.emplace_back(step, e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string& dir) {
+  return step_dirs(dir, true);
 }
 
 // Fencing of checkpoint commits: the checkpoint directory's FENCE file holds the highest lease
@@ -403,6 +408,12 @@ std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir) 
   const auto all = complete_checkpoints(checkpoint_dir);
   if (all.empty()) return std::nullopt;
   return all.back().second.string();
+}
+
+std::vector<std::string> incomplete_checkpoints(const std::string& checkpoint_dir) {
+  std::vector<std::string> out;
+  for (const auto& [step, path] : step_dirs(checkpoint_dir, false)) out.push_back(path.string());
+  return out;
 }
 
 int clean_partial_checkpoints(const std::string& checkpoint_dir) {

@@ -587,6 +587,15 @@ std::vector<StepStats> Trainer::run() {
                 "auto, or give this one another run.name or checkpoint.dir",
                 checkpoint_dir_, name, step, start_step_);
   }
+  for (const std::string& dir : incomplete_checkpoints(checkpoint_dir_)) {
+    const std::string name = std::filesystem::path(dir).filename().string();
+    const int64_t step = std::stoll(name.substr(name.find('-') + 1));
+    BERTH_CHECK(step <= start_step_ || step > int64_t(cfg_.train.steps),
+                "checkpoint.dir holds {} without meta.json (not a checkpoint berth saved; it "
+                "would make this run's save at step {} fail): remove it, or give this run another "
+                "checkpoint.dir",
+                dir, step);
+  }
   // The lease comes first: a refused one leaves nothing behind (collective; LeaseRefused).
   LeaseKeeper lease(cfg_, world_);
   set_fencing_token(lease.token());
