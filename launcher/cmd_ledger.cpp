@@ -394,9 +394,10 @@ void register_ledger_commands(CLI::App& app) {
     };
     auto a = std::make_shared<Args>();
     CLI::App* cmd = app.add_subcommand("reserve", "Book devices for a window");
-    cmd->add_flag("--print-id", a->print_id,
-                  "On success print only the reservation id (for batch scripts)");
+    CLI::Option* print_id = cmd->add_flag(
+        "--print-id", a->print_id, "On success print only the reservation id (for batch scripts)");
     add_ledger_option(cmd, &a->l);
+    print_id->excludes("--json");  // two different stdout formats
     cmd->add_option("--gpus", a->gpus, "Number of devices (with --config: from the plan)");
     cmd->add_option("--config", a->config,
                     "Size the booking from this run config's plan (berth plan): devices, minimum "

@@ -339,6 +339,8 @@ expect_error "reservations_on_a_missing_ledger" "does not exist" "$tmp/typo/ledg
   "$BERTH" reservations --ledger "$tmp/typo/ledger.db"
 expect_error "timeline_on_a_missing_ledger" "does not exist" "$tmp/typo/ledger.db" \
   "$BERTH" timeline --ledger "$tmp/typo/ledger.db"
+expect_error "reserve_json_and_print_id" "--print-id excludes --json" "$tmp/l.db" \
+  "$BERTH" reserve --gpus 1 --duration 1h --json --print-id --ledger "$tmp/l.db"
 # Every document is longer than the rows and --drop-long drops them: no empty plan.
 expect_error "pack_drops_every_document" "nothing to pack" "$tmp/p_empty.h5" \
   "$BERTH" pack --data "$tmp/d.h5" --seq-len 4 --drop-long --out "$tmp/p_empty.h5"
