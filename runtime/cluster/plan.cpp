@@ -612,6 +612,9 @@ std::string plan_to_json(const Plan& p, double price, const std::vector<LayoutCh
                    {"fp32_flops", p.hw.fp32_flops},
                    {"mem_capacity", p.hw.mem_capacity}};
   j["precision"] = p.input.bf16 ? "bf16" : "fp32";
+  j["attention"] = {{"tensor_cores", tensor_core_attention(p.input, p.hw)}};
+  if (p.input.bf16 && !p.hw.cpu && !tensor_core_attention(p.input, p.hw))
+    j["attention"]["why_not"] = scalar_attention_reason(p.input, p.hw);
   j["params"] = {{"total", p.params.total}, {"embedding", p.params.embedding},
                  {"padded", p.params.padded}, {"per_stage", p.params.per_stage}};
   j["flops"] = {{"per_token", p.flops_per_token}, {"per_step", p.flops_per_step},
