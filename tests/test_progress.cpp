@@ -217,6 +217,31 @@ TEST(Progress, PeriodicCheckpointsAreLearnedAndCounted) {
   EXPECT_GT(p.total_s, truth - 100);
 }
 
+TEST(Progress, EventsDuringTheWarmupAreLearnedAndPriorsComeFromTheFacts) {
+  // 200 steps with 50 warm-up steps: a checkpoint (3 s) every 40 steps, so the first is inside
+  // the warm-up. At step 60 (after it, before the second) it must be the learned cost, not the
+  // prior (100 step times = 100 s here): the prediction stays within 2 % instead of jumping.
+  auto f = steady_facts(200);
+  f.ckpt_interval = 40;
+  f.warmup_steps = 50;
+  Synth s;
+  s.noise_rel = 0.01;
+  s.ckpt_s = 3;
+  const auto rows = synth_trace(f, s);
+  const double truth = total_of(rows);
+  for (double at : {0.25, 0.30, 0.35}) {
+    const Prediction p = predict_at(f, rows, at);
+    EXPECT_LT(ape(p.total_s, truth), 0.02) << at << ": " << p.total_s << " vs " << truth;
+    EXPECT_EQ(p.checkpoints_observed, 1);
+  }
+  // Before the first checkpoint: the facts' prior (seconds per save) where given.
+  f.ckpt_prior_s = 3;
+  EXPECT_LT(ape(predict_at(f, rows, 0.15).total_s, truth), 0.02);
+  f.ckpt_prior_s = 0;  // the 100 step times
+  EXPECT_GT(predict_at(f, rows, 0.15).total_s, truth + 300);
+  EXPECT_EQ(predict_at(f, rows, 0.15).checkpoints_observed, 0);
+}
+
 TEST(Progress, EvalAndCombinedEventsAreSeparated) {
   auto f = steady_facts(6000);
   f.ckpt_interval = 500;
@@ -393,6 +418,15 @@ TEST(ProgressFiles, CsvErrorsAreSpecific) {
             std::string::npos);
   EXPECT_NE(error_of([] { read_trace_csv(write_tmp("e.csv", kHeader)); }).find("no rows"),
             std::string::npos);
+  // step, tokens and seq_len are whole numbers (a 4.5 was read as 4)
+  EXPECT_NE(error_of([] {
+              read_trace_csv(write_tmp("w.csv", std::string(kHeader) + "4.5,1,1,1,1,0,0,0,58,\n"));
+            }).find("step '4.5' must be a whole number >= 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              read_trace_csv(write_tmp("t.csv", std::string(kHeader) + "1,1,-5,1,1,0,0,0,58,\n"));
+            }).find("tokens '-5' must be a whole number >= 0"),
+            std::string::npos);
 }
 
 TEST(ProgressFiles, JsonFactsAndErrors) {
@@ -425,6 +459,28 @@ TEST(ProgressFiles, JsonFactsAndErrors) {
             std::string::npos);
   EXPECT_NE(error_of([] { read_run_facts_json("/nonexistent/meta.json"); }).find("cannot read /nonexistent/meta.json"),
             std::string::npos);
+  auto bad_facts = [&](const std::string& from, const std::string& to) {
+    std::string bad = ok;
+    bad.replace(bad.find(from), from.size(), to);
+    return error_of([&] { read_run_facts_json(bad); });
+  };
+  EXPECT_NE(
+      bad_facts("\"ckpt_interval\":0", "\"ckpt_interval\":-5").find("'ckpt_interval' must be >= 0"),
+      std::string::npos);
+  EXPECT_NE(bad_facts("\"lease_s\":4231.5", "\"lease_s\":-1").find("'lease_s' must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(
+      bad_facts("[[0,4096,4194304],[2000,8192,8388608]]", "[[2000,8192,8388608],[0,4096,4194304]]")
+          .find("increasing from_step order"),
+      std::string::npos);
+  EXPECT_NE(bad_facts("\"max_steps\":4200", "\"max_steps\":0").find("exceeds max_steps 0"),
+            std::string::npos);
+  // the priors are read back as written
+  RunFacts with_priors = f;
+  with_priors.ckpt_prior_s = 0.02, with_priors.eval_prior_steps = 1.5;
+  const RunFacts back = read_run_facts_json(run_facts_to_json(with_priors));
+  EXPECT_DOUBLE_EQ(back.ckpt_prior_s, 0.02);
+  EXPECT_DOUBLE_EQ(back.eval_prior_steps, 1.5);
 }
 
 // ---- bench over the development traces (only where shared/eta/traces is present) -------------

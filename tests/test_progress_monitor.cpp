@@ -102,6 +102,32 @@ TEST(ProgressMonitor, StragglerNamedWithHostAndMargin) {
   EXPECT_FALSE(has(r, WarningKind::CommBound));
 }
 
+TEST(ProgressMonitor, PipelineStagesAreComparedOnlyWithThemselves) {
+  // pp = 2 over 4 ranks (stages 0, 0, 1, 1): the last stage also runs the LM head and the loss,
+  // 20 % more work on both of its ranks. That is no straggler; a rank 30 % slower than the other
+  // rank of its own stage is.
+  MonitorSettings s = settings(4);
+  s.rank_stage = {0, 0, 1, 1};
+  auto stages = [](double rank3) {
+    return [rank3](int64_t st) {
+      auto v = balanced(4, st);
+      v[2].compute_s *= 1.2, v[3].compute_s *= 1.2 * rank3;
+      for (auto& m : v) m.wall_s = m.compute_s + m.comm_s;
+      return v;
+    };
+  };
+  // rank 3 5 % slower than rank 2 (noise of a real run): below the margin within its stage
+  EXPECT_FALSE(has(run(4, 100, stages(1.05), facts(), s).report(), WarningKind::Straggler));
+  // without the stages the imbalance reads as a straggler (what the stage grouping prevents)
+  EXPECT_TRUE(has(run(4, 100, stages(1.05)).report(), WarningKind::Straggler));
+  std::string msg;
+  ASSERT_TRUE(has(run(4, 100, stages(1.3), facts(), s).report(), WarningKind::Straggler, &msg));
+  EXPECT_NE(msg.find("rank 3@nodeD is busy 30% longer per step than the median of the other "
+                     "ranks of its pipeline stage"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(ProgressMonitor, OccasionalSlowRankIsNotAStraggler) {
   // Every rank is slow now and then (a different one each step): nobody is consistently slowest.
   const ProgressReport r = run(4, 100, [](int64_t s) {
@@ -158,6 +184,12 @@ TEST(ProgressMonitor, MemoryTrendPassingCapacity) {
   RunFacts roomy = facts();
   roomy.mem_capacity_gib = 8.0;
   EXPECT_FALSE(has(run(2, 100, leak, roomy).report(), WarningKind::Memory));
+  // Already above capacity: since about when, not a step still to come.
+  RunFacts tight = facts();
+  tight.mem_capacity_gib = 1.2;  // passed near step 52
+  ASSERT_TRUE(has(run(2, 100, leak, tight).report(), WarningKind::Memory, &msg));
+  EXPECT_NE(msg.find("it is above the 1.20 GiB capacity, since about step 52"), std::string::npos)
+      << msg;
   // Flat memory with noise: no warning.
   EXPECT_FALSE(has(run(2, 100,
                        [](int64_t s) {
@@ -211,6 +243,19 @@ TEST(ProgressMonitor, CheckpointOverhead) {
       EXPECT_NE(msg.find("checkpoint.interval from 10 to about"), std::string::npos) << msg;
     }
   }
+}
+
+TEST(ProgressMonitor, CheckpointWarningWaitsForAMeasuredCheckpoint) {
+  // Before the first save the checkpoint time is a prior (here 100 s a save, ~10 × the run):
+  // the block shows it, but no warning is raised on it.
+  RunFacts f = facts(50);
+  f.ckpt_prior_s = 100;
+  const ProgressReport r = run(
+                               2, 40, [](int64_t st) { return balanced(2, st); }, f)
+                               .report();
+  EXPECT_EQ(r.prediction.checkpoints_observed, 0);
+  EXPECT_GT(r.prediction.checkpoint_s, 0.5 * r.prediction.total_s);
+  EXPECT_FALSE(has(r, WarningKind::Checkpoints));
 }
 
 TEST(ProgressMonitor, DueRepeatsEveryNBlocksAndResets) {

@@ -94,6 +94,9 @@ ProgressPredictor::ProgressPredictor(RunFacts facts) : facts_(std::move(facts)) 
               facts_.hidden_size);
   BERTH_CHECK(!facts_.schedule.empty(),
               "run facts: schedule needs at least one [from_step, seq_len, tokens_per_step] entry");
+  BERTH_CHECK(facts_.ckpt_interval >= 0 && facts_.eval_interval >= 0 && facts_.lease_s >= 0 &&
+                  facts_.ckpt_prior_s >= 0 && facts_.eval_prior_steps >= 0,
+              "run facts: ckpt_interval, eval_interval, lease_s and the priors must be >= 0");
   std::stable_sort(
       facts_.schedule.begin(), facts_.schedule.end(),
       [](const ScheduleEntry& a, const ScheduleEntry& b) { return a.from_step < b.from_step; });
@@ -229,18 +232,21 @@ Prediction ProgressPredictor::predict() const {
   // Extra cost of steps with events: ckpt / eval learned from their excess over the base rate;
   // everything else after warm-up (spikes, epoch boundaries, normal steps above the clip) feeds
   // the unplanned-overhead rate.
+  // Checkpoints and evaluations are learned from every one seen, those during the warm-up too
+  // (a short run may see its only ones there); the unplanned overhead only after it.
   const size_t first_post_record = normal[begin];
   double ckpt_sum = 0, eval_sum = 0, both_sum = 0, unplanned = 0, unplanned_max = 0;
   int unplanned_n = 0;
   int ckpt_n = 0, eval_n = 0, both_n = 0;
   int64_t post_steps = 0;
-  for (size_t i = first_post_record; i < records_.size(); ++i) {
+  for (size_t i = 0; i < records_.size(); ++i) {
     const auto& r = records_[i];
     if (is_warmup_event(r.event) || r.tokens <= 0) continue;
-    ++post_steps;
+    const bool ck = is_ckpt_event(r.event), ev = is_eval_event(r.event);
+    if (i < first_post_record && !ck && !ev) continue;
+    post_steps += i >= first_post_record;
     const double c =
         step_cost(r.tokens, r.seq_len > 0 ? r.seq_len : schedule_at(facts_, r.step).seq_len, h);
-    const bool ck = is_ckpt_event(r.event), ev = is_eval_event(r.event);
     const double excess = r.duration_s - base * c;
     if (ck && ev) {
       both_sum += excess, ++both_n;
@@ -260,8 +266,14 @@ Prediction ProgressPredictor::predict() const {
   }
   const double med_step = med * step_cost(schedule_at(facts_, last_step).tokens_per_step,
                                           schedule_at(facts_, last_step).seq_len, h);
-  double ckpt_cost = ckpt_n ? ckpt_sum / ckpt_n : kCkptPriorSteps * med_step;
-  double eval_cost = eval_n ? eval_sum / eval_n : kEvalPriorSteps * med_step;
+  // Priors before the first: the runtime's own estimates where the facts carry them, else a
+  // number of step times.
+  const double ckpt_prior =
+      facts_.ckpt_prior_s > 0 ? facts_.ckpt_prior_s : kCkptPriorSteps * med_step;
+  const double eval_prior =
+      (facts_.eval_prior_steps > 0 ? facts_.eval_prior_steps : kEvalPriorSteps) * med_step;
+  double ckpt_cost = ckpt_n ? ckpt_sum / ckpt_n : ckpt_prior;
+  double eval_cost = eval_n ? eval_sum / eval_n : eval_prior;
   if (both_n) {
     const double both = both_sum / both_n;
     if (ckpt_n && !eval_n)
@@ -269,7 +281,7 @@ Prediction ProgressPredictor::predict() const {
     else if (!ckpt_n && eval_n)
       ckpt_cost = std::max(0.0, both - eval_cost);
     else if (!ckpt_n && !eval_n) {
-      const double share = kCkptPriorSteps / (kCkptPriorSteps + kEvalPriorSteps);
+      const double share = ckpt_prior / (ckpt_prior + eval_prior);
       ckpt_cost = share * both, eval_cost = (1.0 - share) * both;
     }
   }
@@ -408,6 +420,7 @@ Prediction ProgressPredictor::predict() const {
                      static_cast<double>(rem_ckpt) * ckpt_cost;
   out.eval_s = std::max(0.0, eval_sum + (1.0 - ck_share) * both_sum) +
                static_cast<double>(rem_eval) * eval_cost;
+  out.checkpoints_observed = ckpt_n + both_n;
   return out;
 }
 
@@ -467,10 +480,18 @@ std::vector<StepRecord> read_trace_csv(const std::string& path) {
         BERTH_FAIL("trace {} line {}: {} '{}' is not a number", path, lineno, name, f[k]);
       }
     };
-    r.step = static_cast<int64_t>(num(0, "step"));
+    // step, tokens and seq_len are whole numbers (>= 1, >= 0, >= 0; seq_len 0 = the schedule's)
+    auto whole = [&](size_t k, const char* name, double least) {
+      const double v = num(k, name);
+      if (v != std::floor(v) || v < least || v > 9.0e15)
+        BERTH_FAIL("trace {} line {}: {} '{}' must be a whole number >= {}", path, lineno, name,
+                   f[k], least);
+      return static_cast<int64_t>(v);
+    };
+    r.step = whole(0, "step", 1);
     r.duration_s = num(1, "duration_s");
-    r.tokens = static_cast<int64_t>(num(2, "tokens"));
-    r.seq_len = static_cast<int64_t>(num(3, "seq_len"));
+    r.tokens = whole(2, "tokens", 0);
+    r.seq_len = whole(3, "seq_len", 0);
     r.compute_s = num(4, "compute_s");
     r.comm_s = num(5, "comm_s");
     r.data_wait_s = num(6, "data_wait_s");
@@ -513,6 +534,17 @@ RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
   f.mem_capacity_gib = need_num("mem_capacity_gib");
   f.lease_s = need_num("lease_s");
   if (j.contains("warmup_steps")) f.warmup_steps = need_int("warmup_steps");
+  if (j.contains("ckpt_prior_s")) f.ckpt_prior_s = need_num("ckpt_prior_s");
+  if (j.contains("eval_prior_steps")) f.eval_prior_steps = need_num("eval_prior_steps");
+  for (auto [key, v] : {std::pair<const char*, double>{"ckpt_interval", double(f.ckpt_interval)},
+                        {"eval_interval", double(f.eval_interval)},
+                        {"mem_capacity_gib", f.mem_capacity_gib},
+                        {"lease_s", f.lease_s},
+                        {"ckpt_prior_s", f.ckpt_prior_s},
+                        {"eval_prior_steps", f.eval_prior_steps}}) {
+    BERTH_CHECK(std::isfinite(v) && v >= 0, "{}: '{}' must be >= 0 (0 = none), got {}", where, key,
+                v);
+  }
   for (auto [key, field] : {std::pair{"final_ckpt", &f.final_ckpt}, {"final_eval", &f.final_eval}}) {
     if (!j.contains(key)) continue;
     BERTH_CHECK(j[key].is_boolean(), "{}: '{}' must be true or false, got {}", where, key,
@@ -530,11 +562,16 @@ RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
                 "{}: schedule entry {} must be [from_step, seq_len, tokens_per_step] integers",
                 where, e.dump());
     f.schedule.push_back({e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<int64_t>()});
+    BERTH_CHECK(f.schedule.size() == 1 ||
+                    f.schedule.back().from_step > f.schedule[f.schedule.size() - 2].from_step,
+                "{}: schedule entries must be in increasing from_step order, each step once; "
+                "{} follows from_step {}",
+                where, e.dump(), f.schedule[f.schedule.size() - 2].from_step);
   }
   BERTH_CHECK(f.session_steps > 0, "{}: session_steps must be > 0, got {}", where, f.session_steps);
-  BERTH_CHECK(f.start_step + f.session_steps <= f.max_steps || f.max_steps == 0,
-              "{}: start_step {} + session_steps {} exceeds max_steps {}", where, f.start_step,
-              f.session_steps, f.max_steps);
+  BERTH_CHECK(f.start_step + f.session_steps <= f.max_steps,
+              "{}: start_step {} + session_steps {} exceeds max_steps {} (the run's total steps)",
+              where, f.start_step, f.session_steps, f.max_steps);
   return f;
 }
 
@@ -573,6 +610,8 @@ std::string run_facts_to_json(const RunFacts& f) {
                             {"mem_capacity_gib", f.mem_capacity_gib},
                             {"lease_s", f.lease_s},
                             {"warmup_steps", f.warmup_steps}};
+  if (f.ckpt_prior_s > 0) j["ckpt_prior_s"] = f.ckpt_prior_s;
+  if (f.eval_prior_steps > 0) j["eval_prior_steps"] = f.eval_prior_steps;
   if (f.final_ckpt >= 0) j["final_ckpt"] = f.final_ckpt == 1;
   if (f.final_eval >= 0) j["final_eval"] = f.final_eval == 1;
   return j.dump(2) + "\n";

@@ -46,6 +46,12 @@ struct RunFacts {
   // its evaluation at the end of training).
   int final_ckpt = -1;
   int final_eval = -1;
+  // The runtime's priors for an event's cost before the first is seen (0 = the predictor's own:
+  // 100 step times for a checkpoint, 50 for an evaluation): a checkpoint's seconds (berth: its
+  // bytes at an assumed write rate) and an evaluation's length in step times (berth: its batches'
+  // forward passes against a training step's forward and backward).
+  double ckpt_prior_s = 0;
+  double eval_prior_steps = 0;
 };
 
 // One row of a trace: a finished optimizer step of this session.
@@ -68,6 +74,7 @@ struct Prediction {
   double step_s = 0.0;          // steady time of one normal step at the current schedule entry
   double checkpoint_s = 0.0;    // checkpoint time of the whole session: observed + predicted
   double eval_s = 0.0;          // evaluation time of the whole session: observed + predicted
+  int checkpoints_observed = 0;  // checkpoint steps seen so far (before: checkpoint_s is a prior)
 };
 
 class ProgressPredictor {

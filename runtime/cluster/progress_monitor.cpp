@@ -55,6 +55,10 @@ ProgressMonitor::ProgressMonitor(RunFacts facts, MonitorSettings settings)
       predictor_(std::move(facts)),
       active_blocks_(kWarningKinds, 0) {
   BERTH_CHECK(!settings_.rank_names.empty(), "progress monitor: rank_names is empty");
+  BERTH_CHECK(
+      settings_.rank_stage.empty() || settings_.rank_stage.size() == settings_.rank_names.size(),
+      "progress monitor: {} rank stages for {} ranks", settings_.rank_stage.size(),
+      settings_.rank_names.size());
 }
 
 const StepRecord& ProgressMonitor::observe(int64_t step, const std::vector<RankStepMetrics>& ranks,
@@ -84,6 +88,10 @@ const StepRecord& ProgressMonitor::observe(int64_t step, const std::vector<RankS
   if (history_.size() > kHistory) history_.pop_front();
   last_ = std::move(r);
   return last_;
+}
+
+int ProgressMonitor::stage_of(size_t rank) const {
+  return settings_.rank_stage.empty() ? 0 : settings_.rank_stage[rank];
 }
 
 std::vector<const ProgressMonitor::Sample*> ProgressMonitor::recent_normal(size_t n) const {
@@ -153,13 +161,23 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
         busy[k] += b[k];
       }
       if (nr < 2) continue;
-      slowest[std::max_element(b.begin(), b.end()) - b.begin()]++;
+      // Each rank against the others of its pipeline stage (stages differ in work: the last one
+      // has the LM head and the loss), and the slowest of each stage counted.
       for (size_t k = 0; k < nr; ++k) {
         std::vector<double> others;
-        for (size_t o = 0; o < nr; ++o)
-          if (o != k) others.push_back(b[o]);
+        bool is_slowest = true;
+        for (size_t o = 0; o < nr; ++o) {
+          if (o == k || stage_of(o) != stage_of(k)) continue;
+          others.push_back(b[o]);
+          is_slowest = is_slowest && (b[k] > b[o] || (b[k] == b[o] && k < o));
+        }
+        if (others.empty()) {
+          ratio[k].push_back(1.0);
+          continue;
+        }
         const double ref = median(others);
         ratio[k].push_back(ref > 0 ? b[k] / ref : 1.0);
+        slowest[k] += is_slowest;
       }
     }
     const double nwin = static_cast<double>(win.size());
@@ -171,20 +189,24 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
       worst = static_cast<size_t>(std::max_element(med.begin(), med.end()) - med.begin());
       if (med[worst] >= kStragglerRatio &&
           slowest[worst] >= kStragglerSlowestShare * nwin) {
+        // What the message shows: the window means of the rank and of the median other rank of
+        // its stage, and the percentage between those two figures (the test above uses the
+        // median of per-step ratios, which spikes do not move).
         std::vector<double> others;
         for (size_t o = 0; o < nr; ++o)
-          if (o != worst) others.push_back(busy[o] / nwin);
+          if (o != worst && stage_of(o) == stage_of(worst)) others.push_back(busy[o] / nwin);
+        const double mine = busy[worst] / nwin, ref = median(others);
         straggler = true;
         out.push_back(
             {WarningKind::Straggler,
              fmt::format("straggler: rank {} is busy {:.0f}% longer per step than the median of "
-                         "the other ranks ({:.1f} ms vs {:.1f} ms of compute and data loading, "
-                         "slowest in {} of the last {} steps); the others wait for it in "
-                         "collectives. Check that host for throttling, another job or CPU "
-                         "binding, or exclude it",
-                         settings_.rank_names[worst], (med[worst] - 1) * 100,
-                         busy[worst] / nwin * 1e3, median(others) * 1e3, slowest[worst],
-                         win.size())});
+                         "the other ranks{} ({:.1f} ms vs {:.1f} ms of compute and data loading, "
+                         "means over the last {} steps, slowest in {} of them); the others wait "
+                         "for it in collectives. Check that host for throttling, another job or "
+                         "CPU binding, or exclude it",
+                         settings_.rank_names[worst], ref > 0 ? (mine / ref - 1) * 100 : 0.0,
+                         settings_.rank_stage.empty() ? "" : " of its pipeline stage", mine * 1e3,
+                         ref * 1e3, win.size(), slowest[worst])});
       }
     }
     double wall_all = 0, comm_all = 0;
@@ -234,16 +256,19 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
         // A real trend: growth over the window above 1 % of use (and 1 MiB), passing capacity.
         if (slope <= 0 || slope * span < std::max(0.01 * now, 1.0 / 1024)) continue;
         if (now + slope * rem <= facts_.mem_capacity_gib) continue;
-        const int64_t at =
-            r.step + static_cast<int64_t>(
-                         std::ceil(std::max(0.0, facts_.mem_capacity_gib - now) / slope));
-        out.push_back(
-            {WarningKind::Memory,
-             fmt::format("memory: rank {} grows {:.1f} MiB per step (now {:.2f} GiB); at this "
-                         "rate it passes the {:.2f} GiB capacity at step {} of {}. Look for state "
-                         "kept across steps, or lower train.micro_batch_size",
-                         settings_.rank_names[k], slope * 1024, now, facts_.mem_capacity_gib, at,
-                         r.end_step)});
+        const double cap = facts_.mem_capacity_gib;
+        const std::string when =
+            now < cap
+                ? fmt::format("at this rate it passes the {:.2f} GiB capacity at step {} of {}",
+                              cap, r.step + static_cast<int64_t>(std::ceil((cap - now) / slope)),
+                              r.end_step)
+                : fmt::format("it is above the {:.2f} GiB capacity, since about step {}", cap,
+                              r.step - static_cast<int64_t>(std::floor((now - cap) / slope)));
+        out.push_back({WarningKind::Memory,
+                       fmt::format("memory: rank {} grows {:.1f} MiB per step (now {:.2f} GiB); "
+                                   "{}. Look for state kept across steps, or lower "
+                                   "train.micro_batch_size",
+                                   settings_.rank_names[k], slope * 1024, now, when)});
         break;  // one rank is enough to act on
       }
     }
@@ -266,7 +291,9 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
                      format_utc_minute(settings_.session_start_unix + p.high_s), id,
                      extension_hint(shortfall + (p.high_s - p.total_s)), fit)});
   }
-  if (facts_.ckpt_interval > 0 && p.total_s > 0 && p.checkpoint_s >= kCheckpointShare * p.total_s) {
+  // Only once a checkpoint was measured: before, checkpoint_s is a prior.
+  if (facts_.ckpt_interval > 0 && p.total_s > 0 && p.checkpoints_observed > 0 &&
+      p.checkpoint_s >= kCheckpointShare * p.total_s) {
     const double share = p.checkpoint_s / p.total_s;
     const int64_t suggest = static_cast<int64_t>(
         std::ceil(static_cast<double>(facts_.ckpt_interval) * share / kCheckpointTarget));

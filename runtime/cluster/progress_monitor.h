@@ -7,10 +7,10 @@
 //   comm-bound      exposed communication >= 30 % of step time (not raised when a straggler
 //                   explains the waiting)
 //   straggler       one rank busy (wall − communication) >= 10 % longer than the median of the
-//                   others, and the slowest in >= 60 % of the steps
+//                   others of its pipeline stage, and their slowest in >= 60 % of the steps
 //   memory          a rank's memory grows and, at that rate, passes the capacity before the end
 //   window          the booked window ends before the predicted finish (with the fix)
-//   checkpoints     checkpoints take >= 10 % of the session
+//   checkpoints     checkpoints take >= 10 % of the session (once one was measured)
 #pragma once
 
 #include <cstdint>
@@ -42,6 +42,9 @@ static_assert(sizeof(RankStepMetrics) == kRankStepMetricsDoubles * sizeof(double
 
 struct MonitorSettings {
   std::vector<std::string> rank_names;  // "rank@host", one per rank (size = number of ranks)
+  // Each rank's pipeline stage (empty: one stage). A straggler is a rank slower than the others
+  // of its stage: stages differ in work (the last has the LM head and the loss).
+  std::vector<int> rank_stage;
   double flops_per_token = 0;           // model FLOPs per token (forward + backward)
   double peak_flops_per_rank = 0;       // 0 = unknown (no MFU)
   double session_start_unix = 0;        // wall-clock start of the session (for the ETA)
@@ -98,6 +101,7 @@ class ProgressMonitor {
   };
   std::vector<ProgressWarning> warnings(const ProgressReport& r) const;
   std::vector<const Sample*> recent_normal(size_t n) const;
+  int stage_of(size_t rank) const;
 
   RunFacts facts_;
   MonitorSettings settings_;

@@ -708,6 +708,7 @@ std::vector<StepStats> Trainer::run() {
                                   cfg_.train.micro_batch_size * cfg_.data.seq_len;
   ProgressTracker progress(cfg_, *grid_, run_dir_, start_step_, tokens_per_step, flops_per_token_,
                            lease.window_end(), lease.reservation(), backend_);
+  const auto t_session = std::chrono::steady_clock::now();
   int64_t saved_at = -1;  // step of the newest checkpoint this session
   double last_wall = 0;
   for (int64_t step = start_step_; step < steps; step++) {
@@ -774,6 +775,7 @@ std::vector<StepStats> Trainer::run() {
     }
   }
   progress.finish();
+  const double session_s = seconds_since(t_session);
   if (outcome_ != Outcome::kLeaseLost) lease.release();
   if (writer) {
     partial.close();
@@ -799,9 +801,11 @@ std::vector<StepStats> Trainer::run() {
                host_peak_rss_gib(), plan->step.total(), median);
     }
   }
-  log_info("done: steps {}..{} in {:.2f} s, final loss {:.4f} | metrics in {}", start_step_ + 1,
-           start_step_ + int64_t(all.size()), seconds, all.empty() ? 0.0 : all.back().loss,
-           metrics_path);
+  log_info(
+      "done: steps {}..{} in {:.2f} s of training steps ({:.2f} s with evaluations and "
+      "checkpoints), final loss {:.4f} | metrics in {}",
+      start_step_ + 1, start_step_ + int64_t(all.size()), seconds, session_s,
+      all.empty() ? 0.0 : all.back().loss, metrics_path);
   return all;
 }
 
