@@ -587,13 +587,18 @@ std::vector<StepStats> Trainer::run() {
                 "auto, or give this one another run.name or checkpoint.dir",
                 checkpoint_dir_, name, step, start_step_);
   }
+  // A step directory without meta.json (not a checkpoint berth saved) where this run's config
+  // saves would fail that save, after the steps before it.
   for (const std::string& dir : incomplete_checkpoints(checkpoint_dir_)) {
     const std::string name = std::filesystem::path(dir).filename().string();
     const int64_t step = std::stoll(name.substr(name.find('-') + 1));
-    BERTH_CHECK(step <= start_step_ || step > int64_t(cfg_.train.steps),
-                "checkpoint.dir holds {} without meta.json (not a checkpoint berth saved; it "
-                "would make this run's save at step {} fail): remove it, or give this run another "
-                "checkpoint.dir",
+    const int64_t interval = cfg_.checkpoint.interval, last = cfg_.train.steps;
+    const bool saves_there =
+        step > start_step_ && step <= last &&
+        ((interval > 0 && step % interval == 0) || (cfg_.checkpoint.final && step == last));
+    BERTH_CHECK(!saves_there,
+                "checkpoint.dir holds {} without meta.json (not a checkpoint berth saved), where "
+                "this run saves at step {}: remove it, or give this run another checkpoint.dir",
                 dir, step);
   }
   // The lease comes first: a refused one leaves nothing behind (collective; LeaseRefused).

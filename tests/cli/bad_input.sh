@@ -294,9 +294,9 @@ expect_error "import_val_split_of_one_document" "needs at least 2 documents" "$t
   "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/x_one.h5" \
   --val-out "$tmp/x_one_val.h5" --val-fraction 0.5
 
-# A step directory without meta.json (not saved by berth) where this run would save is refused
-# before it trains, not when the save reaches it.
-mkdir -p "$tmp/runs/stray/checkpoints/step-00000002"
+# A step directory without meta.json (not saved by berth) where this run saves (its final
+# checkpoint, step 3) is refused before it trains, not when the save reaches it.
+mkdir -p "$tmp/runs/stray/checkpoints/step-00000003"
 expect_error "train_stray_step_directory" "without meta.json" "$tmp/runs/stray/config.toml" \
   train_tiny stray
 
