@@ -274,8 +274,12 @@ double interpolate(const std::vector<std::pair<double, double>>& r, double x) {
 std::string scalar_attention_reason(const PlanInput& in, const HardwareProfile& hw) {
   if (!in.bf16 || hw.cpu) return "fp32 run or CPU";
   const int64_t hs = in.model.NH > 0 ? in.model.C / in.model.NH : 0;
-  if (in.model.C % std::max<int64_t>(in.model.NH, 1) != 0 || !tiled_attention_head_size(int(hs)))
-    return fmt::format("the tiled kernels take head sizes 32, 64, 80, 96 and 128, not {}", hs);
+  if (in.model.C % std::max<int64_t>(in.model.NH, 1) != 0 || !tiled_attention_head_size(int(hs))) {
+    std::string sizes;
+    for (int t = 1; t <= 256; ++t)
+      if (tiled_attention_head_size(t)) sizes += fmt::format("{}{}", sizes.empty() ? "" : ", ", t);
+    return fmt::format("the tiled kernels take head sizes {}, not {}", sizes, hs);
+  }
   const size_t need = tiled_attention_shared_bytes(int(hs));
   if (hw.block_shared_bytes > 0 && double(need) > hw.block_shared_bytes)
     return fmt::format(
@@ -537,14 +541,13 @@ std::string format_plan(const Plan& p, double price) {
                        ? std::string()
                        : fmt::format(" (bf16; fp32 {})", si(p.hw.fp32_flops, "FLOP/s")),
                    format_bytes(p.hw.mem_capacity));
+  const std::string scalar_why = scalar_attention_reason(p.input, p.hw);
   s += fmt::format("precision: {} GEMMs{}{}; fp32 weights, gradients, moments and activations\n",
-                   p.input.bf16 ? "bf16" : "fp32",
-                   tensor_core_attention(p.input, p.hw) ? " and attention" : "",
+                   p.input.bf16 ? "bf16" : "fp32", scalar_why.empty() ? " and attention" : "",
                    p.hw.cpu ? (p.input.bf16 ? " (emulated)" : "")
                             : (p.input.bf16 ? " (tensor cores)" : " (no tensor cores: TF32 off)"));
-  if (p.input.bf16 && !p.hw.cpu && !tensor_core_attention(p.input, p.hw))
-    s += fmt::format("  attention in fp32 without tensor cores: {}\n",
-                     scalar_attention_reason(p.input, p.hw));
+  if (p.input.bf16 && !p.hw.cpu && !scalar_why.empty())
+    s += fmt::format("  attention in fp32 without tensor cores: {}\n", scalar_why);
   const double n = double(p.params.total);
   s += fmt::format("parameters: {} ({}; embeddings {}; padded as stored {})\n", p.params.total,
                    n >= 1e9 ? fmt::format("{:.2f} B", n / 1e9) : fmt::format("{:.2f} M", n / 1e6),
@@ -612,9 +615,9 @@ std::string plan_to_json(const Plan& p, double price, const std::vector<LayoutCh
                    {"fp32_flops", p.hw.fp32_flops},
                    {"mem_capacity", p.hw.mem_capacity}};
   j["precision"] = p.input.bf16 ? "bf16" : "fp32";
-  j["attention"] = {{"tensor_cores", tensor_core_attention(p.input, p.hw)}};
-  if (p.input.bf16 && !p.hw.cpu && !tensor_core_attention(p.input, p.hw))
-    j["attention"]["why_not"] = scalar_attention_reason(p.input, p.hw);
+  const std::string scalar_why = scalar_attention_reason(p.input, p.hw);
+  j["attention"] = {{"tensor_cores", scalar_why.empty()}};
+  if (p.input.bf16 && !p.hw.cpu && !scalar_why.empty()) j["attention"]["why_not"] = scalar_why;
   j["params"] = {{"total", p.params.total}, {"embedding", p.params.embedding},
                  {"padded", p.params.padded}, {"per_stage", p.params.per_stage}};
   j["flops"] = {{"per_token", p.flops_per_token}, {"per_step", p.flops_per_step},

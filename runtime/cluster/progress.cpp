@@ -229,11 +229,10 @@ Prediction ProgressPredictor::predict() const {
   }
   fill /= static_cast<double>(rate.size() - wbegin);
 
-  // Extra cost of steps with events: ckpt / eval learned from their excess over the base rate;
+  // Extra cost of steps with events: ckpt / eval learned from their excess over the base rate,
+  // from every one seen, those during the warm-up too (a short run may see its only ones there);
   // everything else after warm-up (spikes, epoch boundaries, normal steps above the clip) feeds
   // the unplanned-overhead rate.
-  // Checkpoints and evaluations are learned from every one seen, those during the warm-up too
-  // (a short run may see its only ones there); the unplanned overhead only after it.
   const size_t first_post_record = normal[begin];
   double ckpt_sum = 0, eval_sum = 0, both_sum = 0, unplanned = 0, unplanned_max = 0;
   int unplanned_n = 0;

@@ -410,9 +410,11 @@ std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir) 
   return all.back().second.string();
 }
 
-std::vector<std::string> incomplete_checkpoints(const std::string& checkpoint_dir) {
-  std::vector<std::string> out;
-  for (const auto& [step, path] : step_dirs(checkpoint_dir, false)) out.push_back(path.string());
+std::vector<std::pair<int64_t, std::string>> incomplete_checkpoints(
+    const std::string& checkpoint_dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const auto& [step, path] : step_dirs(checkpoint_dir, false))
+    out.emplace_back(step, path.string());
   return out;
 }
 

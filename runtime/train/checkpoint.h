@@ -78,8 +78,9 @@ std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir);
 
 // step-NNNNNNNN directories in `checkpoint_dir` without meta.json (not written by a save of
 // berth's, which renames a complete temporary into place: copied or emptied by hand), by step.
-// --resume auto passes them by, and a save of their step would fail on them.
-std::vector<std::string> incomplete_checkpoints(const std::string& checkpoint_dir);
+// --resume auto passes them by, and a save of their step would fail on them. (step, path) pairs.
+std::vector<std::pair<int64_t, std::string>> incomplete_checkpoints(
+    const std::string& checkpoint_dir);
 
 // Removes *.tmp-* directories left in `checkpoint_dir` by an interrupted save (not those of a
 // process of this host that is still running); returns how many.

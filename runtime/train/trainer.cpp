@@ -589,9 +589,7 @@ std::vector<StepStats> Trainer::run() {
   }
   // A step directory without meta.json (not a checkpoint berth saved) where this run's config
   // saves would fail that save, after the steps before it.
-  for (const std::string& dir : incomplete_checkpoints(checkpoint_dir_)) {
-    const std::string name = std::filesystem::path(dir).filename().string();
-    const int64_t step = std::stoll(name.substr(name.find('-') + 1));
+  for (const auto& [step, dir] : incomplete_checkpoints(checkpoint_dir_)) {
     const int64_t interval = cfg_.checkpoint.interval, last = cfg_.train.steps;
     const bool saves_there =
         step > start_step_ && step <= last &&
