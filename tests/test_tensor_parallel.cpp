@@ -52,11 +52,10 @@ void ColumnLinearMatchesOneRank(Backend* be) {
   std::vector<float> outl(size_t(N) * OCl), dinpl(size_t(N) * IC), dwl(wl.size(), 0.f),
       dbl(bl.size(), 0.f);
   column_linear_forward(be, outl.data(), inp.data(), wl.data(), bl.data(), N, IC, OCl);
-  // Bit-equal to the single-rank slice: the same dot products over IC in the same order.
-  const std::vector<float> slice = shard_cols(out.data(), N, OC, P, r);
-  int64_t differ = 0;
-  for (size_t i = 0; i < slice.size(); ++i) differ += outl[i] != slice[i];
-  EXPECT_EQ(differ, 0) << "column-parallel forward elements that are not bit-equal to one rank's";
+  // The same dot products over IC as one rank's, but OpenBLAS may block a narrower output in
+  // another order (its Zen/Haswell sgemm does at 128 of 512 columns: 200 of 8192 elements differ
+  // in the last bit at np 4), so within the tensor-parallel tolerance, not bit for bit.
+  expect_near(outl, shard_cols(out.data(), N, OC, P, r), test::kTensorParallel, "column out");
   column_linear_backward(be, &tp, dinpl.data(), dwl.data(), dbl.data(), doutl.data(),
                          inp.data(), wl.data(), N, IC, OCl);
   expect_near(dinpl, dinp, test::kTensorParallel, "column dinp");
