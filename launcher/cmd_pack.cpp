@@ -20,7 +20,7 @@ struct PackArgs {
   std::string data, out, algorithm = "bfd";
   int64_t seq_len = 0;
   int64_t window = 1000;
-  uint64_t seed = 0;
+  uint64_t seed = 1337;  // run.seed's default, so a default plan is the one training looks for
   bool drop_long = false;
   int64_t align = 1;
 };
@@ -33,6 +33,7 @@ void run_pack(const PackArgs& a) {
   o.seed = a.seed;
   o.long_docs = a.drop_long ? LongDocs::DROP : LongDocs::SPLIT;
   o.align = a.align;
+  require_plan_destination(a.out);  // before the packing: --out naming the dataset is refused
   const TokenDataset ds = read_token_dataset(a.data);
   const std::vector<int64_t> lengths = doc_lengths_from_offsets(ds.doc_offsets);
   const auto t0 = std::chrono::steady_clock::now();

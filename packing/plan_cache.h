@@ -26,7 +26,14 @@ constexpr int64_t kPlanFormatVersion = 1;
 // document offsets: a plan built for other data or other options has another key.
 std::string plan_key(const std::vector<uint64_t>& doc_offsets, const PackOptions& options);
 
-// Writes `plan` with `key` atomically (temporary + rename). Throws Error on failure.
+// Throws Error unless a plan may be written at `path`: nothing is there, a packing plan (of any
+// version), or an unreadable file named like a default plan (<data>.plan-….h5: a broken cache).
+// Any other file (a token dataset named by mistake, another HDF5 file, a text file, a directory)
+// is the user's and is never replaced.
+void require_plan_destination(const std::string& path);
+
+// Writes `plan` with `key` atomically (temporary + rename). Throws Error on failure, and where
+// require_plan_destination(path) does.
 void write_plan(const std::string& path, const PackPlan& plan, const std::string& key);
 
 // Reads a plan and (when key != nullptr) its key. Missing file, not HDF5 / corrupt, wrong format
@@ -38,7 +45,8 @@ std::vector<int64_t> doc_lengths_from_offsets(const std::vector<uint64_t>& doc_o
 
 // Reuses the plan at `cache_path` when its key equals plan_key(doc_offsets, options) (*reused =
 // true); otherwise (absent, stale, unreadable) packs, writes the plan there and sets *reused =
-// false. `reused` may be null.
+// false. `reused` may be null. A file at `cache_path` that is not a packing plan is refused
+// (require_plan_destination), never rebuilt over.
 PackPlan load_or_build_plan(const std::string& cache_path, const std::vector<uint64_t>& doc_offsets,
                             const PackOptions& options, bool* reused);
 

@@ -12,6 +12,7 @@
 
 #include "packing/packers.h"
 #include "packing/plan_cache.h"
+#include "runtime/core/fs.h"
 #include "runtime/io/token_dataset.h"
 #include "tests/expect_error.h"
 
@@ -356,7 +357,7 @@ TEST_F(PlanFileTest, KeyChangesWithDataAndEveryOption) {
 TEST_F(PlanFileTest, StaleKeyRebuildsMatchingKeyReuses) {
   const std::vector<int64_t> lengths = lognormal_lengths(3000, 9);
   const std::vector<uint64_t> off = offsets_of(lengths);
-  const std::string p = path("cache.h5");
+  const std::string p = path("data.h5.plan-bfd-T128.h5");  // the default name of a cache
   bool reused = true;
   const PackPlan first = load_or_build_plan(p, off, opts(PackAlgorithm::BFD), &reused);
   EXPECT_FALSE(reused);  // absent
@@ -375,7 +376,7 @@ TEST_F(PlanFileTest, StaleKeyRebuildsMatchingKeyReuses) {
   for (size_t i = 5; i < off2.size(); ++i) off2[i] += 1;
   load_or_build_plan(p, off2, opts(PackAlgorithm::BFD, kT, 3), &reused);
   EXPECT_FALSE(reused);
-  // A corrupt cache is rebuilt rather than fatal.
+  // A corrupt cache (under a plan's default name) is rebuilt rather than fatal.
   std::ofstream(p, std::ios::binary | std::ios::trunc) << "garbage";
   load_or_build_plan(p, off2, opts(PackAlgorithm::BFD, kT, 3), &reused);
   EXPECT_FALSE(reused);
@@ -402,6 +403,40 @@ TEST_F(PlanFileTest, SpecificErrors) {
   write_token_dataset(path("tokens.h5"), ds);
   expect_error([&] { read_plan(path("tokens.h5"), nullptr); },
                {"has format 'berth-tokens', expected 'berth-pack-plan'"});
+}
+
+TEST_F(PlanFileTest, OnlyAPlanIsEverReplaced) {
+  const std::vector<int64_t> lengths = lognormal_lengths(500, 12);
+  const std::vector<uint64_t> off = offsets_of(lengths);
+  const PackPlan plan = pack_documents(lengths, opts(PackAlgorithm::BFD));
+  // The token dataset itself named as the plan (data.pack_plan = data.train, or berth pack --out
+  // D.h5 --data D.h5): refused, and the dataset is unchanged.
+  TokenDataset ds;
+  ds.tokens = {1, 2, 3};
+  ds.doc_offsets = {0, 3};
+  ds.vocab_size = 10;
+  write_token_dataset(path("tokens.h5"), ds);
+  const auto tokens_size = fs::file_size(path("tokens.h5"));
+  bool reused = true;
+  expect_error(
+      [&] { load_or_build_plan(path("tokens.h5"), off, opts(PackAlgorithm::BFD), &reused); },
+      {"refusing to write a packing plan to", "'berth-tokens' file", "data.pack_plan"});
+  expect_error([&] { write_plan(path("tokens.h5"), plan, "k"); }, {"'berth-tokens' file"});
+  EXPECT_EQ(read_token_dataset(path("tokens.h5")).tokens, ds.tokens);
+  EXPECT_EQ(fs::file_size(path("tokens.h5")), tokens_size);
+  // Any other file: a text file, a directory.
+  std::ofstream(path("notes.txt")) << "my notes\n";
+  expect_error([&] { write_plan(path("notes.txt"), plan, "k"); }, {"not an HDF5 file"});
+  EXPECT_EQ(read_text_file(path("notes.txt")), "my notes\n");
+  fs::create_directories(path("adir"));
+  expect_error([&] { require_plan_destination(path("adir")); }, {"is a directory"});
+  // A plan, of other options or cut short, is berth's own: replaced.
+  write_plan(path("p.h5"), plan, "old-key");
+  load_or_build_plan(path("p.h5"), off, opts(PackAlgorithm::BFD), &reused);
+  EXPECT_FALSE(reused);
+  write_plan(path("p.h5"), plan, "old-key");
+  EXPECT_NO_THROW(require_plan_destination(path("p.h5")));
+  EXPECT_NO_THROW(require_plan_destination(path("absent.h5")));
 }
 
 }  // namespace
