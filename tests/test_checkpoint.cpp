@@ -11,6 +11,7 @@
 
 #include "runtime/core/fs.h"
 #include "runtime/train/checkpoint.h"
+#include "runtime/train/resume_changes.h"
 #include "runtime/train/trainer.h"
 #include "tests/expect_error.h"
 #include "tests/mpi_world.h"
@@ -104,6 +105,75 @@ TEST_F(CheckpointTest, PackedModeResumesToTheSameRows) {
   const std::vector<double> rest = losses(b.run());
   ASSERT_EQ(rest.size(), 10u);
   for (size_t i = 0; i < 10; i++) EXPECT_EQ(rest[i], whole[10 + i]) << "step " << 11 + i;
+}
+
+TEST(ResumeChanges, DataOrderAndScheduleChangesAreNamed) {
+  RunConfig saved;
+  saved.data.train = "d.h5";
+  saved.train.steps = 20;
+  saved.train.lr_schedule = "cosine";
+  EXPECT_EQ(describe_resume_changes(saved, 8, saved, 8, 10, 80), "");
+  // The layout alone (rows per step kept) and settings that do not order the data are free.
+  RunConfig now = saved;
+  now.parallel.tp = 2;
+  now.train.log_interval = 7;
+  now.run.seed = 99;  // an unshuffled stream does not use the seed
+  EXPECT_EQ(describe_resume_changes(saved, 8, now, 8, 10, 80), "");
+
+  now = saved;
+  now.data.seq_len = 128;
+  std::string d = describe_resume_changes(saved, 8, now, 16, 10, 80);
+  EXPECT_NE(d.find("data order differs"), std::string::npos) << d;
+  EXPECT_NE(d.find("data.seq_len 256 → 128"), std::string::npos) << d;
+  EXPECT_NE(d.find("rows per step (dp × micro_batch_size × microbatches) 8 → 16"),
+            std::string::npos)
+      << d;
+  EXPECT_NE(d.find("rows_consumed 80"), std::string::npos) << d;
+  EXPECT_EQ(d.find("learning rate"), std::string::npos) << d;
+
+  // Packed rows: context parallelism changes the automatic alignment, so the plan.
+  saved.data.mode = now.data.mode = "packed";
+  now = saved;
+  now.parallel.cp = 2;
+  d = describe_resume_changes(saved, 8, now, 8, 10, 80);
+  EXPECT_NE(d.find("packing alignment 1 → 4 (automatic: 2·cp for parallel.cp = 2)"),
+            std::string::npos)
+      << d;
+  now.data.pack_align = 1;  // kept by hand: the same plan
+  EXPECT_EQ(describe_resume_changes(saved, 8, now, 8, 10, 80), "");
+  now = saved;
+  now.run.seed = 5;  // packing is seeded
+  EXPECT_NE(describe_resume_changes(saved, 8, now, 8, 10, 80).find("run.seed 1337 → 5"),
+            std::string::npos);
+
+  // The schedule: a cosine over more steps gives step 11 another learning rate ...
+  now = saved;
+  now.train.steps = 40;
+  d = describe_resume_changes(saved, 8, now, 8, 10, 80);
+  EXPECT_NE(d.find("learning rate of step 11"), std::string::npos) << d;
+  EXPECT_NE(d.find("train.steps 20 → 40"), std::string::npos) << d;
+  EXPECT_EQ(d.find("data order"), std::string::npos) << d;
+  // ... a constant one does not.
+  saved.train.lr_schedule = now.train.lr_schedule = "constant";
+  EXPECT_EQ(describe_resume_changes(saved, 8, now, 8, 10, 80), "");
+}
+
+TEST_F(CheckpointTest, ResumeWithALongerScheduleWarns) {
+  RunConfig first = config(12, false);
+  Trainer a(first, test::world());
+  a.run();
+  RunConfig longer = first;
+  longer.train.steps = 30;
+  Trainer b(longer, test::world());
+  ::testing::internal::CaptureStderr();
+  b.resume(a.checkpoint_dir() + "/" + checkpoint_dir_name(10));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("with other settings than the run that saved it"), std::string::npos) << err;
+  EXPECT_NE(err.find("train.steps 12 → 30"), std::string::npos) << err;
+  ::testing::internal::CaptureStderr();
+  Trainer c(first, test::world());
+  c.resume(a.checkpoint_dir() + "/" + checkpoint_dir_name(10));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
 }
 
 TEST_F(CheckpointTest, ResumeAutoPicksTheNewestCompleteAndCleansPartials) {
@@ -219,6 +289,35 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   }
   test::expect_error([&] { load_checkpoint((work / "flipped").string(), true); },
                      {"model.h5", "unreadable"});
+
+  // meta.json edited or copied: a negative data position (it indexed the loader's permutation
+  // with a negative row), a step other than the directory's name.
+  auto edit_meta = [&](const std::string& name, const std::string& from, const std::string& to) {
+    fs::copy(good, work / name, fs::copy_options::recursive);
+    std::string meta = read_text_file((work / name / "meta.json").string());
+    size_t at = 0;
+    while ((at = meta.find(from, at)) != std::string::npos) {
+      meta.replace(at, from.size(), to);
+      at += to.size();
+    }
+    std::ofstream((work / name / "meta.json").string()) << meta;
+  };
+  const std::string rows = "\"rows_consumed\": ";
+  const std::string meta_text = read_text_file(good + "/meta.json");
+  const size_t at = meta_text.find(rows);
+  ASSERT_NE(at, std::string::npos);
+  const std::string rows_field = meta_text.substr(at, meta_text.find(',', at) - at);
+  edit_meta("negative_rows", rows_field, rows + "-5");
+  test::expect_error([&] { load_checkpoint((work / "negative_rows").string(), true); },
+                     {"rows_consumed -5", "must be >= 0", "corrupt"});
+  edit_meta("step-00000012", "\"step\": 10", "\"step\": 10");
+  test::expect_error([&] { load_checkpoint((work / "step-00000012").string(), true); },
+                     {"says step 10", "named for step 12"});
+  test::expect_error([&] { load_checkpoint((work / "step-00000012/").string(), true); },
+                     {"named for step 12"});
+  // A run directory instead of one of its checkpoints: the newest is named.
+  test::expect_error([&] { load_checkpoint(a.run_dir(), true); },
+                     {"is not a checkpoint but holds checkpoints", checkpoint_dir_name(10)});
 
   fs::copy(good, work / "truncated", fs::copy_options::recursive);
   fs::resize_file(work / "truncated" / "optimizer.h5", fs::file_size(work / "truncated" / "optimizer.h5") / 2);

@@ -285,21 +285,23 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
     write_model_file((tmp / "model.h5").string(), d, layout);
     if (d.has_optimizer()) write_optimizer_file((tmp / "optimizer.h5").string(), d, layout);
     if (pause_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(pause_s));
-    nlohmann::json meta = {{"format", kCheckpointFormat},
-                           {"format_version", kCheckpointFormatVersion},
-                           {"step", d.meta.step},
-                           {"lr_schedule_step", d.meta.step},
-                           {"rows_consumed", d.meta.rows_consumed},
-                           {"seed", d.meta.seed},
-                           // berth draws no random numbers while training: init and the shuffle
-                           // order are functions of (seed, tensor name) and (seed, epoch), so
-                           // the seed and the data position are the whole RNG state.
-                           {"rng", {{"seed", d.meta.seed}, {"rows_consumed", d.meta.rows_consumed}}},
-                           {"config", d.meta.config_toml},
-                           {"layout", d.meta.layout},
-                           {"source", d.meta.source},
-                           {"optimizer", d.has_optimizer()},
-                           {"saved_at", utc_now()}};
+    nlohmann::json meta = {
+        {"format", kCheckpointFormat},
+        {"format_version", kCheckpointFormatVersion},
+        {"step", d.meta.step},
+        {"lr_schedule_step", d.meta.step},
+        {"rows_consumed", d.meta.rows_consumed},
+        {"rows_per_step", d.meta.rows_per_step},
+        {"seed", d.meta.seed},
+        // berth draws no random numbers while training: init and the shuffle
+        // order are functions of (seed, tensor name) and (seed, epoch), so
+        // the seed and the data position are the whole RNG state.
+        {"rng", {{"seed", d.meta.seed}, {"rows_consumed", d.meta.rows_consumed}}},
+        {"config", d.meta.config_toml},
+        {"layout", d.meta.layout},
+        {"source", d.meta.source},
+        {"optimizer", d.has_optimizer()},
+        {"saved_at", utc_now()}};
     meta["fencing_token"] = d.meta.fencing_token ? nlohmann::json(*d.meta.fencing_token) : nullptr;
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
     const FenceLock fence(d.meta.fencing_token, final_dir.parent_path());
@@ -316,6 +318,17 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   h5::H5QuietErrors quiet;
   BERTH_CHECK(fs::is_directory(dir), "checkpoint '{}' does not exist (or is not a directory)", dir);
   const fs::path meta_path = fs::path(dir) / "meta.json";
+  if (!fs::exists(meta_path)) {
+    // A run directory or a checkpoint.dir given instead of one of its checkpoints.
+    for (const fs::path& inside : {fs::path(dir), fs::path(dir) / "checkpoints"}) {
+      if (const std::optional<std::string> newest = latest_checkpoint(inside.string())) {
+        BERTH_FAIL(
+            "'{}' is not a checkpoint but holds checkpoints: give one of them, e.g. the "
+            "newest, '{}' (`--resume auto` picks it in checkpoint.dir)",
+            dir, *newest);
+      }
+    }
+  }
   BERTH_CHECK(fs::exists(meta_path),
               "'{}' has no meta.json: an incomplete checkpoint (interrupted save) or not a berth "
               "checkpoint; use another one (`--resume auto` picks the newest complete one)",
@@ -339,6 +352,7 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     d.meta.step = meta.at("step").get<int64_t>();
     d.meta.rows_consumed = meta.at("rows_consumed").get<int64_t>();
     d.meta.seed = meta.at("seed").get<int64_t>();
+    d.meta.rows_per_step = meta.value("rows_per_step", int64_t(0));
     d.meta.config_toml = meta.at("config").get<std::string>();
     d.meta.layout = meta.value("layout", "");
     d.meta.source = meta.value("source", "");
@@ -348,6 +362,21 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   } catch (const nlohmann::json::exception& e) {
     BERTH_FAIL("'{}' lacks a field or has a wrong type ({}): the checkpoint is corrupt",
                meta_path.string(), e.what());
+  }
+  BERTH_CHECK(d.meta.step >= 0 && d.meta.rows_consumed >= 0 && d.meta.rows_per_step >= 0,
+              "'{}': step {}, rows_consumed {} and rows_per_step {} must be >= 0: the checkpoint "
+              "is corrupt",
+              meta_path.string(), d.meta.step, d.meta.rows_consumed, d.meta.rows_per_step);
+  // A directory named by the writer (step-N) must hold step N: a meta.json edited or copied
+  // from another checkpoint would resume at the wrong step of the schedule and the data.
+  fs::path named_dir = fs::path(dir);
+  if (named_dir.filename().empty()) named_dir = named_dir.parent_path();  // "…/step-N/"
+  if (const int64_t named = step_of_name(named_dir.filename().string());
+      named >= 0 && named != d.meta.step) {
+    BERTH_FAIL(
+        "'{}' says step {}, but its directory is named for step {}: the checkpoint is "
+        "corrupt (or meta.json was copied from another one)",
+        meta_path.string(), d.meta.step, named);
   }
 
   const std::string model_path = (fs::path(dir) / "model.h5").string();

@@ -34,6 +34,9 @@ struct CheckpointMeta {
   int64_t step = 0;           // completed optimizer steps (the next step to run)
   int64_t rows_consumed = 0;  // global data-loader position
   int64_t seed = 0;
+  int64_t rows_per_step =
+      0;  // global rows of one optimizer step (dp × micro-batch × micro-batches;
+          // 0 = unknown: written before berth recorded it, or an import)
   std::string config_toml;    // resolved config of the run that saved it ("" for imports)
   std::string layout;         // e.g. "dp=2 tp=1 pp=1 cp=1 (2 ranks)", informational
   std::optional<int64_t> fencing_token;

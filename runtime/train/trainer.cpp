@@ -7,12 +7,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <thread>
-#include <nlohmann/json.hpp>
 
 #include "kernels/backend.h"
+#include "packing/cp_shard.h"
+#include "packing/plan_cache.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
 #include "runtime/comm/nccl.h"
@@ -20,12 +22,11 @@
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
 #include "runtime/train/checkpoint.h"
-#include "packing/cp_shard.h"
-#include "packing/plan_cache.h"
-#include "runtime/train/packed_loader.h"
 #include "runtime/train/lease_keeper.h"
+#include "runtime/train/packed_loader.h"
 #include "runtime/train/preflight.h"
 #include "runtime/train/progress_tracker.h"
+#include "runtime/train/resume_changes.h"
 #include "runtime/train/step_metrics.h"
 
 namespace berth {
@@ -128,6 +129,7 @@ void check_dataset_fits(const TokenDataset& ds, const std::string& path, const R
 Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
     : cfg_(cfg), world_(world) {
   heap_baseline_ = heap_in_use_bytes();
+  require_same_config_on_every_rank();
   validate_config(cfg_);
   const std::string where = cfg_.source.empty() ? "config" : cfg_.source;
   BERTH_CHECK(!cfg_.data.train.empty(),
@@ -273,16 +275,29 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
   const std::vector<int64_t> lengths = document_lengths(*ds);
   PackPlan plan;
   bool reused = false;
-  int32_t cached = 0;
+  int32_t cached = 0;  // rank 0's outcome: 1 = plan cached, 0 = packing in memory, -1 = refused
+  std::string refused;
   if (world_.rank() == 0) {
     try {
-      plan = load_or_build_plan(cache, ds->doc_offsets, o, &reused);
-      cached = 1;
+      require_plan_destination(cache);  // a file that is not a plan: the config's mistake
+      try {
+        plan = load_or_build_plan(cache, ds->doc_offsets, o, &reused);
+        cached = 1;
+      } catch (const Error& e) {
+        log_warn("cannot cache the packing plan as {} ({}); packing in memory", cache, e.what());
+      }
     } catch (const Error& e) {
-      log_warn("cannot cache the packing plan as {} ({}); packing in memory", cache, e.what());
+      refused = e.what();
+      cached = -1;
     }
   }
   world_.broadcast(&cached, 1, DType::I32, 0);
+  if (cached == -1) {
+    BERTH_FAIL("{}", world_.rank() == 0 ? refused
+                                        : fmt::format("rank 0 refused the packing plan path {} "
+                                                      "(its error says why)",
+                                                      cache));
+  }
   if (world_.rank() != 0 || cached == 0) {
     if (cached == 1) {
       std::string key;
@@ -336,9 +351,47 @@ void Trainer::resume(const std::string& spec) {
   opt_->set_steps_taken(ck.adam_step);
   loader_->set_rows_consumed(ck.meta.rows_consumed);
   start_step_ = ck.meta.step;
+  if (world_.rank() == 0 && !ck.meta.config_toml.empty()) warn_resume_changes(path, ck.meta);
   log_info("resumed from {} at step {} (saved by layout {}) in {:.2f} s", path, start_step_,
            ck.meta.layout.empty() ? "?" : ck.meta.layout,
            seconds_since(t0));
+}
+
+void Trainer::require_same_config_on_every_rank() {
+  // Ranks that read different configs (another file per host, --set on one side of an MPMD
+  // launch) would run mismatched collectives until comm_timeout_s, or train with different
+  // schedules. Compared before anything that one rank alone could refuse.
+  int64_t mine = int64_t(std::hash<std::string>{}(config_to_toml(cfg_)));
+  int64_t first = mine;
+  world_.broadcast(&first, 1, DType::I64, 0);
+  const int64_t differ = world_.all_reduce_value<int64_t>(mine != first ? 1 : 0, ReduceOp::SUM);
+  const int64_t last =
+      world_.all_reduce_value<int64_t>(mine != first ? world_.rank() : -1, ReduceOp::MAX);
+  BERTH_CHECK(differ == 0,
+              "{} of the {} ranks got another config than rank 0 (rank {} among them): every rank "
+              "must read the same config file with the same --set options",
+              differ, world_.size(), last);
+}
+
+void Trainer::warn_resume_changes(const std::string& path, const CheckpointMeta& meta) const {
+  RunConfig saved;
+  try {
+    saved = parse_config(meta.config_toml, path + "/meta.json");
+  } catch (const Error& e) {
+    log_warn("cannot compare this run's settings with the checkpoint's ({}); resuming anyway",
+             e.what());
+    return;
+  }
+  const int64_t rows_per_step =
+      int64_t(grid_->shape().dp) * cfg_.parallel.microbatches * cfg_.train.micro_batch_size;
+  int64_t saved_rows = meta.rows_per_step;
+  if (saved_rows == 0 && saved.parallel.dp > 0)  // written before meta.json recorded it
+    saved_rows = saved.parallel.dp * saved.parallel.microbatches * saved.train.micro_batch_size;
+  const std::string changes = describe_resume_changes(saved, saved_rows, cfg_, rows_per_step,
+                                                      meta.step, meta.rows_consumed);
+  if (!changes.empty()) {
+    log_warn("resuming from {} with other settings than the run that saved it: {}", path, changes);
+  }
 }
 
 std::vector<float> Trainer::local_from_full(const std::vector<float>& full,
@@ -427,6 +480,8 @@ double Trainer::save(int64_t steps_done) {
     ck.meta.step = steps_done;
     ck.meta.rows_consumed = loader_->rows_consumed();
     ck.meta.seed = cfg_.run.seed;
+    ck.meta.rows_per_step =
+        int64_t(grid_->shape().dp) * cfg_.parallel.microbatches * cfg_.train.micro_batch_size;
     ck.meta.config_toml = config_to_toml(cfg_);
     ck.meta.layout = describe_grid(grid_->shape());
     ck.meta.source = "berth train";

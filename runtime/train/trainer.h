@@ -28,6 +28,8 @@
 
 namespace berth {
 
+struct CheckpointMeta;
+
 struct StepStats {
   int64_t step = 0;          // 0-based
   double loss = 0;           // mean cross-entropy per target token of this step's batch
@@ -101,6 +103,11 @@ class Trainer {
   void sync_and_update(double lr, StepStats* st);
   // A whole-model buffer (parameters or moments, this rank's layout) → full tensors on rank 0.
   std::vector<float> gather_full(const std::vector<float>& local);
+  // Throws (on every rank) unless every rank's resolved config is rank 0's. Collective.
+  void require_same_config_on_every_rank();
+  // Warns (rank 0) when the data order or the learning-rate schedule differ from the run that
+  // saved the checkpoint at `path` (describe_resume_changes).
+  void warn_resume_changes(const std::string& path, const CheckpointMeta& meta) const;
   // Full tensors (a checkpoint's, at its padding `from`) → this rank's slice.
   std::vector<float> local_from_full(const std::vector<float>& full, const GPTConfig& from) const;
 

@@ -2,7 +2,8 @@
 # MPI launch checks (ctest label "mpi"): `berth train` under `mpirun -np 1` and `-np 2` (data
 # parallel) trains and writes its run directory from rank 0 only; an injected failure on one rank
 # ends the whole job non-zero within 30 s; a layout that does not match the ranks is refused; a
-# straggler rank is named in the progress warnings.
+# straggler rank is named in the progress warnings; a plan path naming the dataset and ranks with
+# different configs are refused.
 #   train_mpirun.sh BERTH MPIEXEC
 set -u
 berth=$1
@@ -53,6 +54,25 @@ timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" 
     --set data.mode=packed > "$tmp/packed2.log" 2>&1
 grep -q "reusing the plan" "$tmp/packed2.log"
 check "a second run reuses the cached plan and says so" $?
+
+# A plan path naming the dataset itself is refused on every rank, and the dataset stays.
+sum_before=$(md5sum < "$tmp/d.h5")
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=victim \
+    --set data.mode=packed --set "data.pack_plan=$tmp/d.h5" > "$tmp/victim.log" 2>&1
+[ $? -ne 0 ] && grep -q "refusing to write a packing plan to '$tmp/d.h5': it is a 'berth-tokens' file" \
+    "$tmp/victim.log" && [ "$(md5sum < "$tmp/d.h5")" = "$sum_before" ]
+check "data.pack_plan naming the dataset is refused and the dataset is unchanged" $?
+
+# Ranks launched with different configs (MPMD, --set on one side) stop before training instead of
+# running mismatched collectives until comm_timeout_s.
+start=$(date +%s)
+timeout 120 "${mpi[@]}" -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=mpmd : \
+    -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=mpmd --set train.steps=5 \
+    > "$tmp/mpmd.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $(( $(date +%s) - start )) -lt 60 ] &&
+    grep -q "1 of the 2 ranks got another config than rank 0 (rank 1 among them)" "$tmp/mpmd.log"
+check "ranks with different configs are refused at start (rc $rc)" $?
 
 # Fault injection: rank 1 throws at step 3; every rank must exit non-zero within 30 s.
 start=$(date +%s)
