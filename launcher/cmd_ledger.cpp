@@ -101,16 +101,14 @@ struct LedgerArgs {
   bool json = false;
 };
 
-// `create`: a ledger that does not exist yet is made (registering devices, booking); otherwise
-// (listing, showing, cancelling, extending) a mistyped path is an error, not an empty new ledger
-// that would answer "no reservations".
+// `create`: a ledger that does not exist yet is made (registering devices only); otherwise
+// (booking, listing, showing, cancelling, extending) a mistyped path or an empty file is an error,
+// not an empty new ledger that would answer "no reservations" or "no devices".
 std::unique_ptr<LedgerStore> open_ledger(const LedgerArgs& a, bool create = false) {
   const std::string path = resolve_ledger_path(a.ledger, "");
-  BERTH_CHECK(create || std::filesystem::exists(path),
-              "ledger '{}' does not exist: check --ledger and $BERTH_LEDGER, or start one with "
-              "`berth devices register`",
-              path);
-  return open_sqlite_ledger(path, ledger_options_for(path));
+  LedgerOptions o = ledger_options_for(path);
+  o.create = create;
+  return open_sqlite_ledger(path, o);
 }
 
 void add_ledger_option(CLI::App* cmd, LedgerArgs* a, bool json = true) {
@@ -438,7 +436,7 @@ void register_ledger_commands(CLI::App& app) {
       q.owner = current_user();
       q.preempt = a->preempt;
       q.allow_split = a->allow_split;
-      auto ledger = open_ledger(a->l, true);
+      auto ledger = open_ledger(a->l);
       const BookingResult r = ledger->reserve(q);
       if (a->l.json) {
         nlohmann::json j = {{"booked", r.booked}, {"replayed", r.replayed}, {"reason", r.reason}};

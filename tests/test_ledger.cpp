@@ -208,12 +208,45 @@ TEST_F(LedgerTest, PrioritiesAndPreemption) {
   EXPECT_FALSE(l->reserve(req(1, kT0 + 10 * kH, 1, 0, "urgent")).booked);
 }
 
+// Preemption breaks as little as it can: a booking once broken is broken whole, so its other
+// devices are taken first; then bookings nobody is running, of the lowest priority.
+TEST_F(LedgerTest, PreemptionBreaksTheFewestLowestPriorityBookingsAndSparesRunningOnes) {
+  auto l = open();
+  l->register_devices(slots("n1", 4));
+  now_ = kT0;
+  ASSERT_TRUE(l->reserve(req(1, kT0, 8, 3, "alice")).booked);  // 1: device 0, running below
+  ASSERT_TRUE(l->reserve(req(1, kT0, 8, 2, "bob")).booked);    // 2: device 1
+  ASSERT_TRUE(l->reserve(req(2, kT0, 8, 3, "carol")).booked);  // 3: devices 2 and 3
+  ASSERT_TRUE(l->acquire_lease(1, "alice", "n1", 100, 60).ok);
+  ReserveRequest p = req(2, kT0, 2, 0, "admin");
+  p.preempt = true;
+  const BookingResult r = l->reserve(p);
+  ASSERT_TRUE(r.booked) << r.reason;
+  ASSERT_EQ(r.preempted.size(), 1u);  // carol's two devices, not alice's and bob's one each
+  EXPECT_EQ(r.preempted[0].id, 3);
+  EXPECT_DOUBLE_EQ(r.reservations[0].start, kT0);  // no running holder's notice to wait for
+  EXPECT_EQ(l->reservation(1).state, "active");
+  EXPECT_EQ(l->reservation(2).state, "active");
+  EXPECT_EQ(l->reservation(3).state, "preempted");
+  // One device more: alice's P3 is running, so bob's P2 (not running) is the one preempted.
+  ReserveRequest q = req(1, kT0, 2, 1, "urgent");
+  q.preempt = true;
+  const BookingResult r2 = l->reserve(q);
+  ASSERT_TRUE(r2.booked) << r2.reason;
+  ASSERT_EQ(r2.preempted.size(), 1u);
+  EXPECT_EQ(r2.preempted[0].id, 2);
+  EXPECT_DOUBLE_EQ(r2.reservations[0].start, kT0);
+  EXPECT_EQ(l->reservation(1).state, "active");
+  EXPECT_DOUBLE_EQ(l->reservation(1).end, kT0 + 8 * kH);
+  EXPECT_EQ(overlaps(), 0);
+}
+
 TEST_F(LedgerTest, PreemptingARunningHolderLeavesTheMinimumNotice) {
   auto l = open();
   l->register_devices(slots("n1", 1));
   ASSERT_TRUE(l->reserve(req(1, kT0, 8, 3, "bob")).booked);
   now_ = kT0 + kH;
-  ASSERT_TRUE(l->acquire_lease(1, "n1", 100, 60).ok);
+  ASSERT_TRUE(l->acquire_lease(1, "bob", "n1", 100, 60).ok);
   ReserveRequest p = req(1, kT0 + kH, 2, 1, "admin");
   p.preempt = true;
   p.start.reset();  // as soon as possible
@@ -322,20 +355,28 @@ TEST_F(LedgerTest, LeaseTokensOnlyGrow) {
   auto l = open();
   l->register_devices(slots("n1", 1));
   ASSERT_TRUE(l->reserve(req(1, kT0 + kH, 4)).booked);
-  LeaseResult a = l->acquire_lease(1, "n1", 10, 60);
+  LeaseResult a = l->acquire_lease(1, "alice", "n1", 10, 60);
   EXPECT_FALSE(a.ok);
   EXPECT_NE(a.reason.find("window opens at"), std::string::npos) << a.reason;
   now_ = kT0 + kH - 100;  // within the start slack
-  a = l->acquire_lease(1, "n1", 10, 60);
+  // Only the owner (or an admin) trains on a booking: another user's launch is refused, and the
+  // refusal issues no token.
+  const LeaseResult foreign = l->acquire_lease(1, "mallory", "n1", 9, 60);
+  EXPECT_FALSE(foreign.ok);
+  EXPECT_NE(foreign.reason.find("reservation 1 belongs to alice, and mallory may not train on it"),
+            std::string::npos)
+      << foreign.reason;
+  EXPECT_FALSE(l->lease(1).has_value());
+  a = l->acquire_lease(1, "alice", "n1", 10, 60);
   ASSERT_TRUE(a.ok);
-  const LeaseResult second = l->acquire_lease(1, "n2", 11, 60);
+  const LeaseResult second = l->acquire_lease(1, "alice", "n2", 11, 60);
   EXPECT_FALSE(second.ok);
   EXPECT_NE(second.reason.find("already held by pid 10 on n1"), std::string::npos) << second.reason;
   now_ += 30;
   EXPECT_TRUE(l->renew_lease(1, a.lease.token, 60).ok);
   now_ += 61;  // the holder stops renewing: the lease lapses, the booking survives
   EXPECT_FALSE(l->renew_lease(1, a.lease.token, 60).ok);
-  const LeaseResult b = l->acquire_lease(1, "n1", 12, 60);
+  const LeaseResult b = l->acquire_lease(1, "alice", "n1", 12, 60);
   ASSERT_TRUE(b.ok);
   EXPECT_GT(b.lease.token, a.lease.token);
   const LeaseResult stale = l->renew_lease(1, a.lease.token, 60);
@@ -344,9 +385,13 @@ TEST_F(LedgerTest, LeaseTokensOnlyGrow) {
   l->release_lease(1, b.lease.token);
   l->release_lease(1, b.lease.token);  // idempotent
   EXPECT_FALSE(l->renew_lease(1, b.lease.token, 60).ok);
+  const LeaseResult by_admin = l->acquire_lease(1, "admin", "n1", 14, 60);  // e.g. to drain it
+  ASSERT_TRUE(by_admin.ok) << by_admin.reason;
+  l->release_lease(1, by_admin.lease.token);
   EXPECT_EQ(l->reservation(1).state, "active");
   now_ = kT0 + 5 * kH;
-  EXPECT_NE(l->acquire_lease(1, "n1", 13, 60).reason.find("window ended"), std::string::npos);
+  EXPECT_NE(l->acquire_lease(1, "alice", "n1", 13, 60).reason.find("window ended"),
+            std::string::npos);
 }
 
 TEST_F(LedgerTest, SchemaMigratesUpAndRefusesDowngradeAndForeignFiles) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <string>
+#include <tuple>
 
 namespace berth {
 
@@ -32,6 +34,46 @@ std::vector<int64_t> choose_fewest_hosts(const std::vector<const Device*>& free,
       if (int64_t(out.size()) == count) return out;
       out.push_back(d->id);
     }
+  }
+  return out;
+}
+
+std::vector<int64_t> choose_least_preemption(const std::vector<const Device*>& preemptible,
+                                             const std::vector<Busy>& busy, double start,
+                                             double end, int64_t count,
+                                             const std::vector<int64_t>& chosen_already) {
+  std::map<int64_t, std::vector<const Busy*>> victims;  // device id -> bookings overlapping it
+  for (const Busy& b : busy) {
+    if (b.start < end && start < b.end) victims[b.device].push_back(&b);
+  }
+  std::map<int64_t, std::string> host_of;
+  std::set<std::string> hosts;
+  for (const Device* d : preemptible) host_of[d->id] = d->host;
+  for (const int64_t id : chosen_already)
+    if (host_of.count(id)) hosts.insert(host_of[id]);
+  std::set<int64_t> broken, taken;
+  std::vector<int64_t> out;
+  while (int64_t(out.size()) < count) {
+    const Device* best = nullptr;
+    std::tuple<int, int, int, int, int64_t> best_key;
+    for (const Device* d : preemptible) {
+      if (taken.count(d->id)) continue;
+      int running = 0, most_important = 4, fresh = 0;  // over the bookings not yet broken
+      for (const Busy* b : victims[d->id]) {
+        if (broken.count(b->reservation)) continue;
+        ++fresh;
+        running += b->running;
+        most_important = std::min(most_important, b->priority);
+      }
+      const std::tuple<int, int, int, int, int64_t> key{running, -most_important, fresh,
+                                                        hosts.count(d->host) ? 0 : 1, d->index};
+      if (!best || key < best_key) best = d, best_key = key;
+    }
+    if (!best) break;
+    taken.insert(best->id);
+    hosts.insert(best->host);
+    for (const Busy* b : victims[best->id]) broken.insert(b->reservation);
+    out.push_back(best->id);
   }
   return out;
 }
@@ -86,8 +128,8 @@ SlotAnswer find_slot(const std::vector<Device>& devices, const std::vector<Busy>
       chosen = choose_fewest_hosts(clean, req.count);
     } else {
       chosen = choose_fewest_hosts(clean, int64_t(clean.size()));
-      const std::vector<int64_t> more =
-          choose_fewest_hosts(preemptible, req.count - int64_t(clean.size()));
+      const std::vector<int64_t> more = choose_least_preemption(
+          preemptible, busy, t, e, req.count - int64_t(clean.size()), chosen);
       chosen.insert(chosen.end(), more.begin(), more.end());
     }
     ans.found = true;

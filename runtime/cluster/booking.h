@@ -29,6 +29,7 @@ struct Busy {
   double start = 0, end = 0;
   int priority = 3;
   std::string owner;
+  bool running = false;  // a job holds its lease now (preempting it cuts a live run)
 };
 
 struct SlotRequest {
@@ -62,5 +63,14 @@ SlotAnswer find_slot(const std::vector<Device>& devices, const std::vector<Busy>
 // `count` of the `free` devices on the fewest hosts: hosts with the most free devices first, then
 // lowest index. `free` must hold at least `count` devices.
 std::vector<int64_t> choose_fewest_hosts(const std::vector<const Device*>& free, int64_t count);
+
+// `count` of the `preemptible` devices for [start, end), given the bookings in `busy`, breaking as
+// little as possible: a booking once broken is broken whole, so its other devices come free; then
+// devices whose new victims are not running, of the lowest priority, fewest, on a host already
+// chosen, lowest index. `preemptible` must hold at least `count` devices.
+std::vector<int64_t> choose_least_preemption(const std::vector<const Device*>& preemptible,
+                                             const std::vector<Busy>& busy, double start,
+                                             double end, int64_t count,
+                                             const std::vector<int64_t>& chosen_already);
 
 }  // namespace berth

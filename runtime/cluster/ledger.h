@@ -108,10 +108,11 @@ class LedgerStore {
   virtual Reservation cancel(int64_t id, const std::string& user) = 0;
   virtual Reservation extend(int64_t id, double by_s, const std::string& user) = 0;
 
-  // Lease of a reservation for a running job (rank 0): window open (start − slack ≤ now < end),
-  // no live holder. The token is greater than any issued before by this ledger.
-  virtual LeaseResult acquire_lease(int64_t reservation, const std::string& host, int64_t pid,
-                                    double ttl_s) = 0;
+  // Lease of a reservation for a running job (rank 0) started by `user`, who must own the booking
+  // or be a ledger admin: window open (start − slack ≤ now < end), no live holder. The token is
+  // greater than any issued before by this ledger.
+  virtual LeaseResult acquire_lease(int64_t reservation, const std::string& user,
+                                    const std::string& host, int64_t pid, double ttl_s) = 0;
   // Extends the lease to now + ttl if `token` still holds it; refused otherwise (expired and
   // taken over, released, or the booking was cancelled).
   virtual LeaseResult renew_lease(int64_t reservation, int64_t token, double ttl_s) = 0;
@@ -123,6 +124,7 @@ class LedgerStore {
 
 struct LedgerOptions {
   Clock clock;                      // default: system clock
+  bool create = true;               // false: a missing or empty file is refused, not made a ledger
   LedgerPolicy policy;
   double busy_timeout_s = 30;
   double pause_in_transaction_s = 0;  // tests: sleep inside the booking transaction
@@ -131,8 +133,8 @@ struct LedgerOptions {
 
 constexpr int kLedgerSchemaVersion = 2;
 
-// Opens (creating if needed) the SQLite ledger at `path`: refuses a network filesystem, migrates
-// an older schema, refuses a newer one.
+// Opens (creating it if needed and options.create) the SQLite ledger at `path`: refuses a network
+// filesystem, migrates an older schema, refuses a newer one.
 std::unique_ptr<LedgerStore> open_sqlite_ledger(const std::string& path, LedgerOptions options);
 
 // --ledger, else $BERTH_LEDGER, else `config_value`, else ~/.local/share/berth/ledger.db.

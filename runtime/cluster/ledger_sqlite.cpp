@@ -133,6 +133,17 @@ class SqliteLedger : public LedgerStore {
  public:
   SqliteLedger(const std::string& path, LedgerOptions o) : path_(path), o_(std::move(o)) {
     if (!o_.clock) o_.clock = system_clock();
+    if (!o_.create) {  // only `berth devices register` starts a ledger
+      std::error_code ec;
+      BERTH_CHECK(std::filesystem::exists(path, ec),
+                  "ledger '{}' does not exist: check --ledger, $BERTH_LEDGER and "
+                  "reservation.ledger, or start one with `berth devices register`",
+                  path);
+      BERTH_CHECK(std::filesystem::file_size(path, ec) > 0 || ec,
+                  "ledger '{}' is an empty file, not a ledger: check the path, or remove it and "
+                  "start one with `berth devices register`",
+                  path);
+    }
     const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
     ensure_writable_dir(dir.string(), "ledger directory");
     struct statfs fs {};
@@ -411,13 +422,20 @@ class SqliteLedger : public LedgerStore {
     return load(id);
   }
 
-  LeaseResult acquire_lease(int64_t id, const std::string& host, int64_t pid,
-                            double ttl_s) override {
+  LeaseResult acquire_lease(int64_t id, const std::string& user, const std::string& host,
+                            int64_t pid, double ttl_s) override {
     BERTH_CHECK(ttl_s > 0, "lease TTL must be > 0");
     const double now = o_.clock();
     WriteTxn t(db_);
     LeaseResult out;
     const Reservation r = load(id);
+    if (user != r.owner && !is_admin(o_.policy, user)) {
+      out.reason = fmt::format(
+          "reservation {} belongs to {}, and {} may not train on it (only the "
+          "owner or a ledger admin may): book your own with berth reserve",
+          id, r.owner, user);
+      return out;
+    }
     if (r.state != "active") {
       out.reason = fmt::format("reservation {} is {}", id, r.state);
       return out;
@@ -588,8 +606,11 @@ class SqliteLedger : public LedgerStore {
     Stmt s(db_, "SELECT b.device, r.id, r.start, r.end, r.priority, r.owner FROM booked b JOIN "
                 "reservations r ON r.id = b.reservation WHERE r.state='active' AND r.end > ?");
     s.bind(1, now);
+    std::map<int64_t, bool> running;  // per reservation
     while (s.step()) {
-      out.push_back(Busy{s.i64(0), s.i64(1), s.f64(2), s.f64(3), int(s.i64(4)), s.text(5)});
+      const int64_t id = s.i64(1);
+      if (!running.count(id)) running[id] = live_lease(id, now).has_value();
+      out.push_back(Busy{s.i64(0), id, s.f64(2), s.f64(3), int(s.i64(4)), s.text(5), running[id]});
     }
     return out;
   }

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 
@@ -81,11 +83,9 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
   if (world.rank() == 0) {
     try {
       const std::string path = resolve_ledger_path("", rc.ledger);
-      BERTH_CHECK(std::filesystem::exists(path),
-                  "ledger '{}' does not exist: check reservation.ledger and $BERTH_LEDGER (the "
-                  "ledger `berth reserve` booked in)",
-                  path);
-      ledger_ = open_sqlite_ledger(path, ledger_options_for(path));
+      LedgerOptions o = ledger_options_for(path);
+      o.create = false;
+      ledger_ = open_sqlite_ledger(path, o);
       reservation_ = rc.id;
       if (reservation_ == 0 && rc.without == "refuse") {
         throw LeaseRefused(fmt::format(
@@ -115,11 +115,27 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
       // The lease first: whether the booking is active, its window open and nobody else holds
       // it is the answer a user needs before where the ranks run (a cancelled booking is refused
       // as cancelled, whatever the launch). The placement checks below give it back if they fail.
-      const LeaseResult l = ledger_->acquire_lease(reservation_, host, getpid(), rc.lease_ttl_s);
+      const LeaseResult l =
+          ledger_->acquire_lease(reservation_, current_user(), host, getpid(), rc.lease_ttl_s);
       if (!l.ok) throw LeaseRefused("cannot take the lease: " + l.reason);
       const Reservation r = ledger_->reservation(reservation_);
       try {
         check_placement(r, places);
+        // A window that ends before the first step could start would stop at once, saving
+        // nothing: say so now.
+        const double now = unix_now();
+        const double needed = 1.5 * rc.checkpoint_estimate_s + rc.stop_margin_s;
+        if (l.lease.window_end - now <= needed) {
+          throw LeaseRefused(fmt::format(
+              "reservation {}'s window ends at {}, in {}, but a run stops {} before it (1.5 × "
+              "reservation.checkpoint_estimate_s {} + stop_margin_s {}), so no step could run: "
+              "extend it (berth extend {} --by 1h), or lower checkpoint_estimate_s if checkpoints "
+              "are quicker",
+              reservation_, format_utc_iso(l.lease.window_end),
+              format_duration(std::max(0.0, l.lease.window_end - now)), format_duration(needed),
+              format_duration(rc.checkpoint_estimate_s), format_duration(rc.stop_margin_s),
+              reservation_));
+        }
       } catch (const LeaseRefused&) {
         ledger_->release_lease(reservation_, l.lease.token);
         throw;
@@ -127,7 +143,8 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
       token_ = l.lease.token;
       window_end_ = l.lease.window_end;
       last_renew_ = unix_now();
-      local_expiry_ = last_renew_ + rc.lease_ttl_s;
+      local_expiry_ = l.lease.expires;
+      start_heartbeat(path);
       log_info("lease: reservation {} held with fencing token {} until the window ends at {} "
                "(renewed every {})",
                reservation_, token_, format_utc_minute(window_end_),
@@ -140,8 +157,10 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
   // Rank 0 tells everyone: the token, or 0 and why not.
   int64_t info[2] = {token_, reservation_};
   world.broadcast(info, 2, DType::I64, 0);
-  token_ = info[0];
-  reservation_ = info[1];
+  if (world.rank() != 0) {  // rank 0's heartbeat reads them already
+    token_ = info[0];
+    reservation_ = info[1];
+  }
   if (token_ == 0) {
     int64_t n = int64_t(refused.size());
     world.broadcast(&n, 1, DType::I64, 0);
@@ -157,6 +176,7 @@ LeaseKeeper::~LeaseKeeper() {
   } catch (const std::exception& e) {
     log_warn("lease: release failed ({}); it lapses after its TTL", e.what());
   }
+  stop_heartbeat();
 }
 
 std::optional<int64_t> LeaseKeeper::token() const {
@@ -164,57 +184,114 @@ std::optional<int64_t> LeaseKeeper::token() const {
   return std::nullopt;
 }
 
-LeaseKeeper::Decision LeaseKeeper::before_step(double step_s) {
+double LeaseKeeper::window_end() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return window_end_;
+}
+
+void LeaseKeeper::start_heartbeat(const std::string& path) {
+  // Its own connection (one SQLite connection per thread). A renewal that waits for a busy ledger
+  // gives up after a sixth of the TTL, so the next one is tried well before the lease lapses.
+  LedgerOptions o = ledger_options_for(path);
+  o.create = false;
+  o.busy_timeout_s = std::clamp(cfg_.reservation.lease_ttl_s / 6, 0.1, 30.0);
+  heartbeat_ledger_ = open_sqlite_ledger(path, o);
+  heartbeat_ = std::thread([this] { heartbeat_loop(); });
+}
+
+void LeaseKeeper::heartbeat_loop() {
+  const double ttl = cfg_.reservation.lease_ttl_s;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_ && !lost_) {
+    wake_.wait_for(lock, std::chrono::duration<double>(ttl / 3), [this] { return stop_; });
+    if (stop_) break;
+    lock.unlock();
+    LeaseResult l;
+    std::string failed;
+    try {
+      l = heartbeat_ledger_->renew_lease(reservation_, token_, ttl);
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+    lock.lock();
+    if (!failed.empty()) {  // retried after another TTL/3; before_step stops at the expiry
+      log_warn("lease: renewal failed ({}); the lease holds until {}", failed,
+               format_utc_iso(local_expiry_));
+    } else if (!l.ok) {
+      lost_ = true;
+      lost_reason_ = l.reason;
+    } else {
+      // The ledger's expiry, from its clock at the renewal (after any wait for the ledger).
+      last_renew_ = unix_now();
+      local_expiry_ = l.lease.expires;
+      if (l.lease.window_end != window_end_) {
+        log_info("lease: reservation {}'s window now ends at {}", reservation_,
+                 format_utc_minute(l.lease.window_end));
+      }
+      window_end_ = l.lease.window_end;
+    }
+  }
+}
+
+void LeaseKeeper::stop_heartbeat() {
+  if (!heartbeat_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  heartbeat_.join();
+}
+
+LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses_s) {
   if (!active()) return kContinue;
   int32_t d = kContinue;
   if (ledger_) {
     const ReservationSection& rc = cfg_.reservation;
-    double now = unix_now();
-    if (now - last_renew_ >= rc.lease_ttl_s / 3) {
-      try {
-        const LeaseResult l = ledger_->renew_lease(reservation_, token_, rc.lease_ttl_s);
-        if (l.ok) {
-          last_renew_ = now;
-          local_expiry_ = now + rc.lease_ttl_s;
-          if (l.lease.window_end != window_end_) {
-            log_info("lease: reservation {}'s window now ends at {}", reservation_,
-                     format_utc_minute(l.lease.window_end));
-          }
-          window_end_ = l.lease.window_end;
-        } else {
-          d = kLost;
-          reason_ = l.reason;
-        }
-      } catch (const Error& e) {
-        log_warn("lease: renewal failed ({}); the lease holds until {}", e.what(),
-                 format_utc_iso(local_expiry_));
-      }
-      now = unix_now();
+    bool lost;
+    double expiry, renewed, window_end;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      lost = lost_;
+      expiry = local_expiry_;
+      renewed = last_renew_;
+      window_end = window_end_;
+      if (lost) reason_ = lost_reason_;
     }
+    const double now = unix_now();
     const double ckpt = ckpt_s_ > 0 ? ckpt_s_ : rc.checkpoint_estimate_s;
-    if (d == kContinue && now + step_s >= local_expiry_) {
+    if (lost) {
       d = kLost;
-      reason_ = fmt::format("the lease was not renewed since {} and lapses at {}, before the next "
-                            "step could end",
-                            format_utc_iso(last_renew_), format_utc_iso(local_expiry_));
+    } else if (now + step_s >= expiry) {
+      d = kLost;
+      reason_ = fmt::format(
+          "the lease was not renewed since {} and lapses at {}, before the next "
+          "step could end",
+          format_utc_iso(renewed), format_utc_iso(expiry));
     }
-    const double stop_at = window_end_ - (1.5 * ckpt + rc.stop_margin_s);
-    if (d == kContinue && now + step_s >= stop_at) {
+    const double stop_at = window_end - (1.5 * ckpt + rc.stop_margin_s);
+    if (d == kContinue && now + with_pauses_s >= stop_at) {
       d = kStopWindow;
-      reason_ = fmt::format("reservation {}'s window ends at {}; stopping {} before it (1.5 × "
-                            "checkpoint time {} + margin {})",
-                            reservation_, format_utc_iso(window_end_),
-                            format_duration(window_end_ - now), format_duration(ckpt),
-                            format_duration(rc.stop_margin_s));
+      reason_ = fmt::format(
+          "reservation {}'s window ends at {}; stopping {} before it (1.5 × "
+          "checkpoint time {} + margin {})",
+          reservation_, format_utc_iso(window_end), format_duration(window_end - now),
+          format_duration(ckpt), format_duration(rc.stop_margin_s));
+    }
+    if (d == kLost) {  // nothing left to renew or give back
+      stop_heartbeat();
+      released_ = true;
     }
   }
   world_.broadcast(&d, 1, DType::I32, 0);
+  if (d == kLost && reason_.empty()) reason_ = "rank 0 saw it lost; its log says why";
   return Decision(d);
 }
 
 void LeaseKeeper::release() {
   if (!ledger_ || released_ || token_ == 0) return;
   released_ = true;
+  stop_heartbeat();
   ledger_->release_lease(reservation_, token_);
   log_info("lease: reservation {} released (token {})", reservation_, token_);
   if (on_demand_) {

@@ -1,15 +1,20 @@
 // The training lease (docs/reservation.md): rank 0 of `berth train` holds the reservation's lease
-// for the whole run. At start it acquires it (window open, no other live holder, the booked
-// devices are the ranks' hosts and local ranks, each with the booked free memory) and broadcasts
-// the fencing token, which every checkpoint commit carries. Before every step rank 0 renews on
-// schedule (every TTL/3) and decides, for all ranks: continue; stop at the end of the window
-// (checkpoint, exit "window ended, resumable"); or stop because the lease is lost.
+// for the whole run. At start it acquires it (the launching user's booking, window open, no other
+// live holder, the booked devices are the ranks' hosts and local ranks, each with the booked free
+// memory) and broadcasts the fencing token, which every checkpoint commit carries. A heartbeat
+// thread on rank 0 renews it every TTL/3 on its own ledger connection, so a checkpoint save or an
+// evaluation longer than the TTL keeps it. Before every step rank 0 decides, for all ranks:
+// continue; stop at the end of the window (checkpoint, exit "window ended, resumable"); or stop
+// because the lease is lost (a renewal refused, or none succeeded for a TTL).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "runtime/cluster/ledger.h"
 #include "runtime/comm/communicator.h"
@@ -38,22 +43,39 @@ class LeaseKeeper {
   bool active() const { return token_ > 0; }
   std::optional<int64_t> token() const;
   int64_t reservation() const { return reservation_; }
-  double window_end() const { return window_end_; }
+  double window_end() const;  // rank 0: as of the last renewal
 
-  // Collective, before each step. `step_s`: how long the next step may take.
-  Decision before_step(double step_s);
+  // Collective, before each step. `step_s`: how long the next training step may take (the lease
+  // must outlast it; the heartbeat renews during it); `with_pauses_s`: that with the evaluation
+  // and checkpoint save that may follow it (the window must hold it).
+  Decision before_step(double step_s, double with_pauses_s);
   void checkpoint_took(double seconds) { ckpt_s_ = std::max(ckpt_s_, seconds); }
   const std::string& reason() const { return reason_; }  // of the last stop decision
-  void release();  // rank 0; idempotent (an on-demand booking is cancelled too)
+  // Rank 0; idempotent (an on-demand booking is cancelled too). Gives nothing back once the
+  // lease is lost: it is another holder's, or nobody's.
+  void release();
 
  private:
+  void start_heartbeat(const std::string& path);
+  void heartbeat_loop();
+  void stop_heartbeat();
+
   const RunConfig& cfg_;
   Communicator& world_;
-  std::unique_ptr<LedgerStore> ledger_;  // rank 0
+  std::unique_ptr<LedgerStore> ledger_;  // rank 0, this thread
   int64_t reservation_ = 0, token_ = 0;
-  double window_end_ = 0, local_expiry_ = 0, last_renew_ = 0, ckpt_s_ = 0;
+  double ckpt_s_ = 0;
   bool released_ = false, on_demand_ = false;
   std::string reason_;
+
+  // The heartbeat (rank 0): its own connection, and what it learned, under mu_.
+  std::unique_ptr<LedgerStore> heartbeat_ledger_;
+  std::thread heartbeat_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false, lost_ = false;
+  double window_end_ = 0, local_expiry_ = 0, last_renew_ = 0;
+  std::string lost_reason_;
 };
 
 }  // namespace berth

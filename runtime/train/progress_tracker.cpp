@@ -99,6 +99,9 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
         std::filesystem::rename(old, kept, ec);
       }
     }
+    // A new file, not the old one truncated: a holder that lost the lease may still have that one
+    // open, and its writes must not land in this run's trace.
+    std::filesystem::remove(trace + ".partial", ec);
     trace_.open(trace + ".partial", std::ios::trunc);
     BERTH_CHECK(trace_.good(), "cannot write {}.partial", trace);
     trace_ << trace_csv_header();
@@ -217,6 +220,11 @@ void ProgressTracker::finish() {
              "of step time)",
              trace, trace, run_dir_, gather_s_ / double(steps_) * 1e6, gather_s_ / walls_s_ * 100);
   }
+}
+
+void ProgressTracker::abandon() {
+  if (!monitor_) return;
+  trace_.close();
 }
 
 }  // namespace berth

@@ -56,6 +56,9 @@ class ProgressTracker {
 
   // Rank 0: trace.csv.partial becomes trace.csv; logs the cost of gathering the records.
   void finish();
+  // Rank 0, instead of finish() when the lease was lost: closes the trace and commits nothing,
+  // since the run directory may now be the lease's new holder's.
+  void abandon();
 
  private:
   const RunConfig& cfg_;

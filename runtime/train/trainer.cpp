@@ -740,6 +740,9 @@ std::vector<StepStats> Trainer::run() {
     if (start_step_ > 0 && std::filesystem::exists(partial_path, ec)) {
       std::filesystem::rename(partial_path, partial_path + ".resume", ec);
     }
+    // A new file, not the old one truncated: a holder that lost the lease may still have that one
+    // open, and its writes must not land in this run's metrics.
+    std::filesystem::remove(partial_path, ec);
     partial.open(partial_path, std::ios::trunc);
     BERTH_CHECK(partial.good(), "cannot write {}", partial_path);
   }
@@ -771,7 +774,8 @@ std::vector<StepStats> Trainer::run() {
   double last_wall = 0;
   for (int64_t step = start_step_; step < steps; step++) {
     // Rank 0 decides for everyone whether this step may start (lease, end of window).
-    const LeaseKeeper::Decision decision = lease.before_step(2 * last_wall);
+    const LeaseKeeper::Decision decision =
+        lease.before_step(2 * (all.empty() ? 0.0 : all.back().seconds), 2 * last_wall);
     if (decision != LeaseKeeper::kContinue) {
       if (world_.rank() == 0) outcome_reason_ = lease.reason();
       if (decision == LeaseKeeper::kStopWindow) {
@@ -832,13 +836,27 @@ std::vector<StepStats> Trainer::run() {
       partial.flush();
     }
   }
-  progress.finish();
   const double session_s = seconds_since(t_session);
-  if (outcome_ != Outcome::kLeaseLost) lease.release();
-  if (writer) {
-    partial.close();
-    write_file_atomic(metrics_path, metrics);
-    std::remove(partial_path.c_str());
+  if (outcome_ == Outcome::kLeaseLost) {
+    // Another launch may hold the lease now and write this run directory (a holder paused past
+    // its TTL and taken over): committing trace.csv or metrics.jsonl here would replace its
+    // files, or move its trace.csv.partial away under it. Leave everything as it is.
+    progress.abandon();
+    if (writer) {
+      partial.close();
+      log_warn(
+          "the run directory {} is left as it is (metrics.jsonl and trace.csv not "
+          "committed): the lease's new holder may be writing it",
+          run_dir_);
+    }
+  } else {
+    progress.finish();
+    lease.release();
+    if (writer) {
+      partial.close();
+      write_file_atomic(metrics_path, metrics);
+      std::remove(partial_path.c_str());
+    }
   }
   double seconds = 0;
   for (const StepStats& st : all) seconds += st.seconds;

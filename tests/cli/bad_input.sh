@@ -339,6 +339,14 @@ expect_error "reservations_on_a_missing_ledger" "does not exist" "$tmp/typo/ledg
   "$BERTH" reservations --ledger "$tmp/typo/ledger.db"
 expect_error "timeline_on_a_missing_ledger" "does not exist" "$tmp/typo/ledger.db" \
   "$BERTH" timeline --ledger "$tmp/typo/ledger.db"
+# Booking too: only `berth devices register` starts a ledger (the typo's directory is not made).
+expect_error "reserve_on_a_missing_ledger" "start one with \`berth devices register\`" "$tmp/typo" \
+  "$BERTH" reserve --gpus 1 --duration 1h --ledger "$tmp/typo/ledger.db"
+# An empty file (touch, a failed copy) is not taken for an empty ledger, and stays empty.
+: > "$tmp/empty.db"
+expect_error "reservations_on_an_empty_file" "is an empty file, not a ledger" "" \
+  "$BERTH" reservations --ledger "$tmp/empty.db"
+report "empty_ledger_file_untouched" "$([ -s "$tmp/empty.db" ] && echo " the empty file was written")"
 expect_error "reserve_json_and_print_id" "--print-id excludes --json" "$tmp/l.db" \
   "$BERTH" reserve --gpus 1 --duration 1h --json --print-id --ledger "$tmp/l.db"
 # Every document is longer than the rows and --drop-long drops them: no empty plan.

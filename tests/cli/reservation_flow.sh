@@ -3,8 +3,9 @@
 # under the lease; the window ends mid-run (checkpoint, exit 3) and the run resumes in the next
 # window with the same losses as an uninterrupted run; a second launch fails fast naming the
 # holder; a SIGKILLed holder's lease lapses and a relaunch gets a higher token; a holder SIGSTOPped
-# inside a checkpoint save past its TTL has its late commit refused; bad requests exit 1, a
-# booking that cannot start when asked exits 2.
+# inside a checkpoint save past its TTL has its late commit refused, and one stopped between steps
+# leaves the new holder's run directory alone; bad requests exit 1, a booking that cannot start
+# when asked exits 2.
 #   reservation_flow.sh BERTH MPIEXEC
 set -u
 berth=$1
@@ -146,8 +147,50 @@ check "the stale holder's late commit is refused (rc $rc)" $?
 [ ! -e "$ck/step-00000030" ] && [ -e "$ck/step-00000040" ]
 check "only the new holder's checkpoint is in the directory" $?
 
-# ---- reserve --config: the booking sized from the run config's plan -----------------------------
+# ---- a holder SIGSTOPped between steps past its TTL leaves the new holder's run directory alone --
 "$berth" cancel "$id4" > /dev/null 2>&1
+id6=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
+zrun=(train "$cfg" "${small[@]}" --reservation "$id6" --set "run.out_dir=$tmp/z" --set run.name=z
+      --set checkpoint.interval=0)
+"$berth" "${zrun[@]}" --set train.steps=100000 > "$tmp/z1.log" 2>&1 &
+zombie=$!; pids+=("$zombie")
+for _ in $(seq 200); do grep -q "step   101/" "$tmp/z1.log" && break; sleep 0.05; done
+kill -STOP "$zombie"
+sleep 3.5  # past its TTL
+timeout 60 "$berth" "${zrun[@]}" --set train.steps=30 > "$tmp/z2.log" 2>&1
+check "a new holder takes the lease over and trains in the same run directory" $?
+sums=$(md5sum "$tmp/z/z/metrics.jsonl" "$tmp/z/z/trace.csv" 2>&1)
+kill -CONT "$zombie"
+wait "$zombie"; rc=$?
+[ $rc -eq 4 ] && grep -q "the lease is lost (the lease of reservation $id6 is now held with token" \
+    "$tmp/z1.log" && grep -q "is left as it is" "$tmp/z1.log" &&
+    [ "$(md5sum "$tmp/z/z/metrics.jsonl" "$tmp/z/z/trace.csv" 2>&1)" = "$sums" ] &&
+    [ "$(wc -l < "$tmp/z/z/metrics.jsonl")" -eq 30 ] && ! grep -q "released" "$tmp/z1.log"
+check "the fenced-out holder exits 4 and leaves the new holder's metrics and trace (rc $rc)" $?
+"$berth" cancel "$id6" > /dev/null 2>&1
+
+# ---- a checkpoint save longer than the lease's TTL keeps the lease (the heartbeat renews it) ------
+id8=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
+timeout 60 "$berth" train "$cfg" "${small[@]}" --reservation "$id8" --set "run.out_dir=$tmp/slow" \
+    --set train.steps=40 --set checkpoint.interval=20 --set debug.checkpoint_pause_s=5 \
+    > "$tmp/slow.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && [ -e "$tmp/slow/tiny/checkpoints/step-00000040" ]
+check "a 5 s checkpoint save under a 3 s lease TTL keeps the lease (rc $rc)" $?
+"$berth" cancel "$id8" > /dev/null 2>&1
+
+# ---- a window too short for one step before the clean stop is refused at start -------------------
+id7=$("$berth" reserve --gpus 1 --duration 1m --json | booked_id)
+"$berth" train "$cfg" "${small[@]}" --reservation "$id7" --set "run.out_dir=$tmp/short" \
+    --set reservation.checkpoint_estimate_s=60 > "$tmp/short.log" 2>&1
+rc=$?
+[ $rc -eq 4 ] && grep -q "but a run stops 1m31s before it" "$tmp/short.log" &&
+    grep -q "berth extend $id7 --by 1h" "$tmp/short.log" && [ ! -e "$tmp/short" ] &&
+    "$berth" reservation show "$id7" | grep -q "released"
+check "a window shorter than the clean stop needs is refused at start, the lease given back (rc $rc)" $?
+"$berth" cancel "$id7" > /dev/null 2>&1
+
+# ---- reserve --config: the booking sized from the run config's plan -----------------------------
 "$berth" reserve --config "$cfg" --gpu cpu --json > "$tmp/sized.json" 2> "$tmp/sized.log"
 rc=$?
 id5=$(booked_id < "$tmp/sized.json" 2>/dev/null)
