@@ -315,6 +315,11 @@ TEST_F(LedgerTest, MalformedRequestsGetSpecificErrorsAndNoRows) {
   test::expect_error([] { parse_duration("12x"); }, {"unknown unit 'x'"});
   test::expect_error([] { parse_duration("abc"); }, {"cannot read the duration"});
   test::expect_error([] { parse_bytes("75GiBs"); }, {"unknown unit 'GiBs'"});
+  test::expect_error([] { parse_duration("1h1h"); }, {"repeats a unit", "1d12h or 1h30m"});
+  test::expect_error([] { parse_duration("30m1h"); }, {"repeats a unit"});
+  test::expect_error([] { parse_duration("99999999999999999999h"); }, {"longer than 10 years"});
+  test::expect_error([] { parse_bytes("1e30GiB"); }, {"larger than an exabyte"});
+  EXPECT_DOUBLE_EQ(parse_duration("1d12h30m15s"), 131415);
   EXPECT_DOUBLE_EQ(parse_duration("1h30m"), 5400);
   EXPECT_DOUBLE_EQ(parse_duration("2d"), 172800);
   EXPECT_EQ(parse_bytes("75GiB"), int64_t(75) << 30);

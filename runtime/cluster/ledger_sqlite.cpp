@@ -723,7 +723,8 @@ int parse_priority(const std::string& text) {
 }
 
 double parse_duration(const std::string& text) {
-  double total = 0;
+  constexpr double kMaxDurationS = 3650 * 86400.0;  // a bound that keeps the arithmetic exact
+  double total = 0, last_unit = 1e300;
   size_t i = 0;
   bool any = false;
   while (i < text.size()) {
@@ -742,10 +743,19 @@ double parse_duration(const std::string& text) {
     const char u = text[i++];
     const double unit = u == 'd' ? 86400 : u == 'h' ? 3600 : u == 'm' ? 60 : u == 's' ? 1 : -1;
     BERTH_CHECK(unit > 0, "unknown unit '{}' in the duration '{}': use d, h, m or s", u, text);
+    BERTH_CHECK(unit < last_unit,
+                "the duration '{}' repeats a unit or has a larger one after a smaller: give each "
+                "of d, h, m, s at most once, largest first, e.g. 1d12h or 1h30m",
+                text);
+    last_unit = unit;
     total += v * unit;
     any = true;
   }
   BERTH_CHECK(any, "empty duration: use e.g. 72h, 90m, 1h30m");
+  BERTH_CHECK(total <= kMaxDurationS,
+              "the duration '{}' is longer than 10 years; bookings last at most 7 days (longer "
+              "ones in segments with --allow-split)",
+              text);
   return total;
 }
 
@@ -767,6 +777,7 @@ int64_t parse_bytes(const std::string& text) {
   const auto it = kUnits.find(unit);
   BERTH_CHECK(it != kUnits.end(), "unknown unit '{}' in the size '{}': use B, KiB, MiB, GiB, TiB, "
               "KB, MB, GB or TB", unit, text);
+  BERTH_CHECK(v * it->second <= 1e18, "the size '{}' is larger than an exabyte", text);
   return static_cast<int64_t>(std::llround(v * it->second));
 }
 
