@@ -249,6 +249,13 @@ TEST_F(LedgerTest, PreemptingARunningHolderLeavesTheMinimumNotice) {
   ASSERT_TRUE(l->acquire_lease(1, "bob", "n1", 100, 60).ok);
   ReserveRequest p = req(1, kT0 + kH, 2, 1, "admin");
   p.preempt = true;
+  const BookingResult now = l->reserve(p);  // asked for now: refused, saying why
+  ASSERT_FALSE(now.booked);
+  EXPECT_DOUBLE_EQ(now.earliest_start, now_ + 600);
+  EXPECT_NE(now.reason.find("reservation 1 is running there and gets the policy's min_notice_s "
+                            "(10m00s) before it is preempted"),
+            std::string::npos)
+      << now.reason;
   p.start.reset();  // as soon as possible
   const BookingResult r = l->reserve(p);
   ASSERT_TRUE(r.booked);
@@ -259,6 +266,7 @@ TEST_F(LedgerTest, PreemptingARunningHolderLeavesTheMinimumNotice) {
   const LeaseResult renewed = l->renew_lease(1, 1, 60);
   ASSERT_TRUE(renewed.ok);
   EXPECT_DOUBLE_EQ(renewed.lease.window_end, now_ + 600) << "the holder learns it at renewal";
+  EXPECT_EQ(renewed.lease.window_note, " by reservation 2 of admin (P1)") << "and who cut it";
   EXPECT_EQ(overlaps(), 0);
 }
 

@@ -85,6 +85,7 @@ struct Lease {
   double expires = 0;
   double window_end = 0;  // the reservation's end now (moves on extend or preemption)
   bool released = false;
+  std::string window_note;  // renewals: " by reservation N of OWNER (Pk)" once preempted
 };
 
 struct LeaseResult {

@@ -295,10 +295,17 @@ class SqliteLedger : public LedgerStore {
     sr.preempt = req.preempt;
     SlotAnswer ans = find_slot(devs, busy, sr);
     // A running holder of a booking being preempted keeps at least the minimum notice.
+    std::string notice;  // the running bookings that pushed the start, for a refusal
     if (ans.found && !ans.preempted.empty()) {
       double earliest = ans.start;
       for (const Busy& b : ans.preempted) {
-        if (live_lease(b.reservation, now)) earliest = std::max(earliest, now + o_.policy.min_notice_s);
+        if (live_lease(b.reservation, now)) {
+          earliest = std::max(earliest, now + o_.policy.min_notice_s);
+          notice = fmt::format(
+              "; reservation {} is running there and gets the policy's "
+              "min_notice_s ({}) before it is preempted",
+              b.reservation, format_duration(o_.policy.min_notice_s));
+        }
       }
       if (earliest > ans.start) {
         sr.start = earliest;
@@ -313,7 +320,7 @@ class SqliteLedger : public LedgerStore {
     if (req.start && ans.start > std::max(now, *req.start) + 1e-9) {
       out.earliest_start = ans.start;
       out.blockers = ans.blockers;
-      out.reason = "the devices are booked when asked";
+      out.reason = "the devices are booked when asked" + notice;
       return out;
     }
     if (o_.pause_in_transaction_s > 0) {
@@ -467,7 +474,7 @@ class SqliteLedger : public LedgerStore {
         .run();
     t.commit();
     out.ok = true;
-    out.lease = Lease{id, token, host, pid, now + ttl_s, r.end, false};
+    out.lease = Lease{id, token, host, pid, now + ttl_s, r.end, false, ""};
     return out;
   }
 
@@ -488,7 +495,7 @@ class SqliteLedger : public LedgerStore {
                                "TTL)",
                                id, format_utc_iso(l->expires));
     } else if (r.state != "active") {
-      out.reason = fmt::format("reservation {} was {}", id, r.state);
+      out.reason = fmt::format("reservation {} was {}{}", id, r.state, preempted_by_note(r));
     } else if (now >= r.end) {
       out.reason = fmt::format("reservation {}'s window ended at {}", id, format_utc_minute(r.end));
     }
@@ -500,6 +507,7 @@ class SqliteLedger : public LedgerStore {
     out.lease = *l;
     out.lease.expires = now + ttl_s;
     out.lease.window_end = r.end;
+    out.lease.window_note = preempted_by_note(r);
     return out;
   }
 
@@ -660,7 +668,14 @@ class SqliteLedger : public LedgerStore {
     Stmt s(db_, "SELECT token, host, pid, expires, released FROM leases WHERE reservation=?");
     s.bind(1, id);
     if (!s.step()) return std::nullopt;
-    return Lease{id, s.i64(0), s.text(1), s.i64(2), s.f64(3), 0, s.i64(4) != 0};
+    return Lease{id, s.i64(0), s.text(1), s.i64(2), s.f64(3), 0, s.i64(4) != 0, ""};
+  }
+
+  // " by reservation 9 of ops (P0)" for a booking that was preempted (or cut short), else "".
+  std::string preempted_by_note(const Reservation& r) {
+    if (r.preempted_by == 0) return "";
+    const Reservation p = load(r.preempted_by);
+    return fmt::format(" by reservation {} of {} ({})", p.id, p.owner, priority_name(p.priority));
   }
 
   std::optional<Lease> live_lease(int64_t id, double now) {

@@ -225,8 +225,14 @@ void LeaseKeeper::heartbeat_loop() {
       last_renew_ = unix_now();
       local_expiry_ = l.lease.expires;
       if (l.lease.window_end != window_end_) {
-        log_info("lease: reservation {}'s window now ends at {}", reservation_,
-                 format_utc_minute(l.lease.window_end));
+        const bool cut = l.lease.window_end < window_end_;
+        const std::string why =
+            cut ? (l.lease.window_note.empty() ? " (cut short"
+                                               : " (cut short: preempted" + l.lease.window_note) +
+                      "; the run stops with a checkpoint before it)"
+                : " (extended)";
+        log_info("lease: reservation {}'s window now ends at {}{}", reservation_,
+                 format_utc_minute(l.lease.window_end), why);
       }
       window_end_ = l.lease.window_end;
     }
@@ -263,11 +269,29 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
     if (lost) {
       d = kLost;
     } else if (now + step_s >= expiry) {
-      d = kLost;
-      reason_ = fmt::format(
-          "the lease was not renewed since {} and lapses at {}, before the next "
-          "step could end",
-          format_utc_iso(renewed), format_utc_iso(expiry));
+      // The heartbeat has not renewed in time (a failing ledger, or this process was stopped):
+      // one renewal here, which either holds the lease for the step or says why it is gone.
+      std::string failed;
+      LeaseResult l;
+      try {
+        l = ledger_->renew_lease(reservation_, token_, rc.lease_ttl_s);
+      } catch (const Error& e) {
+        failed = e.what();
+      }
+      if (failed.empty() && l.ok && now + step_s < l.lease.expires) {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_renew_ = unix_now();
+        local_expiry_ = std::max(local_expiry_, l.lease.expires);
+      } else {
+        d = kLost;
+        reason_ = failed.empty() && !l.ok
+                      ? l.reason
+                      : fmt::format(
+                            "the lease was not renewed since {} and lapses at {}, before "
+                            "the next step could end{}",
+                            format_utc_iso(renewed), format_utc_iso(expiry),
+                            failed.empty() ? "" : " (renewal: " + failed + ")");
+      }
     }
     const double stop_at = window_end - (1.5 * ckpt + rc.stop_margin_s);
     if (d == kContinue && now + with_pauses_s >= stop_at) {
