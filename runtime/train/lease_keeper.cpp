@@ -221,22 +221,26 @@ void LeaseKeeper::heartbeat_loop() {
       lost_ = true;
       lost_reason_ = l.reason;
     } else {
-      // The ledger's expiry, from its clock at the renewal (after any wait for the ledger).
-      last_renew_ = unix_now();
-      local_expiry_ = l.lease.expires;
-      if (l.lease.window_end != window_end_) {
-        const bool cut = l.lease.window_end < window_end_;
-        const std::string why =
-            cut ? (l.lease.window_note.empty() ? " (cut short"
-                                               : " (cut short: preempted" + l.lease.window_note) +
-                      "; the run stops with a checkpoint before it)"
-                : " (extended)";
-        log_info("lease: reservation {}'s window now ends at {}{}", reservation_,
-                 format_utc_minute(l.lease.window_end), why);
-      }
-      window_end_ = l.lease.window_end;
+      record_renewal(l.lease);
     }
   }
+}
+
+void LeaseKeeper::record_renewal(const Lease& lease) {
+  // The ledger's expiry, from its clock at the renewal (after any wait for the ledger).
+  last_renew_ = unix_now();
+  local_expiry_ = std::max(local_expiry_, lease.expires);
+  if (lease.window_end != window_end_) {
+    const bool cut = lease.window_end < window_end_;
+    const std::string why =
+        cut ? (lease.window_note.empty() ? " (cut short"
+                                         : " (cut short: preempted" + lease.window_note) +
+                  "; the run stops with a checkpoint before it)"
+            : " (extended)";
+    log_info("lease: reservation {}'s window now ends at {}{}", reservation_,
+             format_utc_minute(lease.window_end), why);
+  }
+  window_end_ = lease.window_end;
 }
 
 void LeaseKeeper::stop_heartbeat() {
@@ -280,8 +284,8 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
       }
       if (failed.empty() && l.ok && now + step_s < l.lease.expires) {
         std::lock_guard<std::mutex> lock(mu_);
-        last_renew_ = unix_now();
-        local_expiry_ = std::max(local_expiry_, l.lease.expires);
+        record_renewal(l.lease);
+        window_end = window_end_;
       } else {
         d = kLost;
         reason_ = failed.empty() && !l.ok

@@ -59,6 +59,7 @@ class LeaseKeeper {
   void start_heartbeat(const std::string& path);
   void heartbeat_loop();
   void stop_heartbeat();
+  void record_renewal(const Lease& lease);  // a successful renewal; mu_ held
 
   const RunConfig& cfg_;
   Communicator& world_;
