@@ -41,16 +41,11 @@ std::vector<int64_t> choose_fewest_hosts(const std::vector<const Device*>& free,
 std::vector<int64_t> choose_least_preemption(const std::vector<const Device*>& preemptible,
                                              const std::vector<Busy>& busy, double start,
                                              double end, int64_t count,
-                                             const std::vector<int64_t>& chosen_already) {
+                                             std::set<std::string> hosts) {
   std::map<int64_t, std::vector<const Busy*>> victims;  // device id -> bookings overlapping it
   for (const Busy& b : busy) {
     if (b.start < end && start < b.end) victims[b.device].push_back(&b);
   }
-  std::map<int64_t, std::string> host_of;
-  std::set<std::string> hosts;
-  for (const Device* d : preemptible) host_of[d->id] = d->host;
-  for (const int64_t id : chosen_already)
-    if (host_of.count(id)) hosts.insert(host_of[id]);
   std::set<int64_t> broken, taken;
   std::vector<int64_t> out;
   while (int64_t(out.size()) < count) {
@@ -128,8 +123,10 @@ SlotAnswer find_slot(const std::vector<Device>& devices, const std::vector<Busy>
       chosen = choose_fewest_hosts(clean, req.count);
     } else {
       chosen = choose_fewest_hosts(clean, int64_t(clean.size()));
+      std::set<std::string> chosen_hosts;
+      for (const Device* d : clean) chosen_hosts.insert(d->host);
       const std::vector<int64_t> more = choose_least_preemption(
-          preemptible, busy, t, e, req.count - int64_t(clean.size()), chosen);
+          preemptible, busy, t, e, req.count - int64_t(clean.size()), chosen_hosts);
       chosen.insert(chosen.end(), more.begin(), more.end());
     }
     ans.found = true;

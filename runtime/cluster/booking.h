@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -67,10 +68,11 @@ std::vector<int64_t> choose_fewest_hosts(const std::vector<const Device*>& free,
 // `count` of the `preemptible` devices for [start, end), given the bookings in `busy`, breaking as
 // little as possible: a booking once broken is broken whole, so its other devices come free; then
 // devices whose new victims are not running, of the lowest priority, fewest, on a host already
-// chosen, lowest index. `preemptible` must hold at least `count` devices.
+// chosen (`hosts`: those of the free devices taken), lowest index. `preemptible` must hold at
+// least `count` devices.
 std::vector<int64_t> choose_least_preemption(const std::vector<const Device*>& preemptible,
                                              const std::vector<Busy>& busy, double start,
                                              double end, int64_t count,
-                                             const std::vector<int64_t>& chosen_already);
+                                             std::set<std::string> hosts);
 
 }  // namespace berth
