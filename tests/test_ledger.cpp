@@ -137,6 +137,36 @@ TEST_F(LedgerTest, EarliestStartNamesBlockersAndFewestHosts) {
   EXPECT_DOUBLE_EQ(b.reservations[0].start, kT0 + 2 * kH);
 }
 
+// With victims alike, preemption takes the devices on the hosts of the free devices it already
+// took, so a job spans as few hosts as it can: host b's device would win on index alone.
+TEST(Booking, PreemptionPrefersTheHostsOfTheFreeDevicesTaken) {
+  const std::vector<Device> devs = {Device{1, "a", "gpu", 0, "H100", 80, ""},
+                                    Device{2, "a", "gpu", 1, "H100", 80, ""},
+                                    Device{3, "b", "gpu", 0, "H100", 80, ""}};
+  const std::vector<Busy> busy = {Busy{2, 10, 0, 100, 3, "x"}, Busy{3, 11, 0, 100, 3, "y"}};
+  SlotRequest q;
+  q.count = 2;
+  q.start = 0;
+  q.duration_s = 50;
+  q.priority = 0;
+  q.preempt = true;
+  const SlotAnswer a = find_slot(devs, busy, q);
+  ASSERT_TRUE(a.found);
+  EXPECT_DOUBLE_EQ(a.start, 0);
+  EXPECT_EQ(a.devices, (std::vector<int64_t>{1, 2}));
+  ASSERT_EQ(a.preempted.size(), 1u);
+  EXPECT_EQ(a.preempted[0].reservation, 10);
+  // The preference is the hosts passed in: with none, the lowest index wins the tie.
+  std::vector<const Device*> preemptible = {&devs[1], &devs[2]};
+  EXPECT_EQ(choose_least_preemption(preemptible, busy, 0, 50, 1, {}), (std::vector<int64_t>{3}));
+  EXPECT_EQ(choose_least_preemption(preemptible, busy, 0, 50, 1, {"a"}), (std::vector<int64_t>{2}));
+  // The host preference comes after the victims: a running booking on host a is spared.
+  std::vector<Busy> running = busy;
+  running[0].running = true;
+  EXPECT_EQ(choose_least_preemption(preemptible, running, 0, 50, 1, {"a"}),
+            (std::vector<int64_t>{3}));
+}
+
 TEST(Booking, EarliestStartEqualsBruteForceOnSmallLedgers) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 400; ++trial) {
