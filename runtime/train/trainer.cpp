@@ -193,6 +193,14 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
              M, shape.pp, 100.0 * (shape.pp - 1) / double(M + shape.pp - 1), 4 * shape.pp);
   }
   schedule_ = parse_lr_schedule(cfg_.train.lr_schedule);
+  const TrainSection& tr = cfg_.train;
+  if (tr.warmup_steps > tr.steps && world_.rank() == 0) {
+    log_warn(
+        "train.warmup_steps = {} > train.steps = {}: the learning rate never reaches "
+        "train.lr = {:g} (the last step uses {:g}); lower train.warmup_steps to at most {}",
+        tr.warmup_steps, tr.steps, tr.lr,
+        lr_at(tr.steps - 1, tr.steps, tr.lr, tr.min_lr, tr.warmup_steps, schedule_), tr.steps);
+  }
   const int B = int(cfg_.train.micro_batch_size), T = int(cfg_.data.seq_len);
   // Context parallelism: each rank runs the model on its zigzag half-chunks of every row.
   const int cp = shape.cp;

@@ -152,6 +152,15 @@ fi
 check_no_temporaries
 report "train_3_steps" "$why"
 
+# A warm-up longer than the run is a mistake worth a warning (the peak LR is never used).
+train_tiny long_warmup --set train.warmup_steps=10 >"$log" 2>&1
+rc=$?
+why=""
+[ "$rc" -eq 0 ] || why+=" exit status $rc"
+grep -qF "train.warmup_steps = 10 > train.steps = 3: the learning rate never reaches" "$log" ||
+  why+=" no warm-up warning"
+report "warmup_longer_than_run_warns" "$why"
+
 # The saved config is a complete, valid config: training from it works and resolves to the same
 # config (only run.name differs, by override).
 "$BERTH" train "$run_dir/config.toml" --set run.name=again >"$log" 2>&1
