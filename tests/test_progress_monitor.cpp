@@ -320,7 +320,14 @@ TEST(Clock, ParsesZonedTimesStrictly) {
   EXPECT_DOUBLE_EQ(parse_utc_time("2024-02-29T00:00:00Z") - parse_utc_time("2024-02-28T00:00:00Z"),
                    86400);
   test::expect_error([] { parse_utc_time("2026-12-03T20:00:00"); }, {"has no zone"});
-  test::expect_error([] { parse_utc_time("2026-02-30T20:00Z"); }, {"not a valid date"});
+  test::expect_error([] { parse_utc_time("2026-02-30T20:00Z"); },
+                     {"not a valid date", "2026-02 has days 01..28, got 30"});
+  test::expect_error([] { parse_utc_time("2026-13-05T10:00Z"); }, {"the month must be 01..12"});
+  test::expect_error([] { parse_utc_time("2026-12-05T24:00Z"); }, {"is not a time of day"});
+  // fractional seconds (ISO 8601), with a zone; a bare point is an error, not "no zone"
+  EXPECT_DOUBLE_EQ(parse_utc_time("2026-12-03T20:00:00.25Z"), 1796328000.25);
+  EXPECT_DOUBLE_EQ(parse_utc_time("2026-12-03T21:00:00,5+01:00"), 1796328000.5);
+  test::expect_error([] { parse_utc_time("2026-12-03T20:00:00.Z"); }, {"fraction of a second"});
   test::expect_error([] { parse_utc_time("tomorrow"); }, {"expected YYYY-MM-DD"});
   test::expect_error([] { parse_utc_time("2026-12-03T20:00Zjunk"); }, {"unexpected text"});
   test::expect_error([] { parse_utc_time("2026-12-03T25:00Z"); }, {"not a valid date and time"});

@@ -37,8 +37,9 @@ double unix_now() {
 }
 
 double parse_utc_time(const std::string& text) {
-  constexpr const char* kForm = "YYYY-MM-DDTHH:MM[:SS] followed by Z or ±HH:MM, e.g. "
-                                "2026-12-03T20:00:00Z";
+  constexpr const char* kForm =
+      "YYYY-MM-DDTHH:MM[:SS[.fff]] followed by Z or ±HH:MM, e.g. "
+      "2026-12-03T20:00:00Z";
   int y = 0, mo = 0, d = 0, h = 0, mi = 0, s = 0, used = 0;
   char sep = 0;
   const char* p = text.c_str();
@@ -47,12 +48,23 @@ double parse_utc_time(const std::string& text) {
     BERTH_FAIL("cannot read the time '{}': expected {}", text, kForm);
   }
   p += used;
+  double frac = 0;  // fractional seconds (ISO 8601: ":SS.fff")
   if (*p == ':') {
     int n = 0;
     if (std::sscanf(p, ":%2d%n", &s, &n) != 1 || n != 3) {
       BERTH_FAIL("cannot read the seconds of '{}': expected {}", text, kForm);
     }
     p += n;
+    if (*p == '.' || *p == ',') {
+      double scale = 0.1;
+      const char* q = p + 1;
+      for (; *q >= '0' && *q <= '9'; ++q, scale /= 10) frac += (*q - '0') * scale;
+      if (q == p + 1) {
+        BERTH_FAIL("cannot read the fraction of a second in '{}': expected digits after '{}'", text,
+                   *p);
+      }
+      p = q;
+    }
   }
   int offset_min = 0;
   if (*p == 'Z' || *p == 'z') {
@@ -70,12 +82,25 @@ double parse_utc_time(const std::string& text) {
   }
   if (*p != '\0') BERTH_FAIL("unexpected text after the time in '{}': expected {}", text, kForm);
   static const int kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-  BERTH_CHECK(y >= 1970 && y <= 9999 && mo >= 1 && mo <= 12, "'{}' is not a valid date", text);
+  if (y < 1970 || y > 9999) {
+    BERTH_FAIL("'{}' is not a valid date: the year must be 1970..9999, got {}", text, y);
+  }
+  if (mo < 1 || mo > 12) {
+    BERTH_FAIL("'{}' is not a valid date: the month must be 01..12, got {:02d}", text, mo);
+  }
   const int dim = kDays[mo - 1] + (mo == 2 && leap(y) ? 1 : 0);
-  BERTH_CHECK(d >= 1 && d <= dim && h <= 23 && mi <= 59 && s <= 59 && h >= 0 && mi >= 0 && s >= 0,
-              "'{}' is not a valid date and time", text);
+  if (d < 1 || d > dim) {
+    BERTH_FAIL("'{}' is not a valid date: {:04d}-{:02d} has days 01..{}, got {:02d}", text, y, mo,
+               dim, d);
+  }
+  if (h < 0 || h > 23 || mi < 0 || mi > 59 || s < 0 || s > 59) {
+    BERTH_FAIL(
+        "'{}' is not a valid date and time: {:02d}:{:02d}:{:02d} is not a time of day "
+        "(00:00:00..23:59:59)",
+        text, h, mi, s);
+  }
   const int64_t secs = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + s;
-  return static_cast<double>(secs - int64_t{offset_min} * 60);
+  return static_cast<double>(secs - int64_t{offset_min} * 60) + frac;
 }
 
 std::string format_utc_minute(double unix_s) {
