@@ -1,5 +1,10 @@
 // `berth train CONFIG [--set section.key=value]...`
+#include <mpi.h>
+
 #include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
+#include <optional>
 
 #include "launcher/commands.h"
 #include "runtime/comm/communicator.h"
@@ -42,6 +47,44 @@ CLI::Validator positive_integer() {
       "INT>=1", "POSITIVE_INTEGER");
 }
 
+namespace {
+
+// load_config on every rank, with one report: every rank reads the same file, so a bad config
+// fails on all of them alike and rank 0 alone prints it; a rank whose error differs (a file
+// missing on its node) prints its own. All ranks then exit together (no MPI_Abort), since the
+// vote is a collective every rank reaches whether its config loaded or not.
+RunConfig load_config_on_every_rank(const std::string& path,
+                                    const std::vector<std::string>& overrides) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  std::optional<RunConfig> cfg;
+  std::string error;
+  try {
+    cfg = load_config(path, overrides);
+  } catch (const Error& e) {
+    if (world == 1) throw;
+    error = e.what();
+  }
+  // [failed, error hash] reduced by min and by max: all failed with one message, or not
+  const uint64_t mine[2] = {error.empty() ? 0u : 1u,
+                            error.empty() ? 0u : std::hash<std::string>{}(error)};
+  uint64_t lo[2], hi[2];
+  MPI_Allreduce(mine, lo, 2, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(mine, hi, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  if (hi[0] == 0) return std::move(*cfg);
+  const bool alike = lo[0] == 1 && lo[1] == hi[1];
+  if (!error.empty() && (!alike || rank == 0)) {
+    log_error("{}{}", error, alike && world > 1 ? fmt::format(" (on all {} ranks)", world) : "");
+  }
+  if (!alike && rank == 0 && error.empty()) {
+    log_error("the config loaded here but not on every rank: each failing rank prints why");
+  }
+  throw ExitStatus{kExitError};
+}
+
+}  // namespace
+
 void register_train_command(CLI::App& app) {
   struct Args {
     std::string config;
@@ -65,7 +108,7 @@ void register_train_command(CLI::App& app) {
   cmd->callback([args]() {
     std::vector<std::string> overrides = args->overrides;
     if (args->reservation > 0) overrides.push_back(fmt::format("reservation.id={}", args->reservation));
-    const RunConfig cfg = load_config(args->config, overrides);
+    const RunConfig cfg = load_config_on_every_rank(args->config, overrides);
     install_comm_watchdog(cfg.parallel.comm_timeout_s, kExitCommTimeout);
     struct Uninstall {  // before the communicators and the CUDA runtime go away
       ~Uninstall() { install_comm_watchdog(nullptr); }

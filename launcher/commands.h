@@ -28,6 +28,8 @@ void register_ledger_commands(CLI::App& app);
 
 // Exit statuses that are outcomes, not errors (docs/cli.md). A command throws ExitStatus after
 // printing what happened; every rank of a job throws it together, so main does not MPI_Abort.
+constexpr int kExitError = 1;  // an error, printed (also thrown as ExitStatus when every rank
+                               // reached it together, e.g. a bad config)
 constexpr int kExitNotNow = 2;        // reserve: cannot book when asked (earliest start printed)
 constexpr int kExitWindowEnded = 3;   // train: the booked window ends; checkpointed, resumable
 constexpr int kExitLeaseLost = 4;     // train: no lease (refused, taken over, or cancelled)

@@ -11,12 +11,6 @@
 #include "runtime/core/check.h"
 #include "runtime/core/log.h"
 
-namespace {
-
-constexpr int kExitError = 1;
-
-}  // namespace
-
 int main(int argc, char** argv) {
   // The communicator watchdog (runtime/comm/watchdog.h) and the lease keeper run threads of their
   // own, but only the main thread calls MPI.
@@ -51,10 +45,10 @@ int main(int argc, char** argv) {
     return code;
   } catch (const berth::Error& e) {
     berth::log_error("{}", e.what());
-    code = kExitError;
+    code = berth::kExitError;
   } catch (const std::exception& e) {
     berth::log_error("internal error: {}", e.what());
-    code = kExitError;
+    code = berth::kExitError;
   }
   if (code != 0 && world > 1) MPI_Abort(MPI_COMM_WORLD, code);  // no peer hangs in a collective
   MPI_Finalize();

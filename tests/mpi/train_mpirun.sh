@@ -3,7 +3,7 @@
 # parallel) trains and writes its run directory from rank 0 only; an injected failure on one rank
 # ends the whole job non-zero within 30 s; a layout that does not match the ranks is refused; a
 # straggler rank is named in the progress warnings; a plan path naming the dataset and ranks with
-# different configs are refused.
+# different configs are refused; a bad config is reported once.
 #   train_mpirun.sh BERTH MPIEXEC
 set -u
 berth=$1
@@ -73,6 +73,23 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $(( $(date +%s) - start )) -lt 60 ] &&
     grep -q "1 of the 2 ranks got another config than rank 0 (rank 1 among them)" "$tmp/mpmd.log"
 check "ranks with different configs are refused at start (rc $rc)" $?
+
+# A bad config fails on every rank alike: rank 0 says so once, for all of them, and the job exits
+# 1 without MPI_Abort. A config that fails on one rank only is reported by that rank.
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" \
+    --set train.steps=0 > "$tmp/badcfg.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && [ "$(grep -c "train.steps must be > 0" "$tmp/badcfg.log")" = "1" ] &&
+    grep -q "(on all 2 ranks)" "$tmp/badcfg.log" && ! grep -q "MPI_ABORT" "$tmp/badcfg.log"
+check "a bad config is reported once for all ranks, exit 1 without MPI_Abort (rc $rc)" $?
+timeout 120 "${mpi[@]}" -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=half : \
+    -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=half --set train.lr=-1 \
+    > "$tmp/halfcfg.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "rank 1/2.*train.lr must be a finite number > 0" "$tmp/halfcfg.log" &&
+    grep -q "rank 0/2.*the config loaded here but not on every rank" "$tmp/halfcfg.log" &&
+    [ ! -e "$tmp/runs/half" ]
+check "a config failing on rank 1 only is reported by rank 1 (rc $rc)" $?
 
 # Fault injection: rank 1 throws at step 3; every rank must exit non-zero within 30 s.
 start=$(date +%s)
