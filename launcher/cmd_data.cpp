@@ -32,6 +32,8 @@ void run_import(const ImportArgs& a) {
               "--out and --val-out are the same file ({}): the validation split would replace "
               "the training data; give --val-out another path",
               a.out);
+  check_output_file(a.out, "--out");  // before reading the inputs, which can take long
+  if (!a.val_out.empty()) check_output_file(a.val_out, "--val-out");
   TokenDataset all;
   if (a.format == "text") {
     all = import_text_files(a.inputs);

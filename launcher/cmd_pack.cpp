@@ -3,13 +3,13 @@
 // Packs the documents of a token dataset into rows of T tokens and writes the plan (with its key,
 // see packing/plan_cache.h); prints the packing statistics.
 #include <CLI/CLI.hpp>
-
 #include <chrono>
 
 #include "launcher/commands.h"
 #include "packing/packers.h"
 #include "packing/plan_cache.h"
 #include "runtime/core/check.h"
+#include "runtime/core/fs.h"
 #include "runtime/core/log.h"
 #include "runtime/io/token_dataset.h"
 
@@ -34,6 +34,7 @@ void run_pack(const PackArgs& a) {
   o.long_docs = a.drop_long ? LongDocs::DROP : LongDocs::SPLIT;
   o.align = a.align;
   require_plan_destination(a.out);  // before the packing: --out naming the dataset is refused
+  check_output_file(a.out, "--out");
   const TokenDataset ds = read_token_dataset(a.data);
   const std::vector<int64_t> lengths = doc_lengths_from_offsets(ds.doc_offsets);
   const auto t0 = std::chrono::steady_clock::now();

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <exception>
+#include <string>
 
 #include "launcher/commands.h"
 #include "runtime/core/check.h"
@@ -44,7 +45,9 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return code;
   } catch (const berth::Error& e) {
-    berth::log_error("{}", e.what());
+    const char* debug = std::getenv("BERTH_DEBUG");
+    const bool where = debug && *debug && std::string(debug) != "0" && !e.where().empty();
+    berth::log_error("{}{}", e.what(), where ? " [" + e.where() + "]" : "");
     code = berth::kExitError;
   } catch (const std::exception& e) {
     berth::log_error("internal error: {}", e.what());

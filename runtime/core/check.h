@@ -4,7 +4,9 @@
 // logs it with rank@host and aborts the job (MPI_Abort) so no peer hangs in a collective.
 // Expected outcomes (end of data, lease refused, ...) are return values, never exceptions.
 //
-//   BERTH_CHECK(cond, fmt, args...)   throws Error("<message> [check `cond` failed at file:line]")
+//   BERTH_CHECK(cond, fmt, args...)   throws Error("<message>"), where() = "check `cond` failed
+//                                     at file:line" (main prints it only with BERTH_DEBUG=1: the
+//                                     user reads what to do, a bug report gets the source line)
 //   BERTH_FAIL(fmt, args...)          throws Error("<message>") unconditionally
 //
 // Each macro evaluates its condition exactly once. Messages are fmt format strings and should say
@@ -15,12 +17,18 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace berth {
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(const std::string& message, std::string where = "")
+      : std::runtime_error(message), where_(std::move(where)) {}
+  const std::string& where() const { return where_; }  // "" or the failed check and its line
+
+ private:
+  std::string where_;
 };
 
 // "rank 3@node07" once main has set it (set_identity), "rank ?@host" before.
@@ -33,11 +41,10 @@ int identity_rank();  // -1 until set_identity
 
 #define BERTH_FAIL(...) throw ::berth::Error(::fmt::format(__VA_ARGS__))
 
-#define BERTH_CHECK(cond, ...)                                                              \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      throw ::berth::Error(::fmt::format(__VA_ARGS__) +                                     \
-                           ::fmt::format(" [check `{}` failed at {}:{}]", #cond, __FILE__, \
-                                         __LINE__));                                        \
-    }                                                                                       \
+#define BERTH_CHECK(cond, ...)                                                                     \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      throw ::berth::Error(::fmt::format(__VA_ARGS__), ::fmt::format("check `{}` failed at {}:{}", \
+                                                                     #cond, __FILE__, __LINE__));  \
+    }                                                                                              \
   } while (0)

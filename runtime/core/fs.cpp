@@ -59,6 +59,29 @@ bool same_file_path(const std::string& a, const std::string& b) {
   return pa == pb;
 }
 
+void check_output_file(const std::string& path, const char* what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    BERTH_FAIL("{} '{}' is a directory; give a file name, e.g. {}/out.h5", what, path, path);
+  }
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec)) {
+    BERTH_FAIL("cannot write {} '{}': '{}' is a file, not a directory; choose another path", what,
+               path, dir);
+  }
+  if (!std::filesystem::is_directory(dir, ec)) {
+    BERTH_FAIL(
+        "cannot write {} '{}': the directory '{}' does not exist; create it (mkdir -p {}) "
+        "or choose another path",
+        what, path, dir, dir);
+  }
+  if (access(dir.c_str(), W_OK) != 0) {
+    BERTH_FAIL("cannot write {} '{}': the directory '{}' is not writable ({}); choose another path",
+               what, path, dir, std::strerror(errno));
+  }
+}
+
 void ensure_writable_dir(const std::string& dir, const char* what) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -42,4 +42,8 @@ bool same_file_path(const std::string& a, const std::string& b);
 // Creates `dir` (and parents) if needed and checks that it is writable; throws Error otherwise.
 void ensure_writable_dir(const std::string& dir, const char* what);
 
+// Checks, before any work, that a command can write its output file `path` (`what`: "--out"):
+// not a directory, and its directory exists and is writable. Throws Error naming the directory.
+void check_output_file(const std::string& path, const char* what);
+
 }  // namespace berth

@@ -273,7 +273,7 @@ head -c 1024 /dev/zero >"$tmp/bad_magic.bin"
 expect_error "import_llmc_bad_magic" "has magic 0, expected 20240520" "$tmp/x_llmc.h5" \
   "$BERTH" data import --format llmc "$tmp/bad_magic.bin" --out "$tmp/x_llmc.h5"
 
-expect_error "import_out_under_a_file" "check that the directory exists and is writable" \
+expect_error "import_out_under_a_file" "'$tmp/afile' is a file, not a directory" \
   "$tmp/afile/x.h5" \
   "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/afile/x.h5"
 
@@ -358,6 +358,26 @@ expect_error "reservations_on_an_empty_file" "is an empty file, not a ledger" ""
 report "empty_ledger_file_untouched" "$([ -s "$tmp/empty.db" ] && echo " the empty file was written")"
 expect_error "reserve_json_and_print_id" "--print-id excludes --json" "$tmp/l.db" \
   "$BERTH" reserve --gpus 1 --duration 1h --json --print-id --ledger "$tmp/l.db"
+# Outputs into a directory that does not exist are refused before the inputs are read, naming it.
+expect_error "import_into_missing_directory" "the directory '$tmp/nodir' does not exist" \
+  "$tmp/nodir" "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/nodir/d.h5"
+expect_error "import_val_into_missing_directory" "cannot write --val-out '$tmp/nodir/v.h5'" \
+  "$tmp/nodir" "$BERTH" data import --format text "$tmp/doc1.txt" "$tmp/doc2.txt" \
+  --out "$tmp/d_ok.h5" --val-out "$tmp/nodir/v.h5" --val-fraction 0.5
+report "import_refused_pair_left_nothing" "$([ -e "$tmp/d_ok.h5" ] && echo " wrote --out")"
+expect_error "import_out_is_a_directory" "is a directory; give a file name" "" \
+  "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/runs"
+expect_error "pack_into_missing_directory" "the directory '$tmp/nodir' does not exist" \
+  "$tmp/nodir" "$BERTH" pack --data "$tmp/d.h5" --seq-len 16 --out "$tmp/nodir/p.h5"
+# A failed check says what to do; its source line is shown only with BERTH_DEBUG=1.
+"$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/d1.h5" --val-out "$tmp/v1.h5" \
+  --val-fraction 0.5 >"$log" 2>&1
+report "check_location_hidden_by_default" "$(grep -q 'needs at least 2 documents' "$log" || \
+  echo " no error"; grep -q 'failed at' "$log" && echo " shows it")"
+BERTH_DEBUG=1 "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/d1.h5" \
+  --val-out "$tmp/v1.h5" --val-fraction 0.5 >"$log" 2>&1
+report "check_location_with_berth_debug" \
+  "$(grep -q 'check `all.n_docs() >= 2` failed at .*cmd_data.cpp:[0-9]' "$log" || echo " missing")"
 # Every document is longer than the rows and --drop-long drops them: no empty plan.
 expect_error "pack_drops_every_document" "nothing to pack" "$tmp/p_empty.h5" \
   "$BERTH" pack --data "$tmp/d.h5" --seq-len 4 --drop-long --out "$tmp/p_empty.h5"
