@@ -333,6 +333,8 @@ TEST_F(LedgerTest, MalformedRequestsGetSpecificErrorsAndNoRows) {
   bad(req(1, kT0, 0), "--duration must be > 0");
   bad(req(1, kT0, -2), "--duration must be > 0");
   bad(req(1, kT0 - kH, 1), "is in the past");
+  // a mistyped year (9999 for 2026) is refused by the policy's horizon, not booked
+  bad(req(1, kT0 + 400 * 86400.0, 1), "this ledger books at most 366d00h ahead (policy");
   ReserveRequest q = req(1, kT0, 1);
   q.model = "H100";
   bad(q, "unknown model 'H100': the ledger's devices are cpu");
@@ -362,6 +364,7 @@ TEST_F(LedgerTest, MalformedRequestsGetSpecificErrorsAndNoRows) {
   EXPECT_DOUBLE_EQ(parse_duration("2d"), 172800);
   EXPECT_EQ(parse_bytes("75GiB"), int64_t(75) << 30);
   EXPECT_EQ(parse_bytes("80GB"), int64_t(80000000000));
+  EXPECT_TRUE(l->reserve(req(1, kT0 + 365 * 86400.0, 1)).booked) << "within the horizon";
 }
 
 TEST_F(LedgerTest, OnlyOwnerOrAdminCancelsOrExtends) {
@@ -559,10 +562,13 @@ TEST_F(LedgerTest, BookerKilledInsideItsTransactionLeavesNothing) {
 
 TEST_F(LedgerTest, PolicyAndInventoryFiles) {
   const std::string pol = (dir_ / "p.toml").string();
-  write_file_atomic(pol, "admins = [\"ops\"]\npreemptors = [\"urgent\"]\nmax_p0_per_owner = 2\n");
+  write_file_atomic(pol,
+                    "admins = [\"ops\"]\npreemptors = [\"urgent\"]\nmax_p0_per_owner = 2\n"
+                    "max_advance_s = 3600\n");
   const PolicyFile p = read_policy_file(pol);
   EXPECT_EQ(p.admins, std::vector<std::string>{"ops"});
   EXPECT_EQ(p.max_p0_per_owner, 2);
+  EXPECT_EQ(p.max_advance_s, 3600);
   write_file_atomic(pol, "admin = [\"ops\"]\n");
   test::expect_error([&] { read_policy_file(pol); }, {"unknown key 'admin'"});
   const std::string inv = (dir_ / "c.toml").string();

@@ -34,6 +34,8 @@ struct LedgerPolicy {
   double min_notice_s = 600;           // a preempted running holder keeps at least this long
   double start_slack_s = 300;          // a lease may be taken this early before the window
   double past_slack_s = 60;            // a requested start this far in the past is still "now"
+  double max_advance_s = 366 * 86400.0;  // a booking starts at most this far ahead (a typo'd
+                                         // year is refused, not booked)
 };
 
 struct ReserveRequest {

@@ -577,6 +577,13 @@ class SqliteLedger : public LedgerStore {
       BERTH_CHECK(*q.start >= now - o_.policy.past_slack_s,
                   "--start {} is in the past (now is {}); give a future time or --start earliest",
                   format_utc_iso(*q.start), format_utc_iso(now));
+      if (*q.start > now + o_.policy.max_advance_s) {
+        BERTH_FAIL(
+            "--start {} is {} ahead; this ledger books at most {} ahead (policy "
+            "max_advance_s): check the date, or ask its admin to raise the limit",
+            format_utc_iso(*q.start), format_duration(*q.start - now),
+            format_duration(o_.policy.max_advance_s));
+      }
     }
   }
 

@@ -86,7 +86,9 @@ std::vector<InventoryHost> read_cluster_inventory(const std::string& path) {
 
 PolicyFile read_policy_file(const std::string& path) {
   const toml::table doc = parse_file(path);
-  only_keys(doc, {"admins", "preemptors", "max_p0_per_owner", "min_notice_s", "start_slack_s"},
+  only_keys(doc,
+            {"admins", "preemptors", "max_p0_per_owner", "min_notice_s", "start_slack_s",
+             "max_advance_s"},
             path);
   PolicyFile p;
   p.admins = string_list(doc, "admins", path);
@@ -97,7 +99,8 @@ PolicyFile read_policy_file(const std::string& path) {
     p.max_p0_per_owner = *v;
   }
   for (auto [key, field] : {std::pair{"min_notice_s", &p.min_notice_s},
-                            {"start_slack_s", &p.start_slack_s}}) {
+                            {"start_slack_s", &p.start_slack_s},
+                            {"max_advance_s", &p.max_advance_s}}) {
     if (!doc.contains(key)) continue;
     const auto v = doc[key].value<double>();
     BERTH_CHECK(v && std::isfinite(*v) && *v >= 0, "{}: '{}' must be a number >= 0", path, key);

@@ -20,12 +20,13 @@ struct InventoryHost {
 std::vector<InventoryHost> read_cluster_inventory(const std::string& path);
 
 // admins = [...], preemptors = [...], max_p0_per_owner = 1, min_notice_s = 600,
-// start_slack_s = 300
+// start_slack_s = 300, max_advance_s = 366 days
 struct PolicyFile {
   std::vector<std::string> admins, preemptors;
   int64_t max_p0_per_owner = 1;
   double min_notice_s = 600;
   double start_slack_s = 300;
+  double max_advance_s = 366 * 86400.0;
 };
 PolicyFile read_policy_file(const std::string& path);
 

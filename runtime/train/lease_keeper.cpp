@@ -62,6 +62,7 @@ LedgerOptions ledger_options_for(const std::string& path) {
     o.policy.max_p0_per_owner = p.max_p0_per_owner;
     o.policy.min_notice_s = p.min_notice_s;
     o.policy.start_slack_s = p.start_slack_s;
+    o.policy.max_advance_s = p.max_advance_s;
   }
   return o;
 }
