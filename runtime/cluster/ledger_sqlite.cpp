@@ -479,8 +479,8 @@ class SqliteLedger : public LedgerStore {
   }
 
   LeaseResult renew_lease(int64_t id, int64_t token, double ttl_s) override {
-    const double now = o_.clock();
     WriteTxn t(db_);
+    const double now = o_.clock();  // after any wait for a busy ledger: an expiry during it counts
     LeaseResult out;
     const std::optional<Lease> l = lease_row(id);
     const Reservation r = load(id);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -152,12 +153,21 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
                format_duration(rc.lease_ttl_s / 3));
     } catch (const LeaseRefused& e) {
       refused = e.what();
-      if (on_demand_) ledger_->cancel(reservation_, current_user());
+      try {  // the other ranks wait in the broadcast below: tell them why, whatever happens here
+        if (on_demand_) ledger_->cancel(reservation_, current_user());
+      } catch (const std::exception& c) {
+        log_warn("lease: cancelling on-demand reservation {} failed ({})", reservation_, c.what());
+      }
     }
   }
   // Rank 0 tells everyone: the token, or 0 and why not.
   int64_t info[2] = {token_, reservation_};
-  world.broadcast(info, 2, DType::I64, 0);
+  try {
+    world.broadcast(info, 2, DType::I64, 0);
+  } catch (...) {  // no destructor runs for a constructor that throws: end the heartbeat here
+    stop_heartbeat();
+    throw;
+  }
   if (world.rank() != 0) {  // rank 0's heartbeat reads them already
     token_ = info[0];
     reservation_ = info[1];
@@ -269,33 +279,33 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
       window_end = window_end_;
       if (lost) reason_ = lost_reason_;
     }
-    const double now = unix_now();
+    double now = unix_now();
     const double ckpt = ckpt_s_ > 0 ? ckpt_s_ : rc.checkpoint_estimate_s;
     if (lost) {
       d = kLost;
     } else if (now + step_s >= expiry) {
-      // The heartbeat has not renewed in time (a failing ledger, or this process was stopped):
-      // one renewal here, which either holds the lease for the step or says why it is gone.
+      // The heartbeat has not renewed in time (a failing ledger, this process was stopped, or a
+      // step longer than the TTL): one renewal here, which holds the lease or says why it is gone.
       std::string failed;
-      LeaseResult l;
-      try {
-        l = ledger_->renew_lease(reservation_, token_, rc.lease_ttl_s);
-      } catch (const Error& e) {
-        failed = e.what();
-      }
-      if (failed.empty() && l.ok && now + step_s < l.lease.expires) {
-        std::lock_guard<std::mutex> lock(mu_);
-        record_renewal(l.lease);
-        window_end = window_end_;
+      const LeaseResult l = renew_here(&failed);
+      now = unix_now();  // the renewal may have waited for a busy ledger
+      if (l.ok) {
+        window_end = this->window_end();
+        if (now + step_s >= l.lease.expires && !ttl_warned_) {  // the heartbeat renews during it
+          ttl_warned_ = true;
+          log_warn(
+              "lease: a step may take {}, longer than reservation.lease_ttl_s = {}: the lease "
+              "then rests on the heartbeat alone; raise lease_ttl_s to at least {}",
+              format_duration(step_s), format_duration(rc.lease_ttl_s),
+              format_duration(std::ceil(2 * step_s)));
+        }
       } else {
         d = kLost;
-        reason_ = failed.empty() && !l.ok
-                      ? l.reason
-                      : fmt::format(
-                            "the lease was not renewed since {} and lapses at {}, before "
-                            "the next step could end{}",
-                            format_utc_iso(renewed), format_utc_iso(expiry),
-                            failed.empty() ? "" : " (renewal: " + failed + ")");
+        reason_ = failed.empty() ? l.reason
+                                 : fmt::format(
+                                       "the lease was not renewed since {} and lapses at {}, "
+                                       "before the next step could end (renewal: {})",
+                                       format_utc_iso(renewed), format_utc_iso(expiry), failed);
       }
     }
     const double stop_at = window_end - (1.5 * ckpt + rc.stop_margin_s);
@@ -317,11 +327,76 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
   return Decision(d);
 }
 
+LeaseResult LeaseKeeper::renew_here(std::string* failed) {
+  LeaseResult l;
+  try {
+    l = ledger_->renew_lease(reservation_, token_, cfg_.reservation.lease_ttl_s);
+  } catch (const std::exception& e) {
+    *failed = e.what();
+    return l;
+  }
+  if (l.ok) {
+    std::lock_guard<std::mutex> lock(mu_);
+    record_renewal(l.lease);
+  }
+  return l;
+}
+
+LeaseKeeper::Decision LeaseKeeper::confirm_held() {
+  if (!active()) return kContinue;
+  int32_t d = kContinue;
+  if (ledger_ && !released_) {
+    bool lost;
+    double expiry;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      lost = lost_;
+      expiry = local_expiry_;
+      if (lost) reason_ = lost_reason_;
+    }
+    if (!lost) {
+      std::string failed;
+      const LeaseResult l = renew_here(&failed);
+      if (!l.ok && failed.empty()) {
+        lost = true;
+        reason_ = l.reason;
+      } else if (!l.ok && unix_now() >= expiry) {  // the ledger cannot answer, and time is up
+        lost = true;
+        reason_ = fmt::format("the lease lapsed at {} and the ledger cannot renew it ({})",
+                              format_utc_iso(expiry), failed);
+      }
+    }
+    if (lost) {
+      d = kLost;
+      stop_heartbeat();
+      released_ = true;  // nothing left to give back
+    }
+  }
+  world_.broadcast(&d, 1, DType::I32, 0);
+  if (d == kLost && reason_.empty()) reason_ = "rank 0 saw it lost; its log says why";
+  return Decision(d);
+}
+
 void LeaseKeeper::release() {
   if (!ledger_ || released_ || token_ == 0) return;
   released_ = true;
   stop_heartbeat();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (lost_) {  // the heartbeat saw it go after the last check: it is another holder's now
+      log_warn("lease: reservation {} not released: {}", reservation_, lost_reason_);
+      return;
+    }
+  }
   ledger_->release_lease(reservation_, token_);
+  // Taken over since the last renewal (this process was stopped past the TTL): the booking is
+  // the new holder's, and an on-demand one stays for it.
+  const std::optional<Lease> now = ledger_->lease(reservation_);
+  if (now && now->token != token_) {
+    log_warn("lease: reservation {} is held with token {} now, not {}; leaving it to that holder",
+             reservation_, now->token, token_);
+    return;
+  }
   log_info("lease: reservation {} released (token {})", reservation_, token_);
   if (on_demand_) {
     ledger_->cancel(reservation_, current_user());

@@ -50,6 +50,9 @@ class LeaseKeeper {
   // and checkpoint save that may follow it (the window must hold it).
   Decision before_step(double step_s, double with_pauses_s);
   void checkpoint_took(double seconds) { ckpt_s_ = std::max(ckpt_s_, seconds); }
+  // Collective, after the last step and before the run commits its files: kContinue while the
+  // lease is still this run's (one renewal on rank 0), kLost (with reason()) when it is gone.
+  Decision confirm_held();
   const std::string& reason() const { return reason_; }  // of the last stop decision
   // Rank 0; idempotent (an on-demand booking is cancelled too). Gives nothing back once the
   // lease is lost: it is another holder's, or nobody's.
@@ -60,13 +63,16 @@ class LeaseKeeper {
   void heartbeat_loop();
   void stop_heartbeat();
   void record_renewal(const Lease& lease);  // a successful renewal; mu_ held
+  // One renewal on the calling thread (rank 0), recorded when it succeeds; `failed` gets the
+  // ledger's error (the result is then not ok and has no reason).
+  LeaseResult renew_here(std::string* failed);
 
   const RunConfig& cfg_;
   Communicator& world_;
   std::unique_ptr<LedgerStore> ledger_;  // rank 0, this thread
   int64_t reservation_ = 0, token_ = 0;
   double ckpt_s_ = 0;
-  bool released_ = false, on_demand_ = false;
+  bool released_ = false, on_demand_ = false, ttl_warned_ = false;
   std::string reason_;
 
   // The heartbeat (rank 0): its own connection, and what it learned, under mu_.

@@ -845,6 +845,13 @@ std::vector<StepStats> Trainer::run() {
     }
   }
   const double session_s = seconds_since(t_session);
+  // Lost after the last check (this process was stopped past the TTL near the end): the files
+  // below are another holder's to write.
+  if (outcome_ != Outcome::kLeaseLost && lease.confirm_held() == LeaseKeeper::kLost) {
+    outcome_ = Outcome::kLeaseLost;
+    if (world_.rank() == 0) outcome_reason_ = lease.reason();
+    log_warn("the lease was lost before the run could end ({})", lease.reason());
+  }
   if (outcome_ == Outcome::kLeaseLost) {
     // Another launch may hold the lease now and write this run directory (a holder paused past
     // its TTL and taken over): committing trace.csv or metrics.jsonl here would replace its

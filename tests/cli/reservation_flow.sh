@@ -169,6 +169,37 @@ wait "$zombie"; rc=$?
 check "the fenced-out holder exits 4 and leaves the new holder's metrics and trace (rc $rc)" $?
 "$berth" cancel "$id6" > /dev/null 2>&1
 
+# ---- a holder stopped in its last step past its TTL: taken over, it commits nothing at the end ---
+id9=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
+lrun=(train "$cfg" "${small[@]}" --reservation "$id9" --set "run.out_dir=$tmp/last" --set run.name=l
+      --set checkpoint.interval=0 --set checkpoint.final=false --set train.log_interval=1)
+"$berth" "${lrun[@]}" --set train.steps=3 --set debug.slow_rank_s=1.5 > "$tmp/l1.log" 2>&1 &
+late=$!; pids+=("$late")
+for _ in $(seq 400); do grep -q "step     2/3" "$tmp/l1.log" && break; sleep 0.02; done
+kill -STOP "$late"  # inside step 3, after the last lease check before a step
+sleep 3.5           # past its TTL
+timeout 60 "$berth" "${lrun[@]}" --set train.steps=10 > "$tmp/l2.log" 2>&1
+check "a new holder takes over the lease of a holder stopped in its last step" $?
+sums=$(md5sum "$tmp/last/l/metrics.jsonl" "$tmp/last/l/trace.csv" 2>&1)
+kill -CONT "$late"
+wait "$late"; rc=$?
+[ $rc -eq 4 ] && grep -q "the lease was lost before the run could end (the lease of reservation $id9 is now held with token" "$tmp/l1.log" &&
+    grep -q "is left as it is" "$tmp/l1.log" && ! grep -q "released" "$tmp/l1.log" &&
+    [ "$(md5sum "$tmp/last/l/metrics.jsonl" "$tmp/last/l/trace.csv" 2>&1)" = "$sums" ] &&
+    "$berth" reservation show "$id9" | grep -q "| active |"
+check "after its last step it sees the lease gone: exit 4, no files committed, nothing released (rc $rc)" $?
+"$berth" cancel "$id9" > /dev/null 2>&1
+
+# ---- steps longer than the lease's TTL: the renewal before a step holds it, with a warning --------
+id10=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
+timeout 60 "$berth" train "$cfg" "${small[@]}" --reservation "$id10" --set "run.out_dir=$tmp/long" \
+    --set train.steps=3 --set debug.slow_rank_s=2 > "$tmp/long.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "longer than reservation.lease_ttl_s = 3s" "$tmp/long.log" &&
+    grep -q "released" "$tmp/long.log"
+check "2 s steps under a 3 s lease TTL train to the end, warning about the TTL (rc $rc)" $?
+"$berth" cancel "$id10" > /dev/null 2>&1
+
 # ---- a checkpoint save longer than the lease's TTL keeps the lease (the heartbeat renews it) ------
 id8=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
 timeout 60 "$berth" train "$cfg" "${small[@]}" --reservation "$id8" --set "run.out_dir=$tmp/slow" \
