@@ -147,21 +147,34 @@ check "the stale holder's late commit is refused (rc $rc)" $?
 [ ! -e "$ck/step-00000030" ] && [ -e "$ck/step-00000040" ]
 check "only the new holder's checkpoint is in the directory" $?
 
+# take_over NAME MARK RUN_DIR: runs `berth "${holder[@]}"` in the background (log $tmp/NAME1.log),
+# SIGSTOPs it once its log shows MARK, lets its TTL pass, runs `berth "${successor[@]}"` (log
+# $tmp/NAME2.log) to the end, then resumes the holder and waits for it. Sets `sums` (RUN_DIR's
+# metrics.jsonl and trace.csv as the successor left them) and `rc` (the holder's exit status).
+take_over() {
+  local name=$1 mark=$2 dir=$3
+  "$berth" "${holder[@]}" > "$tmp/${name}1.log" 2>&1 &
+  local pid=$!
+  pids+=("$pid")
+  for _ in $(seq 400); do grep -q "$mark" "$tmp/${name}1.log" && break; sleep 0.02; done
+  kill -STOP "$pid"
+  sleep 3.5  # past its TTL
+  timeout 60 "$berth" "${successor[@]}" > "$tmp/${name}2.log" 2>&1
+  check "a new holder takes the lease over and trains in the same run directory ($name)" $?
+  sums=$(md5sum "$dir/metrics.jsonl" "$dir/trace.csv" 2>&1)
+  kill -CONT "$pid"
+  wait "$pid"
+  rc=$?
+}
+
 # ---- a holder SIGSTOPped between steps past its TTL leaves the new holder's run directory alone --
 "$berth" cancel "$id4" > /dev/null 2>&1
 id6=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
 zrun=(train "$cfg" "${small[@]}" --reservation "$id6" --set "run.out_dir=$tmp/z" --set run.name=z
       --set checkpoint.interval=0)
-"$berth" "${zrun[@]}" --set train.steps=100000 > "$tmp/z1.log" 2>&1 &
-zombie=$!; pids+=("$zombie")
-for _ in $(seq 200); do grep -q "step   101/" "$tmp/z1.log" && break; sleep 0.05; done
-kill -STOP "$zombie"
-sleep 3.5  # past its TTL
-timeout 60 "$berth" "${zrun[@]}" --set train.steps=30 > "$tmp/z2.log" 2>&1
-check "a new holder takes the lease over and trains in the same run directory" $?
-sums=$(md5sum "$tmp/z/z/metrics.jsonl" "$tmp/z/z/trace.csv" 2>&1)
-kill -CONT "$zombie"
-wait "$zombie"; rc=$?
+holder=("${zrun[@]}" --set train.steps=100000)
+successor=("${zrun[@]}" --set train.steps=30)
+take_over z "step   101/" "$tmp/z/z"
 [ $rc -eq 4 ] && grep -q "the lease is lost (the lease of reservation $id6 is now held with token" \
     "$tmp/z1.log" && grep -q "is left as it is" "$tmp/z1.log" &&
     [ "$(md5sum "$tmp/z/z/metrics.jsonl" "$tmp/z/z/trace.csv" 2>&1)" = "$sums" ] &&
@@ -173,16 +186,9 @@ check "the fenced-out holder exits 4 and leaves the new holder's metrics and tra
 id9=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
 lrun=(train "$cfg" "${small[@]}" --reservation "$id9" --set "run.out_dir=$tmp/last" --set run.name=l
       --set checkpoint.interval=0 --set checkpoint.final=false --set train.log_interval=1)
-"$berth" "${lrun[@]}" --set train.steps=3 --set debug.slow_rank_s=1.5 > "$tmp/l1.log" 2>&1 &
-late=$!; pids+=("$late")
-for _ in $(seq 400); do grep -q "step     2/3" "$tmp/l1.log" && break; sleep 0.02; done
-kill -STOP "$late"  # inside step 3, after the last lease check before a step
-sleep 3.5           # past its TTL
-timeout 60 "$berth" "${lrun[@]}" --set train.steps=10 > "$tmp/l2.log" 2>&1
-check "a new holder takes over the lease of a holder stopped in its last step" $?
-sums=$(md5sum "$tmp/last/l/metrics.jsonl" "$tmp/last/l/trace.csv" 2>&1)
-kill -CONT "$late"
-wait "$late"; rc=$?
+holder=("${lrun[@]}" --set train.steps=3 --set debug.slow_rank_s=1.5)
+successor=("${lrun[@]}" --set train.steps=10)
+take_over l "step     2/3" "$tmp/last/l"  # stopped inside step 3, after the last check before a step
 [ $rc -eq 4 ] && grep -q "the lease was lost before the run could end (the lease of reservation $id9 is now held with token" "$tmp/l1.log" &&
     grep -q "is left as it is" "$tmp/l1.log" && ! grep -q "released" "$tmp/l1.log" &&
     [ "$(md5sum "$tmp/last/l/metrics.jsonl" "$tmp/last/l/trace.csv" 2>&1)" = "$sums" ] &&
