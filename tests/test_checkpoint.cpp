@@ -323,6 +323,51 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   fs::resize_file(work / "truncated" / "optimizer.h5", fs::file_size(work / "truncated" / "optimizer.h5") / 2);
   test::expect_error([&] { load_checkpoint((work / "truncated").string(), true); },
                      {"optimizer.h5", "unreadable"});
+
+  // meta.json of the wrong shape or types: a berth::Error naming the file, not a JSON exception.
+  fs::copy(good, work / "array_meta", fs::copy_options::recursive);
+  std::ofstream((work / "array_meta" / "meta.json").string()) << "[]";
+  test::expect_error([&] { load_checkpoint((work / "array_meta").string(), true); },
+                     {"array_meta/meta.json' is not a berth checkpoint"});
+  edit_meta("string_version", "\"format_version\": 1", "\"format_version\": \"1\"");
+  test::expect_error([&] { load_checkpoint((work / "string_version").string(), true); },
+                     {"format_version -1, this build reads 1"});
+  edit_meta("string_optimizer", "\"optimizer\": true", "\"optimizer\": \"true\"");
+  test::expect_error([&] { load_checkpoint((work / "string_optimizer").string(), true); },
+                     {"lacks a field or has a wrong type", "corrupt"});
+  // An optimizer state whose AdamW step count is not the checkpoint's step (copied from another).
+  CheckpointData other = load_checkpoint(good, true);
+  other.adam_step = 7;
+  save_checkpoint((work / "other_adam").string(), other);
+  test::expect_error([&] { load_checkpoint((work / "other_adam").string(), true); },
+                     {"has adam_step 7, but meta.json says step 10", "not this checkpoint's"});
+  // A step-N name beyond int64 is no checkpoint name (it threw std::out_of_range).
+  fs::create_directories(work / "names" / "step-99999999999999999999");
+  std::ofstream((work / "names" / "step-99999999999999999999" / "meta.json").string()) << "{}";
+  fs::copy(good, work / "names" / checkpoint_dir_name(10), fs::copy_options::recursive);
+  EXPECT_EQ(latest_checkpoint((work / "names").string()),
+            (work / "names" / checkpoint_dir_name(10)).string());
+}
+
+// A lease's token is claimed in checkpoint.dir when training starts: a holder with a lower token
+// can no longer commit there, even before the new holder's first save.
+TEST_F(CheckpointTest, AClaimedFenceRefusesLowerTokens) {
+  RunConfig cfg = config(10, false);
+  cfg.checkpoint.final = true;
+  Trainer a(cfg, test::world());
+  a.run();
+  CheckpointData ck = load_checkpoint(a.checkpoint_dir() + "/" + checkpoint_dir_name(10), true);
+  const fs::path fenced = dir_ / "fenced";
+  fs::create_directories(fenced);
+  claim_checkpoint_fence(fenced.string(), 2);
+  ck.meta.fencing_token = 1;
+  test::expect_error([&] { save_checkpoint((fenced / checkpoint_dir_name(10)).string(), ck); },
+                     {"checkpoint commit refused", "token 2 already committed"});
+  EXPECT_FALSE(fs::exists(fenced / checkpoint_dir_name(10)));
+  ck.meta.fencing_token = 2;
+  save_checkpoint((fenced / checkpoint_dir_name(10)).string(), ck);
+  EXPECT_TRUE(fs::exists(fenced / checkpoint_dir_name(10) / "meta.json"));
+  test::expect_error([&] { claim_checkpoint_fence(fenced.string(), 1); }, {"token 2 already"});
 }
 
 TEST_F(CheckpointTest, SaveNeverOverwritesAndLeavesNothingOnFailure) {

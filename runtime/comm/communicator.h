@@ -114,6 +114,14 @@ class Communicator {
     all_reduce(&value, &value, 1, dtype_of<T>(), op);
     return value;
   }
+  // `text` as `root` has it, on every rank.
+  std::string broadcast_text(std::string text, int root = 0) {
+    int64_t n = int64_t(text.size());
+    broadcast(&n, 1, DType::I64, root);
+    text.resize(size_t(n));
+    if (n > 0) broadcast(text.data(), size_t(n), DType::U8, root);
+    return text;
+  }
 
  protected:
   CommStats stats_;

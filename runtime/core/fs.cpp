@@ -1,5 +1,6 @@
 #include "runtime/core/fs.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -57,6 +58,15 @@ bool same_file_path(const std::string& a, const std::string& b) {
   const fs::path pb = fs::weakly_canonical(fs::absolute(b), eb);
   if (ea || eb) return fs::absolute(a).lexically_normal() == fs::absolute(b).lexically_normal();
   return pa == pb;
+}
+
+void sync_to_disk(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) BERTH_FAIL("cannot open {} to sync it to disk: {}", path, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) BERTH_FAIL("cannot sync {} to disk: {}", path, std::strerror(err));
 }
 
 void check_output_file(const std::string& path, const char* what) {

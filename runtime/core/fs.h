@@ -42,6 +42,10 @@ bool same_file_path(const std::string& a, const std::string& b);
 // Creates `dir` (and parents) if needed and checks that it is writable; throws Error otherwise.
 void ensure_writable_dir(const std::string& dir, const char* what);
 
+// fsync of a file or a directory (a directory: its entries, e.g. a rename into it), so it is on
+// disk before what depends on it; throws Error naming the path.
+void sync_to_disk(const std::string& path);
+
 // Checks, before any work, that a command can write its output file `path` (`what`: "--out"):
 // not a directory, and its directory exists and is writable. Throws Error naming the directory.
 void check_output_file(const std::string& path, const char* what);

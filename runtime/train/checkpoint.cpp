@@ -2,20 +2,21 @@
 #include "runtime/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <thread>
-
-#include <fmt/ranges.h>
 
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
@@ -187,8 +188,10 @@ H5Id open_file(const std::string& path) {
 int64_t step_of_name(const std::string& name) {
   if (name.rfind(kStepPrefix, 0) != 0 || name.find(kTmpMarker) != std::string::npos) return -1;
   const std::string digits = name.substr(std::strlen(kStepPrefix));
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
-  return std::stoll(digits);
+  int64_t step = -1;
+  const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (digits.empty() || err != std::errc() || end != digits.data() + digits.size()) return -1;
+  return step;  // not a step-N name: no digits, other characters, or beyond int64
 }
 
 // The step-NNNNNNNN directories in `dir` (not temporaries) with meta.json (`complete`) or
@@ -261,6 +264,10 @@ class FenceLock {
 
 }  // namespace
 
+void claim_checkpoint_fence(const std::string& checkpoint_dir, int64_t token) {
+  const FenceLock fence(token, fs::path(checkpoint_dir));
+}
+
 std::string checkpoint_dir_name(int64_t step) { return fmt::format("{}{:08d}", kStepPrefix, step); }
 
 double save_checkpoint(const std::string& dir, const CheckpointData& d, double pause_s) {
@@ -304,9 +311,16 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
         {"saved_at", utc_now()}};
     meta["fencing_token"] = d.meta.fencing_token ? nlohmann::json(*d.meta.fencing_token) : nullptr;
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
+    // On disk before the rename that publishes them: after a power loss the rename alone could
+    // survive, and `--resume auto` would pick a step-N with an empty model.h5.
+    for (const char* f : {"model.h5", "optimizer.h5", "meta.json"}) {
+      if (fs::exists(tmp / f)) sync_to_disk((tmp / f).string());
+    }
+    sync_to_disk(tmp.string());
     const FenceLock fence(d.meta.fencing_token, final_dir.parent_path());
     fs::rename(tmp, final_dir, ec);
     BERTH_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp.string(), dir, ec.message());
+    sync_to_disk(final_dir.has_parent_path() ? final_dir.parent_path().string() : ".");
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
@@ -340,14 +354,20 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     BERTH_FAIL("'{}' is not valid JSON ({}): the checkpoint is corrupt", meta_path.string(),
                e.what());
   }
-  BERTH_CHECK(meta.value("format", "") == kCheckpointFormat, "'{}' is not a berth checkpoint",
-              meta_path.string());
-  const int64_t version = meta.value("format_version", int64_t(-1));
+  BERTH_CHECK(meta.is_object() && meta.contains("format") && meta["format"].is_string() &&
+                  meta["format"].get<std::string>() == kCheckpointFormat,
+              "'{}' is not a berth checkpoint (no \"format\": \"{}\")", meta_path.string(),
+              kCheckpointFormat);
+  const int64_t version =
+      meta.contains("format_version") && meta["format_version"].is_number_integer()
+          ? meta["format_version"].get<int64_t>()
+          : int64_t(-1);
   BERTH_CHECK(version == kCheckpointFormatVersion,
               "checkpoint '{}' has format_version {}, this build reads {}; use the berth version "
               "that wrote it",
               dir, version, kCheckpointFormatVersion);
   CheckpointData d;
+  bool saved_optimizer = false;
   try {
     d.meta.step = meta.at("step").get<int64_t>();
     d.meta.rows_consumed = meta.at("rows_consumed").get<int64_t>();
@@ -359,6 +379,7 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     if (meta.contains("fencing_token") && !meta["fencing_token"].is_null()) {
       d.meta.fencing_token = meta["fencing_token"].get<int64_t>();
     }
+    saved_optimizer = meta.value("optimizer", false);
   } catch (const nlohmann::json::exception& e) {
     BERTH_FAIL("'{}' lacks a field or has a wrong type ({}): the checkpoint is corrupt",
                meta_path.string(), e.what());
@@ -398,9 +419,15 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   for (const ParamSpec& s : layout.specs) read_tensor(f, s.name, d.params.data() + s.offset, s.shape, model_path);
 
   const std::string opt_path = (fs::path(dir) / "optimizer.h5").string();
-  if (with_optimizer && meta.value("optimizer", false)) {
+  if (with_optimizer && saved_optimizer) {
     H5Id of = open_file(opt_path);
     d.adam_step = read_i64_attr(of.get(), "adam_step", opt_path);
+    // AdamW steps once per optimizer step: another count is an optimizer.h5 from elsewhere, and
+    // its bias correction would be wrong.
+    BERTH_CHECK(d.adam_step == d.meta.step,
+                "'{}' has adam_step {}, but meta.json says step {}: the optimizer state is not "
+                "this checkpoint's (copied from another one?); the checkpoint is corrupt",
+                opt_path, d.adam_step, d.meta.step);
     d.adam_m.assign(size_t(layout.total), 0.f);
     d.adam_v.assign(size_t(layout.total), 0.f);
     for (const ParamSpec& s : layout.specs) {

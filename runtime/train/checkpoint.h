@@ -79,6 +79,11 @@ std::string checkpoint_dir_name(int64_t step);
 // The newest complete checkpoint (highest step with meta.json) in `checkpoint_dir`, or nullopt.
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir);
 
+// Records lease token `token` in `checkpoint_dir`'s FENCE (under its lock), as a commit does:
+// from then on a commit with a lower token is refused. Throws Error when a higher token already
+// committed there.
+void claim_checkpoint_fence(const std::string& checkpoint_dir, int64_t token);
+
 // step-NNNNNNNN directories in `checkpoint_dir` without meta.json (not written by a save of
 // berth's, which renames a complete temporary into place: copied or emptied by hand), by step.
 // --resume auto passes them by, and a save of their step would fail on them. (step, path) pairs.

@@ -172,13 +172,7 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
     token_ = info[0];
     reservation_ = info[1];
   }
-  if (token_ == 0) {
-    int64_t n = int64_t(refused.size());
-    world.broadcast(&n, 1, DType::I64, 0);
-    refused.resize(size_t(n));
-    world.broadcast(refused.data(), size_t(n), DType::U8, 0);
-    throw LeaseRefused(refused);
-  }
+  if (token_ == 0) throw LeaseRefused(world.broadcast_text(refused));
 }
 
 LeaseKeeper::~LeaseKeeper() {

@@ -329,17 +329,37 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
 }
 
 void Trainer::resume(const std::string& spec) {
+  // Rank 0 (the writer) resolves `auto` and every rank loads that checkpoint: with checkpoint.dir
+  // on each host's own disk, the other hosts would find nothing and start afresh.
   std::string path = spec;
   if (spec == "auto") {
-    const std::optional<std::string> latest = latest_checkpoint(checkpoint_dir_);
-    if (!latest) {
+    std::string latest;
+    if (world_.rank() == 0) latest = latest_checkpoint(checkpoint_dir_).value_or("");
+    path = world_.broadcast_text(latest);
+    if (path.empty()) {
       log_info("resume auto: no complete checkpoint in {}; starting at step 0", checkpoint_dir_);
       return;
     }
-    path = *latest;
   }
+  std::error_code ec;
+  const int64_t unseen = world_.all_reduce_value<int64_t>(
+      std::filesystem::exists(std::filesystem::path(path) / "meta.json", ec) ? 0 : 1,
+      ReduceOp::SUM);
+  BERTH_CHECK(unseen == 0 || unseen == world_.size(),
+              "{} of the {} ranks cannot see checkpoint '{}' that rank 0 resumes from: every rank "
+              "reads it, so checkpoint.dir must be on a filesystem all hosts share",
+              unseen, world_.size(), path);
   const auto t0 = std::chrono::steady_clock::now();
   const CheckpointData ck = load_checkpoint(path, true);
+  // The same name on every rank, but the same checkpoint? (a stale copy on one host)
+  const int64_t lo_step = -world_.all_reduce_value(-ck.meta.step, ReduceOp::MAX);
+  const int64_t hi_step = world_.all_reduce_value(ck.meta.step, ReduceOp::MAX);
+  const int64_t lo_rows = -world_.all_reduce_value(-ck.meta.rows_consumed, ReduceOp::MAX);
+  const int64_t hi_rows = world_.all_reduce_value(ck.meta.rows_consumed, ReduceOp::MAX);
+  BERTH_CHECK(lo_step == hi_step && lo_rows == hi_rows,
+              "the ranks read different checkpoints at '{}' (steps {}..{}, data positions {}..{}): "
+              "checkpoint.dir must be one directory that all hosts share",
+              path, lo_step, hi_step, lo_rows, hi_rows);
   const std::string diff = describe_shape_mismatch(ck.model, gcfg_);
   BERTH_CHECK(diff.empty(), "cannot resume from '{}': its model differs from the config: {}", path,
               diff);
@@ -674,6 +694,9 @@ std::vector<StepStats> Trainer::run() {
     // would otherwise fail only after the steps before it had run (all of them with
     // checkpoint.interval = 0).
     ensure_writable_dir(checkpoint_dir_, "checkpoint directory (checkpoint.dir)");
+    // The lease's token goes into checkpoint.dir's FENCE now, not at the first save: a holder
+    // this run took the lease from must not commit in between.
+    if (fencing_token_) claim_checkpoint_fence(checkpoint_dir_, *fencing_token_);
     write_file_atomic(run_dir_ + "/config.toml", resolved);
     const int cleaned = clean_partial_checkpoints(checkpoint_dir_);
     if (cleaned > 0) {
