@@ -19,6 +19,7 @@
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/trainer.h"
 #include "tests/equivalence.h"
+#include "tests/expect_error.h"
 #include "tests/mpi_world.h"
 #include "tests/synthetic_data.h"
 #include "tests/tolerance.h"
@@ -195,6 +196,35 @@ TEST_F(DataParallelTest, ZeroOneCheckpointResumesAtAnotherDp) {
   ASSERT_EQ(at_n.size(), at_1.size());
   test::expect_close(at_n.data(), at_1.data(), int64_t(at_1.size()), test::kDataParallelLoss,
                      "losses after resuming a ZeRO-1 checkpoint at dp = n and at dp = 1");
+}
+
+// A checkpoint.dir that each host has on its own disk (here: a relative path and a working
+// directory per rank): rank 0 resumes `auto` from its checkpoint, which the others cannot see.
+// Every rank stops with the reason; none starts afresh with other weights.
+TEST_F(DataParallelTest, ResumeAutoFromACheckpointOtherRanksCannotSeeIsRefused) {
+  const int n = world().size();
+  const std::filesystem::path own = dir_ / ("host" + std::to_string(world().rank()));
+  std::filesystem::create_directories(own);
+  struct Cwd {
+    std::filesystem::path saved = std::filesystem::current_path();
+    ~Cwd() { std::filesystem::current_path(saved); }
+  } restore;
+  std::filesystem::current_path(own);
+  RunConfig cfg = config(2, n, 1, 1);
+  cfg.run.name = "node_local";
+  cfg.checkpoint.dir = "ck";  // the same text on every rank, another directory on each
+  {
+    Trainer first(cfg, world());
+    for (int64_t s = 0; s < 2; s++) first.train_step(s);
+    first.save(2);  // rank 0 writes
+  }
+  EXPECT_EQ(std::filesystem::exists(own / "ck" / checkpoint_dir_name(2)), world().rank() == 0);
+  cfg.run.name = "node_local_again";
+  Trainer again(cfg, world());
+  test::expect_error([&] { again.resume("auto"); },
+                     {std::to_string(n - 1) + " of the " + std::to_string(n) +
+                          " ranks cannot see checkpoint 'ck/" + checkpoint_dir_name(2) + "'",
+                      "a filesystem all hosts share"});
 }
 
 TEST(GradientSync, BucketedAndRingAllReduceAreExactAndRingSendsTheTheory) {
