@@ -310,6 +310,9 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   edit_meta("negative_rows", rows_field, rows + "-5");
   test::expect_error([&] { load_checkpoint((work / "negative_rows").string(), true); },
                      {"rows_consumed -5", "must be >= 0", "corrupt"});
+  edit_meta("huge_rows", rows_field, rows + "9223372036854775800");
+  test::expect_error([&] { load_checkpoint((work / "huge_rows").string(), true); },
+                     {"rows_consumed 9223372036854775800", "< 2^62", "corrupt"});
   edit_meta("step-00000012", "\"step\": 10", "\"step\": 10");
   test::expect_error([&] { load_checkpoint((work / "step-00000012").string(), true); },
                      {"says step 10", "named for step 12"});

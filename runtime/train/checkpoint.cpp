@@ -384,9 +384,13 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     BERTH_FAIL("'{}' lacks a field or has a wrong type ({}): the checkpoint is corrupt",
                meta_path.string(), e.what());
   }
-  BERTH_CHECK(d.meta.step >= 0 && d.meta.rows_consumed >= 0 && d.meta.rows_per_step >= 0,
-              "'{}': step {}, rows_consumed {} and rows_per_step {} must be >= 0: the checkpoint "
-              "is corrupt",
+  // (at most 2^62: the loaders add rows to it, which must not overflow)
+  constexpr int64_t kMost = int64_t(1) << 62;
+  BERTH_CHECK(d.meta.step >= 0 && d.meta.rows_consumed >= 0 && d.meta.rows_per_step >= 0 &&
+                  d.meta.step < kMost && d.meta.rows_consumed < kMost &&
+                  d.meta.rows_per_step < kMost,
+              "'{}': step {}, rows_consumed {} and rows_per_step {} must be >= 0 and < 2^62: the "
+              "checkpoint is corrupt",
               meta_path.string(), d.meta.step, d.meta.rows_consumed, d.meta.rows_per_step);
   // A directory named by the writer (step-N) must hold step N: a meta.json edited or copied
   // from another checkpoint would resume at the wrong step of the schedule and the data.
