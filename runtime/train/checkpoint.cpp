@@ -313,9 +313,9 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
     // On disk before the rename that publishes them: after a power loss the rename alone could
     // survive, and `--resume auto` would pick a step-N with an empty model.h5.
-    for (const char* f : {"model.h5", "optimizer.h5", "meta.json"}) {
-      if (fs::exists(tmp / f)) sync_to_disk((tmp / f).string());
-    }
+    sync_to_disk((tmp / "model.h5").string());
+    if (d.has_optimizer()) sync_to_disk((tmp / "optimizer.h5").string());
+    sync_to_disk((tmp / "meta.json").string());
     sync_to_disk(tmp.string());
     const FenceLock fence(d.meta.fencing_token, final_dir.parent_path());
     fs::rename(tmp, final_dir, ec);

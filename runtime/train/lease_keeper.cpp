@@ -311,10 +311,14 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
           reservation_, format_utc_iso(window_end), format_duration(window_end - now),
           format_duration(ckpt), format_duration(rc.stop_margin_s));
     }
-    if (d == kLost) {  // nothing left to renew or give back
-      stop_heartbeat();
-      released_ = true;
-    }
+  }
+  return share(d);
+}
+
+LeaseKeeper::Decision LeaseKeeper::share(int32_t d) {
+  if (d == kLost && ledger_) {  // nothing left to renew or give back
+    stop_heartbeat();
+    released_ = true;
   }
   world_.broadcast(&d, 1, DType::I32, 0);
   if (d == kLost && reason_.empty()) reason_ = "rank 0 saw it lost; its log says why";
@@ -360,15 +364,9 @@ LeaseKeeper::Decision LeaseKeeper::confirm_held() {
                               format_utc_iso(expiry), failed);
       }
     }
-    if (lost) {
-      d = kLost;
-      stop_heartbeat();
-      released_ = true;  // nothing left to give back
-    }
+    if (lost) d = kLost;
   }
-  world_.broadcast(&d, 1, DType::I32, 0);
-  if (d == kLost && reason_.empty()) reason_ = "rank 0 saw it lost; its log says why";
-  return Decision(d);
+  return share(d);
 }
 
 void LeaseKeeper::release() {

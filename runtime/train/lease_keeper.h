@@ -66,6 +66,9 @@ class LeaseKeeper {
   // One renewal on the calling thread (rank 0), recorded when it succeeds; `failed` gets the
   // ledger's error (the result is then not ok and has no reason).
   LeaseResult renew_here(std::string* failed);
+  // Collective: rank 0's decision `d` to every rank (a lost lease: the heartbeat stops, nothing
+  // is given back), with a reason on the ranks that did not decide.
+  Decision share(int32_t d);
 
   const RunConfig& cfg_;
   Communicator& world_;
