@@ -352,14 +352,13 @@ void Trainer::resume(const std::string& spec) {
   const auto t0 = std::chrono::steady_clock::now();
   const CheckpointData ck = load_checkpoint(path, true);
   // The same name on every rank, but the same checkpoint? (a stale copy on one host)
-  const int64_t lo_step = -world_.all_reduce_value(-ck.meta.step, ReduceOp::MAX);
-  const int64_t hi_step = world_.all_reduce_value(ck.meta.step, ReduceOp::MAX);
-  const int64_t lo_rows = -world_.all_reduce_value(-ck.meta.rows_consumed, ReduceOp::MAX);
-  const int64_t hi_rows = world_.all_reduce_value(ck.meta.rows_consumed, ReduceOp::MAX);
-  BERTH_CHECK(lo_step == hi_step && lo_rows == hi_rows,
+  // (one all-reduce by MAX: the minimum of x is -max(-x))
+  int64_t span[4] = {-ck.meta.step, ck.meta.step, -ck.meta.rows_consumed, ck.meta.rows_consumed};
+  world_.all_reduce(span, 4, ReduceOp::MAX);
+  BERTH_CHECK(-span[0] == span[1] && -span[2] == span[3],
               "the ranks read different checkpoints at '{}' (steps {}..{}, data positions {}..{}): "
               "checkpoint.dir must be one directory that all hosts share",
-              path, lo_step, hi_step, lo_rows, hi_rows);
+              path, -span[0], span[1], -span[2], span[3]);
   const std::string diff = describe_shape_mismatch(ck.model, gcfg_);
   BERTH_CHECK(diff.empty(), "cannot resume from '{}': its model differs from the config: {}", path,
               diff);
