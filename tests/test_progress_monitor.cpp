@@ -211,7 +211,7 @@ TEST(ProgressMonitor, WindowEndsBeforeFinishWithExtendCommand) {
   const ProgressReport r = run(2, 200, [](int64_t st) { return balanced(2, st); }, f, s).report();
   std::string msg;
   ASSERT_TRUE(has(r, WarningKind::Window, &msg));
-  EXPECT_NE(msg.find("2026-12-02 12:01 UTC"), std::string::npos) << msg;  // window end
+  EXPECT_NE(msg.find("ends at 2026-12-02T12:01:20Z"), std::string::npos) << msg;  // to the second
   EXPECT_NE(msg.find("20s before the predicted finish"), std::string::npos) << msg;
   EXPECT_NE(msg.find("`berth extend R-12 --by 15m`"), std::string::npos) << msg;
   EXPECT_NE(msg.find("lower train.steps to about 800"), std::string::npos) << msg;
@@ -220,6 +220,45 @@ TEST(ProgressMonitor, WindowEndsBeforeFinishWithExtendCommand) {
   EXPECT_FALSE(
       has(run(2, 200, [](int64_t st) { return balanced(2, st); }, f, s).report(),
           WarningKind::Window));
+}
+
+TEST(ProgressMonitor, AnExtendedWindowEndsTheWarningACutOneRaisesIt) {
+  // The lease is extended mid-run (`berth extend`): the warning, the lease flag and the facts
+  // follow the new window from the next report; a window cut short (preemption) raises them.
+  RunFacts f = facts();
+  f.lease_s = 80;
+  MonitorSettings s = settings(2);
+  s.reservation = "R-12";
+  s.window_end_unix = s.session_start_unix + 80;
+  ProgressMonitor m(f, s);
+  for (int64_t step = 1; step <= 200; ++step) m.observe(step, balanced(2, step), 4096, 128, "");
+  ProgressReport r = m.report();
+  ASSERT_TRUE(has(r, WarningKind::Window));
+  EXPECT_TRUE(r.prediction.lease_exceeded);
+  EXPECT_EQ(m.due(r).size(), 1u);
+
+  m.set_window_end(s.session_start_unix + 200);
+  r = m.report();
+  EXPECT_FALSE(has(r, WarningKind::Window));
+  EXPECT_FALSE(r.prediction.lease_exceeded);
+  EXPECT_TRUE(m.due(r).empty());
+  EXPECT_EQ(m.predictor().facts().lease_s, 200);
+
+  m.set_window_end(s.session_start_unix + 90);  // preempted: 10 s less than the run needs
+  r = m.report();
+  std::string msg;
+  ASSERT_TRUE(has(r, WarningKind::Window, &msg));
+  EXPECT_TRUE(r.prediction.lease_exceeded);
+  EXPECT_NE(msg.find("10s before the predicted finish"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ends at 2026-12-02T12:01:30Z"), std::string::npos) << msg;
+  ASSERT_EQ(m.due(r).size(), 1u);  // a warning that returns is logged at once
+
+  m.set_window_end(s.session_start_unix - 3600);  // already over: still a window, overrun
+  EXPECT_GT(m.predictor().facts().lease_s, 0);
+  r = m.report();
+  EXPECT_TRUE(r.prediction.lease_exceeded);
+  ASSERT_TRUE(has(r, WarningKind::Window, &msg));  // an hour apart: to the minute
+  EXPECT_NE(msg.find("ends at 2026-12-02 11:00 UTC, 1h01m before"), std::string::npos) << msg;
 }
 
 TEST(ProgressMonitor, CheckpointOverhead) {

@@ -108,6 +108,11 @@ ProgressPredictor::ProgressPredictor(RunFacts facts) : facts_(std::move(facts)) 
   }
 }
 
+void ProgressPredictor::set_lease_s(double lease_s) {
+  BERTH_CHECK(lease_s >= 0, "run facts: lease_s must be >= 0, got {}", lease_s);
+  facts_.lease_s = lease_s;
+}
+
 void ProgressPredictor::observe(const StepRecord& r) {
   const int64_t first = facts_.start_step + 1, last = facts_.start_step + facts_.session_steps;
   BERTH_CHECK(r.step >= first && r.step <= last,

@@ -87,6 +87,9 @@ class ProgressPredictor {
   int64_t steps_observed() const { return static_cast<int64_t>(records_.size()); }
   double elapsed_s() const { return elapsed_s_; }
   const RunFacts& facts() const { return facts_; }
+  // The lease now lasts `lease_s` seconds from the session's start (it was extended or cut
+  // short): lease_exceeded compares with it from the next prediction on. Throws when < 0.
+  void set_lease_s(double lease_s);
 
  private:
   RunFacts facts_;

@@ -61,6 +61,14 @@ ProgressMonitor::ProgressMonitor(RunFacts facts, MonitorSettings settings)
       settings_.rank_names.size());
 }
 
+void ProgressMonitor::set_window_end(double window_end_unix) {
+  settings_.window_end_unix = window_end_unix;
+  // A window that has already closed still counts as one (the run overruns it), as at the start.
+  facts_.lease_s =
+      window_end_unix > 0 ? std::max(1e-3, window_end_unix - settings_.session_start_unix) : 0;
+  predictor_.set_lease_s(facts_.lease_s);
+}
+
 const StepRecord& ProgressMonitor::observe(int64_t step, const std::vector<RankStepMetrics>& ranks,
                                            int64_t global_tokens, int64_t seq_len,
                                            const std::string& event) {
@@ -280,15 +288,17 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
     const int64_t fit =
         p.step_s > 0 ? r.step + static_cast<int64_t>(std::max(0.0, left) / p.step_s) : r.step;
     const std::string id = settings_.reservation.empty() ? "<reservation>" : settings_.reservation;
+    // Minutes, unless the times lie within minutes of each other (then seconds tell them apart).
+    const bool close = settings_.session_start_unix + p.high_s - settings_.window_end_unix < 600;
+    auto at = [&](double t) { return close ? format_utc_iso(t) : format_utc_minute(t); };
     out.push_back(
         {WarningKind::Window,
          fmt::format("window: the booked window ends at {}, {} before the predicted finish ({}, "
                      "band {}–{}). Extend it: `berth extend {} --by {}`, or lower train.steps to "
                      "about {}",
-                     format_utc_minute(settings_.window_end_unix), format_duration(shortfall),
-                     format_utc_minute(finish),
-                     format_utc_minute(settings_.session_start_unix + p.low_s),
-                     format_utc_minute(settings_.session_start_unix + p.high_s), id,
+                     at(settings_.window_end_unix), format_duration(shortfall), at(finish),
+                     at(settings_.session_start_unix + p.low_s),
+                     at(settings_.session_start_unix + p.high_s), id,
                      extension_hint(shortfall + (p.high_s - p.total_s)), fit)});
   }
   // Only once a checkpoint was measured: before, checkpoint_s is a prior.

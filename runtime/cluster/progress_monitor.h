@@ -91,6 +91,10 @@ class ProgressMonitor {
   // kind that stays active. Call once per logged report.
   std::vector<ProgressWarning> due(const ProgressReport& r, int repeat_blocks = 10);
 
+  // The booked window now ends at `window_end_unix` (the lease was extended or cut short): the
+  // window warning, its `berth extend` hint and the lease flag follow it from the next report.
+  void set_window_end(double window_end_unix);
+
   const ProgressPredictor& predictor() const { return predictor_; }
 
  private:

@@ -78,6 +78,7 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
     if (window_end_unix > 0 || !cfg.progress.window_end.empty()) {
       s.window_end_unix =
           window_end_unix > 0 ? window_end_unix : parse_utc_time(cfg.progress.window_end);
+      window_end_unix_ = s.window_end_unix;
       f.lease_s = s.window_end_unix - session_start_unix_;
       if (f.lease_s <= 0) {
         log_warn("the window end {} has already passed: the window warning will fire at every "
@@ -109,6 +110,13 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
   }
   mark_ = std::chrono::steady_clock::now();
   comm_mark_ = grid_.comm_seconds();
+}
+
+void ProgressTracker::set_window_end(double window_end_unix) {
+  if (!monitor_ || window_end_unix <= 0 || window_end_unix == window_end_unix_) return;
+  window_end_unix_ = window_end_unix;
+  monitor_->set_window_end(window_end_unix);
+  write_file_atomic(run_dir_ + "/run_facts.json", run_facts_to_json(monitor_->predictor().facts()));
 }
 
 void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated,

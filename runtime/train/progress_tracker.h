@@ -54,6 +54,11 @@ class ProgressTracker {
   void end_step(int64_t done, const StepStats& st, bool evaluated, bool checkpointed,
                 bool new_epoch, nlohmann::json* line);
 
+  // Rank 0 (a no-op elsewhere): the lease's window now ends at `window_end_unix` (extended or
+  // cut short). When it moved, the window warning and the lease flag follow it from the next
+  // block, and run_facts.json is rewritten with the new lease_s, so a replay agrees.
+  void set_window_end(double window_end_unix);
+
   // Rank 0: trace.csv.partial becomes trace.csv; logs the cost of gathering the records.
   void finish();
   // Rank 0, instead of finish() when the lease was lost: closes the trace and commits nothing,
@@ -69,6 +74,7 @@ class ProgressTracker {
   std::unique_ptr<ProgressMonitor> monitor_;  // rank 0
   std::ofstream trace_;                       // rank 0
   double session_start_unix_ = 0;
+  double window_end_unix_ = 0;  // rank 0: the window the monitor uses (0 = none)
   bool tty_ = false;
   std::chrono::steady_clock::time_point mark_;  // start of the current step
   double comm_mark_ = 0;                        // grid.comm_seconds() at mark_

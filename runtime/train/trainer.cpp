@@ -820,6 +820,7 @@ std::vector<StepStats> Trainer::run() {
       }
       break;
     }
+    if (lease.active()) progress.set_window_end(lease.window_end());  // extended or cut short
     const auto t_step = std::chrono::steady_clock::now();
     const int64_t epoch_before = loader_->rows_consumed() / loader_->rows_per_epoch();
     double initial_val_loss = -1, val_loss = -1;

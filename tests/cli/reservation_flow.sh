@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The reservation flow with real processes (ctest label "mpi"): register CPU slots, book, train
 # under the lease; the window ends mid-run (checkpoint, exit 3) and the run resumes in the next
-# window with the same losses as an uninterrupted run; a second launch fails fast naming the
+# window with the same losses as an uninterrupted run; a run extended while it trains, as its
+# window warning says, finishes and stops warning; a second launch fails fast naming the
 # holder; a SIGKILLed holder's lease lapses and a relaunch gets a higher token; a holder SIGSTOPped
 # inside a checkpoint save past its TTL has its late commit refused, and one stopped between steps
 # leaves the new holder's run directory alone; bad requests exit 1, a booking that cannot start
@@ -83,6 +84,31 @@ EOF
 check "700 losses identical to the uninterrupted run" $?
 "$berth" cancel "$id2" > /dev/null && "$berth" reservation show "$id2" | grep -q "| cancelled |"
 check "the finished run's booking is cancelled by its owner" $?
+
+# ---- the window warning names `berth extend`; running it mid-run moves the window --------------
+# The run needs ~25 s of a 12 s window: the first progress block warns with the command; the user
+# runs it, the lease keeper sees the new window at its next renewal, the run finishes (exit 0), and
+# the blocks after that carry no window warning; run_facts.json holds the lease as extended.
+idx=$("$berth" reserve --gpus 2 --duration 12s --json | booked_id)
+timeout 120 "${mpi[@]}" -np 2 "$berth" train "$cfg" "${small[@]}" --set train.steps=2000 \
+    --set "run.out_dir=$tmp/x" --reservation "$idx" > "$tmp/x.log" 2>&1 &
+trainer=$!; pids+=("$trainer")
+for _ in $(seq 100); do grep -q "berth extend $idx --by" "$tmp/x.log" && break; sleep 0.1; done
+"$berth" extend "$idx" --by 10m > "$tmp/x_extend.log" 2>&1
+check "berth extend, as the window warning says, while the run trains" $?
+wait "$trainer"; rc=$?
+[ $rc -eq 0 ] && grep -q "reservation $idx's window now ends at .* (extended)" "$tmp/x.log"
+check "the extended run finishes instead of stopping at the old window (rc $rc)" $?
+python3 - "$tmp/x/tiny/metrics.jsonl" "$tmp/x/tiny/run_facts.json" <<'PY'
+import json, sys
+blocks = [j for j in map(json.loads, open(sys.argv[1])) if "predicted_total_s" in j]
+window = ["window" in j.get("warnings", []) for j in blocks]
+lease_s = json.load(open(sys.argv[2]))["lease_s"]
+# Blocks every 100 steps: the first warns, the extension lands within a second (~80 steps).
+sys.exit(0 if len(blocks) == 20 and window[0] and not any(window[5:]) and lease_s > 600 else 1)
+PY
+check "the window warning stops once the window is extended; run_facts.json has the new lease" $?
+"$berth" cancel "$idx" > /dev/null 2>&1
 
 # A cancelled booking is refused as cancelled, even by a launch that does not match its devices
 # (2 ranks, 1 booked): the lease is checked before the placement.
