@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace berth::cpu {
 
@@ -186,5 +187,15 @@ double sum_squares(const T* x, int64_t n);
 // Threads used by the CPU kernels: the OpenMP loops and OpenBLAS (n <= 0: leave as is).
 void set_num_threads(int n);
 int num_threads();
+// The cores this process may run on (its CPU affinity) and the host's online cores.
+int affinity_cores();
+int online_cores();
+// "" when `ranks_on_host` ranks of `threads` threads each fit the cores (or run one thread each),
+// else a warning that says how they are oversubscribed and what to set: threads beyond a rank's
+// own cores, or the host's ranks together beyond its cores (ranks not bound: `--bind-to none`).
+// OpenMP threads that share a core wait for each other at every parallel loop: steps become several
+// times slower (the tiny config, 2 ranks x 2 threads on 2 cores: 60 steps in 47 s, not 10 s).
+std::string oversubscription_warning(int ranks_on_host, int threads, int affinity_cores,
+                                     int online_cores);
 
 }  // namespace berth::cpu

@@ -624,5 +624,32 @@ TEST(FloatVsDouble, EveryOpAgreesWithinFloatTolerance) {
     expect_vec(f[i].second, d[i].second, kFp32VsFp64, f[i].first);
 }
 
+// ---- threads ----------------------------------------------------------------------------------
+
+TEST(Threads, OversubscriptionIsNamedWithTheThreadsThatFit) {
+  // Bound ranks (2 cores each of 8) or unbound ranks that share the host's cores: quiet.
+  EXPECT_EQ(oversubscription_warning(4, 2, 2, 8), "");
+  EXPECT_EQ(oversubscription_warning(2, 4, 8, 8), "");
+  EXPECT_EQ(oversubscription_warning(1, 1, 1, 1), "");
+  EXPECT_EQ(oversubscription_warning(4, 1, 2, 2), "");  // --oversubscribe: one thread is the least
+  // Unbound (`--bind-to none`): every rank sees all 2 cores and takes 2 threads.
+  std::string w = oversubscription_warning(2, 2, 2, 2);
+  EXPECT_NE(w.find("2 ranks on this host run 2 OpenMP threads each, 4 threads on its 2 cores"),
+            std::string::npos)
+      << w;
+  EXPECT_NE(w.find("`mpirun -x OMP_NUM_THREADS=1`"), std::string::npos) << w;
+  EXPECT_NE(w.find("--map-by slot:PE=1"), std::string::npos) << w;
+  // Bound to one core each, OMP_NUM_THREADS=4.
+  w = oversubscription_warning(8, 4, 1, 8);
+  EXPECT_NE(w.find("each rank runs 4 OpenMP threads on the 1 core(s) it may use"),
+            std::string::npos)
+      << w;
+  EXPECT_NE(w.find("OMP_NUM_THREADS=1`"), std::string::npos) << w;
+  // More ranks than cores: one thread each is the least there is.
+  EXPECT_NE(oversubscription_warning(4, 2, 2, 2).find("OMP_NUM_THREADS=1`"), std::string::npos);
+  EXPECT_GE(affinity_cores(), 1);
+  EXPECT_LE(affinity_cores(), online_cores());
+}
+
 }  // namespace
 }  // namespace berth::test

@@ -3,7 +3,8 @@
 # parallel) trains and writes its run directory from rank 0 only; an injected failure on one rank
 # ends the whole job non-zero within 30 s; a layout that does not match the ranks is refused; a
 # straggler rank is named in the progress warnings; a plan path naming the dataset and ranks with
-# different configs are refused; a bad config is reported once.
+# different configs are refused; a bad config is reported once; ranks whose OpenMP threads
+# oversubscribe the host's cores are warned.
 #   train_mpirun.sh BERTH MPIEXEC
 set -u
 berth=$1
@@ -43,6 +44,16 @@ check "mpirun -np 2 logs the layout" $?
 check "only rank 0 logs" $?
 [ "$(wc -l < "$tmp/runs/np2/metrics.jsonl" 2>/dev/null)" = "4" ]
 check "mpirun -np 2 writes 4 metrics lines" $?
+! grep -q "OpenMP threads each" "$tmp/np2.log"
+check "one thread per rank on the host's cores: no oversubscription warning" $?
+# Unbound ranks that each take all the host's cores as threads: warned once, with what to set.
+# (getconf, not nproc: nproc answers OMP_NUM_THREADS when it is set.)
+cores=$(getconf _NPROCESSORS_ONLN)
+timeout 120 "${mpi[@]}" -np 2 --bind-to none -x OMP_NUM_THREADS="$cores" "$berth" train "$cfg" \
+    "${tiny[@]}" --set run.name=oversub > "$tmp/oversub.log" 2>&1
+[ $? -eq 0 ] && [ "$(grep -c "2 ranks on this host run $cores OpenMP threads each" "$tmp/oversub.log")" = 1 ] &&
+    grep -q "mpirun -x OMP_NUM_THREADS=$(( cores > 1 ? cores / 2 : 1 ))\`" "$tmp/oversub.log"
+check "2 unbound ranks x all cores as threads: one oversubscription warning naming OMP_NUM_THREADS" $?
 
 # Packed data mode on 2 ranks: the plan is built once, cached next to the data, then reused.
 timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=packed \
