@@ -109,6 +109,8 @@ HardwareProfile calibrate_profile(Communicator& world) {
   const int threads = omp_get_max_threads();
   h.source = fmt::format("berth plan --calibrate on {} at {} ({} rank(s), {} OpenMP thread(s) each)",
                          host_name(), format_utc_minute(unix_now()), world.size(), threads);
+  warn_if_threads_oversubscribed(mpi_local_rank(),
+                                 "this profile's figures would carry that slowdown");
   // berth's own kernels, timed as they run in a step (every rank at once, the slowest rank).
   auto slowest_s = [&](auto&& body, int reps) {
     body();  // warm-up

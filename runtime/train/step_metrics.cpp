@@ -7,7 +7,9 @@
 #include <cstring>
 #include <fstream>
 
+#include "kernels/ops.h"
 #include "runtime/core/check.h"
+#include "runtime/core/log.h"
 
 namespace berth {
 namespace {
@@ -59,6 +61,13 @@ double host_capacity_gib_per_rank(int ranks_on_host) {
   const double cgroup = read_number("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" reads 0
   if (cgroup > 0 && (total == 0 || cgroup < total)) total = cgroup;
   return total / kGiB / static_cast<double>(std::max(1, ranks_on_host));
+}
+
+void warn_if_threads_oversubscribed(const LocalRank& local, const std::string& consequence) {
+  if (local.rank != 0) return;
+  const std::string w = cpu::oversubscription_warning(local.size, cpu::num_threads(),
+                                                      cpu::affinity_cores(), cpu::online_cores());
+  if (!w.empty()) log_warn("{}; {}", w, consequence);
 }
 
 std::vector<std::string> gather_rank_names(Communicator& world) {

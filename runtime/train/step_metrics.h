@@ -22,6 +22,10 @@ double host_capacity_gib_per_rank(int ranks_on_host);
 // A /proc/meminfo field in bytes ("MemTotal", "MemAvailable"); 0 when it cannot be read.
 double host_meminfo_bytes(const std::string& field);
 
+// On the host's local rank 0: logs kernels/ops.h's oversubscription_warning for this host's
+// ranks and this process's OpenMP threads, if any, followed by "; " + `consequence`.
+void warn_if_threads_oversubscribed(const LocalRank& local, const std::string& consequence);
+
 // "rank@host" of every rank of `world`, in rank order (collective).
 std::vector<std::string> gather_rank_names(Communicator& world);
 

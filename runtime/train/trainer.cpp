@@ -13,7 +13,6 @@
 #include <thread>
 
 #include "kernels/backend.h"
-#include "kernels/ops.h"
 #include "packing/cp_shard.h"
 #include "packing/plan_cache.h"
 #include "parallel/data_parallel.h"
@@ -728,11 +727,8 @@ std::vector<StepStats> Trainer::run() {
            data_summary_);
   const GridShape& shape = grid_->shape();
   const LocalRank local = mpi_local_rank();
-  if (backend_->kind() == DeviceKind::kCpu && local.rank == 0) {  // once per host
-    const std::string w = cpu::oversubscription_warning(local.size, cpu::num_threads(),
-                                                        cpu::affinity_cores(), cpu::online_cores());
-    if (!w.empty()) log_warn("{}", w);
-  }
+  if (backend_->kind() == DeviceKind::kCpu)
+    warn_if_threads_oversubscribed(local, "fewer threads train faster here");
   log_info("layout: {} | {} rank(s) on this host | global batch {} rows = dp {} x microbatches "
            "{} x micro_batch_size {}{} | "
            "ZeRO-{}{}",
