@@ -34,6 +34,12 @@ void run_import(const ImportArgs& a) {
               a.out);
   check_output_file(a.out, "--out");  // before reading the inputs, which can take long
   if (!a.val_out.empty()) check_output_file(a.val_out, "--val-out");
+  for (const std::string& in : a.inputs) {
+    BERTH_CHECK(!same_file_path(a.out, in) && (a.val_out.empty() || !same_file_path(a.val_out, in)),
+                "--out or --val-out names the input '{}': the import would replace it; give "
+                "another path",
+                in);
+  }
   TokenDataset all;
   if (a.format == "text") {
     all = import_text_files(a.inputs);
@@ -107,9 +113,10 @@ void register_data_commands(CLI::App& app) {
       ->check(CLI::ExistingFile);
   import->add_option("--out", imp->out, "Output dataset (.h5)")->required();
   import->add_option("--val-out", imp->val_out, "Validation dataset (.h5), split off the end");
-  import->add_option("--val-fraction", imp->val_fraction,
-                     "Fraction of documents for validation (with --val-out)")
-      ->check(CLI::Range(0.0, 0.99));
+  import
+      ->add_option("--val-fraction", imp->val_fraction,
+                   "Fraction of documents for validation (with --val-out)")
+      ->check(number_in(0.0, 0.99));
   import->callback([imp]() { run_import(*imp); });
 
   auto path = std::make_shared<std::string>();

@@ -334,7 +334,7 @@ void register_ledger_commands(CLI::App& app) {
                                                  "'cpu')")->check(CLI::Range(int64_t(1), int64_t(4096)));
     reg->add_option("--slot-memory-gib", a->cpu_slot_gib,
                     "Memory per CPU slot (default: host memory / N)")
-        ->check(CLI::Range(1.0 / 1024, 1e6));
+        ->check(number_in(1.0 / 1024, 1e6));
     reg->add_option("--host", a->host, "Host name for --cpu-slots (default: this host)");
     reg->callback([a] {
       std::vector<Device> devs;
@@ -348,6 +348,7 @@ void register_ledger_commands(CLI::App& app) {
           }
         }
       } else if (a->cpu_slots > 0) {
+        if (!a->host.empty()) check_host_name(a->host, "--host");
         const double mem = a->cpu_slot_gib > 0 ? a->cpu_slot_gib * kGiB
                                                 : host_meminfo_bytes("MemTotal") / double(a->cpu_slots);
         for (int64_t i = 0; i < a->cpu_slots; ++i) {
@@ -403,7 +404,7 @@ void register_ledger_commands(CLI::App& app) {
     cmd->add_option("--gpu", a->gpu, "Hardware profile for --config (default: from --model: "
                                      "a100, h100, h200 or cpu)");
     cmd->add_option("--margin", a->margin, "Duration margin over the predicted time for --config")
-        ->check(CLI::Range(1.0, 10.0));
+        ->check(number_in(1.0, 10.0));
     cmd->add_option("--model", a->model, "Device model (e.g. H100, cpu); default: any");
     cmd->add_option("--min-free-mem", a->min_free_mem, "Minimum memory per device, e.g. 75GiB");
     cmd->add_option("--duration", a->duration, "Length of the window, e.g. 72h, 1h30m (with "
@@ -519,7 +520,7 @@ void register_ledger_commands(CLI::App& app) {
     CLI::App* show = grp->add_subcommand("show", "Show a booking and its lease");
     grp->require_subcommand(1);
     add_ledger_option(show, a.get());
-    show->add_option("id", *id, "Reservation id")->required();
+    show->add_option("id", *id, "Reservation id")->required()->check(positive_integer());
     show->callback([a, id] {
       auto ledger = open_ledger(*a);
       const Reservation r = ledger->reservation(*id);
@@ -547,7 +548,7 @@ void register_ledger_commands(CLI::App& app) {
     auto id = std::make_shared<int64_t>(0);
     CLI::App* cmd = app.add_subcommand("cancel", "Cancel a booking (owner or admin)");
     add_ledger_option(cmd, a.get(), false);
-    cmd->add_option("id", *id, "Reservation id")->required();
+    cmd->add_option("id", *id, "Reservation id")->required()->check(positive_integer());
     cmd->callback([a, id] {
       const Reservation r = open_ledger(*a)->cancel(*id, current_user());
       std::printf("cancelled reservation %lld\n", static_cast<long long>(r.id));
@@ -559,7 +560,7 @@ void register_ledger_commands(CLI::App& app) {
     auto by = std::make_shared<std::string>();
     CLI::App* cmd = app.add_subcommand("extend", "Make a booking longer (owner or admin)");
     add_ledger_option(cmd, a.get(), false);
-    cmd->add_option("id", *id, "Reservation id")->required();
+    cmd->add_option("id", *id, "Reservation id")->required()->check(positive_integer());
     cmd->add_option("--by", *by, "How much longer, e.g. 6h")->required();
     cmd->callback([a, id, by] {
       const Reservation r = open_ledger(*a)->extend(*id, parse_duration(*by), current_user());
@@ -575,7 +576,7 @@ void register_ledger_commands(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("timeline", "Per-device timeline of the bookings");
     add_ledger_option(cmd, a.get(), false);
     cmd->add_option("--hours", *hours, "Hours from now to show (default 72)")
-        ->check(CLI::Range(1.0, 24.0 * 366));
+        ->check(number_in(1.0, 24.0 * 366));
     cmd->add_option("--html", *html, "Also write a self-contained HTML/SVG page");
     cmd->callback([a, hours, html] {
       auto ledger = open_ledger(*a);

@@ -4,6 +4,7 @@
 // `init_from` can start a run from; export writes an llm.c model file (fp32, version 3) or a
 // Hugging Face GPT-2 directory (model.safetensors + config.json). Both are atomic.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <filesystem>
 
 #include "launcher/commands.h"
@@ -26,6 +27,7 @@ std::string describe(const GPTConfig& m) {
 }
 
 void run_import(const ModelArgs& a) {
+  BERTH_CHECK(!a.out.empty(), "--out is empty: give the checkpoint directory to create");
   // Checked first so a long conversion does not end in "already exists".
   BERTH_CHECK(!std::filesystem::exists(a.out),
               "--out '{}' already exists; a checkpoint is written to a new directory: choose "
@@ -38,6 +40,16 @@ void run_import(const ModelArgs& a) {
 }
 
 void run_export(const ModelArgs& a) {
+  BERTH_CHECK(!a.out.empty(), "--out is empty: give a file (llmc) or directory (hf-gpt2) name");
+  // The export is written beside the checkpoint, never into it: a file there (model.h5 above
+  // all) would be replaced.
+  std::error_code ec;
+  const std::filesystem::path ck = std::filesystem::weakly_canonical(a.input, ec);
+  const std::filesystem::path out = std::filesystem::weakly_canonical(a.out, ec);
+  BERTH_CHECK(std::mismatch(ck.begin(), ck.end(), out.begin(), out.end()).first != ck.end(),
+              "--out '{}' is inside the checkpoint '{}': the export would replace its files; "
+              "write it elsewhere",
+              a.out, a.input);
   const CheckpointData data = load_checkpoint(a.input, /*with_optimizer=*/false);
   if (a.format == "llmc") {
     write_llmc_model(a.out, data);

@@ -41,11 +41,18 @@ void run_pack(const PackArgs& a) {
   const PackPlan plan = pack_documents(lengths, o);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  BERTH_CHECK(plan.n_rows() > 0,
-              "nothing to pack: {} of the {} documents are longer than --seq-len {} and "
-              "--drop-long drops them; raise --seq-len or leave out --drop-long (long documents "
-              "are then cut into --seq-len pieces)",
-              pack_stats(plan, lengths).docs_dropped, lengths.size(), a.seq_len);
+  if (plan.n_rows() == 0) {
+    const int64_t dropped = pack_stats(plan, lengths).docs_dropped;
+    BERTH_CHECK(dropped == 0,
+                "nothing to pack: {} of the {} documents are longer than --seq-len {} and "
+                "--drop-long drops them; raise --seq-len or leave out --drop-long (long documents "
+                "are then cut into --seq-len pieces)",
+                dropped, lengths.size(), a.seq_len);
+    BERTH_FAIL(
+        "nothing to pack: the {} document(s) of '{}' hold no tokens; re-import the data "
+        "with `berth data import`",
+        lengths.size(), a.data);
+  }
   const std::string key = plan_key(ds.doc_offsets, o);
   write_plan(a.out, plan, key);
   log_info("wrote packing plan {} (key {}, {} {}, seq_len {})\n{}", a.out, key, a.algorithm,

@@ -49,7 +49,6 @@ void calibrate(const PlanArgs& a) {
 
 void plan(const PlanArgs& a) {
   BERTH_CHECK(!a.config.empty(), "berth plan needs a CONFIG (or --calibrate)");
-  BERTH_CHECK(a.price >= 0, "--price-per-gpu-hour must be >= 0, got {}", a.price);
   const RunConfig cfg = load_config(a.config, a.overrides);
   const HardwareProfile hw = resolve_hardware_profile(a.gpu);
   // The config's layout; with --gpus, dp = 0 is derived from it.
@@ -120,7 +119,8 @@ void register_plan_command(CLI::App& app) {
                   "Hardware profile: a100, h100, h200, cpu (this host's calibrated profile, else "
                   "a guess) or a profile file")
       ->type_name("NAME|FILE");
-  cmd->add_option("--price-per-gpu-hour", a->price, "Price of one device-hour, for the cost");
+  cmd->add_option("--price-per-gpu-hour", a->price, "Price of one device-hour, for the cost")
+      ->check(number_in(0.0, 1e9));
   cmd->add_flag("--json", a->json, "Print the plan as JSON");
   cmd->add_flag("--calibrate", a->calibrate,
                 "Measure this machine's GEMM rate, memory and MPI bandwidth (run it under mpirun "

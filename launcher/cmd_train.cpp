@@ -2,6 +2,7 @@
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -45,6 +46,22 @@ CLI::Validator positive_integer() {
         return value + " is not a whole number >= 1";
       },
       "INT>=1", "POSITIVE_INTEGER");
+}
+
+CLI::Validator number_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& value) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(value, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == value.size() && used > 0 && std::isfinite(v) && v >= lo && v <= hi) return "";
+        return fmt::format("{} is not a number in [{}, {}]", value, lo, hi);
+      },
+      fmt::format("NUMBER in [{}, {}]", lo, hi), "NUMBER_IN");
 }
 
 namespace {

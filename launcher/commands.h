@@ -16,6 +16,9 @@ std::string version_text();  // "berth 0.1.0 (CUDA: ...)"
 // An option that must be a whole number ≥ 1 ("--gpus: 0 is not a whole number >= 1"), instead of
 // CLI::PositiveNumber's "Value 0 not in range 0.000000 to 1.797…e+308".
 CLI::Validator positive_integer();
+// A number in [lo, hi] ("--hours: nan is not a number in [1, 8784]"). CLI::Range lets NaN through
+// (every comparison with it is false), and "inf" past an open bound.
+CLI::Validator number_in(double lo, double hi);
 
 void register_train_command(CLI::App& app);  // berth train CONFIG [--set k=v]...
 void register_data_commands(CLI::App& app);  // berth data import|info

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <exception>
+#include <new>
 #include <string>
 
 #include "launcher/commands.h"
@@ -48,6 +49,12 @@ int main(int argc, char** argv) {
     const char* debug = std::getenv("BERTH_DEBUG");
     const bool where = debug && *debug && std::string(debug) != "0" && !e.where().empty();
     berth::log_error("{}{}", e.what(), where ? " [" + e.where() + "]" : "");
+    code = berth::kExitError;
+  } catch (const std::bad_alloc&) {
+    berth::log_error(
+        "out of memory: this command asked for more memory than the process can have. A model "
+        "or dataset file may declare sizes larger than it holds (check it with `berth data info` "
+        "or `h5dump -H`), or the config is too large for this machine (see `berth plan`)");
     code = berth::kExitError;
   } catch (const std::exception& e) {
     berth::log_error("internal error: {}", e.what());

@@ -376,6 +376,34 @@ TEST_F(IoTest, ReadWrongTokenDtype) {
                {"/tokens has element type float32, expected uint16 or uint32"});
 }
 
+TEST_F(IoTest, ReadHeaderDeclaringMoreTokensThanStoredIsRefusedBeforeAllocating) {
+  // 2^40 tokens declared, none written: reading would allocate 4 TiB for values not in the file.
+  write_token_dataset(path("a.h5"), small_dataset(50257, false));
+  {
+    H5File f(path("a.h5"));
+    ASSERT_GE(H5Ldelete(f.id, "tokens", H5P_DEFAULT), 0);
+    const hsize_t dims[1] = {hsize_t(1) << 40};
+    const hid_t space = H5Screate_simple(1, dims, nullptr);
+    const hid_t d =
+        H5Dcreate2(f.id, "tokens", H5T_STD_U32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    H5Dclose(d);
+    H5Sclose(space);
+  }
+  for (const bool data : {true, false}) {
+    expect_error(
+        [&] {
+          if (data) {
+            read_token_dataset(path("a.h5"));
+          } else {
+            read_token_dataset_shape(path("a.h5"));
+          }
+        },
+        {"/tokens declares 1099511627776 values (4398046511104 bytes) but the file stores 0 "
+         "bytes of it: truncated or corrupt"});
+  }
+}
+
 TEST_F(IoTest, ReadValidatesContents) {
   write_token_dataset(path("a.h5"), small_dataset(50257, false));
   {

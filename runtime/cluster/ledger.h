@@ -153,7 +153,7 @@ std::string current_user();
 int parse_priority(const std::string& text);
 // "72h", "90m", "1h30m", "2d", "45s" → seconds; throws on anything else.
 double parse_duration(const std::string& text);
-// "75GiB", "80GB", "512MiB", "1024" (bytes) → bytes; throws on anything else.
+// "75GiB", "80GB", "512MiB", "1024B" → bytes; a number without a unit (other than 0) throws.
 int64_t parse_bytes(const std::string& text);
 
 }  // namespace berth

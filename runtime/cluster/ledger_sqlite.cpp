@@ -792,6 +792,10 @@ int64_t parse_bytes(const std::string& text) {
   BERTH_CHECK(used > 0 && std::isfinite(v) && v >= 0,
               "cannot read the size '{}': use e.g. 75GiB, 80GB, 512MiB", text);
   const std::string unit = text.substr(used);
+  // A bare number is almost always meant in GiB or GB ("--min-free-mem 80"), not in bytes.
+  BERTH_CHECK(!unit.empty() || v == 0,
+              "the size '{}' has no unit: say {}GiB or {}GB ({}B for bytes)", text, text, text,
+              text);
   static const std::map<std::string, double> kUnits = {
       {"", 1},          {"B", 1},          {"KiB", 1024.0},   {"MiB", 1048576.0},
       {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},

@@ -90,6 +90,10 @@ ProgressPredictor::ProgressPredictor(RunFacts facts) : facts_(std::move(facts)) 
               facts_.session_steps);
   BERTH_CHECK(facts_.start_step >= 0, "run facts: start_step must be >= 0, got {}",
               facts_.start_step);
+  BERTH_CHECK(facts_.start_step + facts_.session_steps <= kMaxPredictedSteps,
+              "run facts: start_step + session_steps = {} is beyond the {} steps the predictor "
+              "forecasts (step by step)",
+              facts_.start_step + facts_.session_steps, kMaxPredictedSteps);
   BERTH_CHECK(facts_.hidden_size > 0, "run facts: hidden_size must be > 0, got {}",
               facts_.hidden_size);
   BERTH_CHECK(!facts_.schedule.empty(),
@@ -213,8 +217,10 @@ Prediction ProgressPredictor::predict() const {
   base /= wcost;
   for (double x : wrates)
     sq += (std::clamp(x, clip_lo, clip_hi) - base) * (std::clamp(x, clip_lo, clip_hi) - base);
-  const double cv =
-      wrates.size() > 1 ? std::sqrt(sq / static_cast<double>(wrates.size() - 1)) / base : 0.0;
+  // (Steps that took no measurable time, e.g. a trace rounded to 0.000 s, have no spread.)
+  const double cv = wrates.size() > 1 && base > 0
+                        ? std::sqrt(sq / static_cast<double>(wrates.size() - 1)) / base
+                        : 0.0;
 
   // The span of steady steps at the current level (where a drift is looked for): since the
   // warm-up, or the level shift the window restarted at, and within the schedule entry in force.
@@ -504,6 +510,12 @@ std::vector<StepRecord> read_trace_csv(const std::string& path) {
     r.event = f[9];
     BERTH_CHECK(r.duration_s >= 0, "trace {} line {}: duration_s {} is negative", path, lineno,
                 r.duration_s);
+    for (const double s : {r.duration_s, r.compute_s, r.comm_s, r.data_wait_s, r.overhead_s}) {
+      BERTH_CHECK(std::fabs(s) <= kMaxStepSeconds,
+                  "trace {} line {}: a time of {} s is beyond {:.0e} s (31 years): not a step's "
+                  "time",
+                  path, lineno, s, kMaxStepSeconds);
+    }
     BERTH_CHECK(rows.empty() || r.step > rows.back().step,
                 "trace {} line {}: step {} does not follow step {}", path, lineno, r.step,
                 rows.back().step);
@@ -573,6 +585,9 @@ RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
                 where, e.dump(), f.schedule[f.schedule.size() - 2].from_step);
   }
   BERTH_CHECK(f.session_steps > 0, "{}: session_steps must be > 0, got {}", where, f.session_steps);
+  BERTH_CHECK(f.max_steps <= kMaxPredictedSteps,
+              "{}: max_steps {} is beyond the {} steps the predictor forecasts (step by step)",
+              where, f.max_steps, kMaxPredictedSteps);
   BERTH_CHECK(f.start_step + f.session_steps <= f.max_steps,
               "{}: start_step {} + session_steps {} exceeds max_steps {} (the run's total steps)",
               where, f.start_step, f.session_steps, f.max_steps);
@@ -582,7 +597,7 @@ RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
 nlohmann::json parse_json_text(const std::string& text, const std::string& where) {
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // syntax, or a number beyond a double
     BERTH_FAIL("{}: invalid JSON ({})", where, e.what());
   }
 }
@@ -651,6 +666,7 @@ std::vector<EtaBenchRow> run_eta_bench(const std::string& dir) {
                 "{}: lacks 'true_total_s'", where);
     const RunFacts facts = facts_from_json(j, where);
     const double truth = j["true_total_s"].get<double>();
+    BERTH_CHECK(truth > 0, "{}: true_total_s must be > 0, got {}", where, truth);
     const auto rows =
         read_trace_csv((std::filesystem::path(dir) / j["file"].get<std::string>()).string());
     BERTH_CHECK(static_cast<int64_t>(rows.size()) == facts.session_steps,

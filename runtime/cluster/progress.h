@@ -27,6 +27,12 @@ struct ScheduleEntry {
 };
 
 // What the runtime knows about the session from its configuration.
+// The most global steps a run may have: the predictor forecasts the remaining steps one by one
+// (10^8 take about a second). Real runs have 10^4..10^6.
+constexpr int64_t kMaxPredictedSteps = 100'000'000;
+// The longest time a trace row may give a step (or a part of one): 10^9 s, 31 years.
+constexpr double kMaxStepSeconds = 1e9;
+
 struct RunFacts {
   int64_t max_steps = 0;   // run's total optimizer steps (global)
   int64_t start_step = 0;  // global step at which this session began (> 0: resumed)

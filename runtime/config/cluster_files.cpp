@@ -2,6 +2,8 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <set>
 
@@ -48,6 +50,17 @@ std::vector<std::string> string_list(const toml::table& t, const char* key,
 
 }  // namespace
 
+void check_host_name(const std::string& name, const std::string& where) {
+  const bool ok = !name.empty() && name.size() <= 253 &&
+                  std::all_of(name.begin(), name.end(), [](unsigned char c) {
+                    return std::isalnum(c) || c == '.' || c == '-' || c == '_';
+                  });
+  BERTH_CHECK(ok,
+              "{}: host name '{}' must be 1..253 letters, digits, '.', '-' or '_' (as `hostname` "
+              "prints it)",
+              where, name);
+}
+
 std::vector<InventoryHost> read_cluster_inventory(const std::string& path) {
   const toml::table doc = parse_file(path);
   only_keys(doc, {"hosts"}, path);
@@ -67,9 +80,16 @@ std::vector<InventoryHost> read_cluster_inventory(const std::string& path) {
     const auto mem = (*t)["memory_gib"].value<double>();
     const auto count = (*t)["gpus"].value<int64_t>();
     BERTH_CHECK(name && !name->empty(), "{}: 'name' (host name) is required", where);
+    check_host_name(*name, where);
+    for (size_t k = 0; k < out.size(); ++k) {
+      BERTH_CHECK(out[k].name != *name,
+                  "{}: host '{}' is listed already (entry {}); list each host once, with all "
+                  "its devices in 'gpus'",
+                  where, *name, k + 1);
+    }
     BERTH_CHECK(model && !model->empty(), "{}: 'model' (e.g. \"H100\") is required", where);
-    BERTH_CHECK(mem && std::isfinite(*mem) && *mem > 0, "{}: 'memory_gib' must be a number > 0",
-                where);
+    BERTH_CHECK(mem && std::isfinite(*mem) && *mem >= 1.0 / 1024 && *mem <= 1e6,
+                "{}: 'memory_gib' must be a number of GiB per device in [1/1024, 1000000]", where);
     BERTH_CHECK(count && *count > 0 && *count <= 4096, "{}: 'gpus' must be an integer in 1..4096",
                 where);
     h.name = *name, h.model = *model, h.memory_gib = *mem, h.count = *count;

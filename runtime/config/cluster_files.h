@@ -17,7 +17,11 @@ struct InventoryHost {
   int64_t count = 0;
   std::string kind = "gpu";
 };
+// Each host once; names of letters, digits, '.', '-' and '_'; memory_gib in [1/1024, 10^6].
 std::vector<InventoryHost> read_cluster_inventory(const std::string& path);
+// A host name as devices are named ("node01:gpu3"): 1..253 letters, digits, '.', '-' or '_'.
+// Throws Error starting with `where` otherwise.
+void check_host_name(const std::string& name, const std::string& where);
 
 // admins = [...], preemptors = [...], max_p0_per_owner = 1, min_notice_s = 600,
 // start_slack_s = 300, max_advance_s = 366 days

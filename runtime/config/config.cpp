@@ -397,6 +397,14 @@ void validate_config(const RunConfig& cfg) {
   for (const auto& s : sizes) {
     if (s.value <= 0) BERTH_FAIL("{}: {} must be > 0, got {}", w, s.name, s.value);
   }
+  // The progress predictor forecasts the remaining steps one by one (kMaxPredictedSteps in
+  // runtime/cluster/progress.h; config depends on core only).
+  if (cfg.train.steps > 100'000'000) {
+    BERTH_FAIL(
+        "{}: train.steps = {} is more than 100000000, the most berth plans and predicts "
+        "(real runs have 10^4..10^6 steps)",
+        w, cfg.train.steps);
+  }
   if (cfg.model.d_model % cfg.model.n_head != 0) {
     BERTH_FAIL("{}: model.d_model ({}) must be divisible by model.n_head ({}); choose d_model "
                "as a multiple of n_head",

@@ -53,6 +53,7 @@ std::string read_text_file(const std::string& path) {
 
 bool same_file_path(const std::string& a, const std::string& b) {
   namespace fs = std::filesystem;
+  if (a.empty() || b.empty()) return a == b;  // fs::absolute("") throws
   std::error_code ea, eb;
   const fs::path pa = fs::weakly_canonical(fs::absolute(a), ea);
   const fs::path pb = fs::weakly_canonical(fs::absolute(b), eb);
@@ -70,6 +71,7 @@ void sync_to_disk(const std::string& path) {
 }
 
 void check_output_file(const std::string& path, const char* what) {
+  BERTH_CHECK(!path.empty(), "{} is empty: give a file name", what);
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     BERTH_FAIL("{} '{}' is a directory; give a file name, e.g. {}/out.h5", what, path, path);

@@ -185,6 +185,18 @@ IntShape check_int_1d(hid_t dset, const char* name, const char* expected,
   hsize_t dims[1] = {0};
   H5Sget_simple_extent_dims(space.get(), dims, nullptr);
   shape.n = static_cast<size_t>(dims[0]);
+  // Without compression a dataset's storage holds every value; less means a header that declares
+  // more than was written (reading it would allocate for values that are not there).
+  H5Id dcpl(H5Dget_create_plist(dset), H5Pclose);
+  const bool filtered = !dcpl.valid() || H5Pget_nfilters(dcpl.get()) != 0;
+  const double declared = double(shape.n) * double(shape.nbytes);
+  const double stored = double(H5Dget_storage_size(dset));
+  if (!filtered && stored < declared) {
+    BERTH_FAIL(
+        "'{}': /{} declares {} values ({:.0f} bytes) but the file stores {:.0f} bytes of "
+        "it: truncated or corrupt; {}",
+        path, name, shape.n, declared, stored, kImportHint);
+  }
   return shape;
 }
 

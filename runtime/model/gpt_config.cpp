@@ -18,9 +18,11 @@ GPTConfig make_gpt_config(int64_t n_layer, int64_t n_head, int64_t d_model, int6
   BERTH_CHECK(d_model % n_head == 0, "model.d_model ({}) must be divisible by model.n_head ({})",
               d_model, n_head);
   BERTH_CHECK(vocab_size < (int64_t(1) << 30) && d_model < (int64_t(1) << 20) &&
-                  max_seq_len < (int64_t(1) << 24),
-              "model sizes too large for this build: vocab_size={} d_model={} max_seq_len={}",
-              vocab_size, d_model, max_seq_len);
+                  max_seq_len < (int64_t(1) << 24) && n_layer < (int64_t(1) << 16) &&
+                  n_head < (int64_t(1) << 16),
+              "model sizes too large for this build: n_layer={} n_head={} vocab_size={} "
+              "d_model={} max_seq_len={}",
+              n_layer, n_head, vocab_size, d_model, max_seq_len);
   GPTConfig c;
   c.L = int(n_layer);
   c.NH = int(n_head);

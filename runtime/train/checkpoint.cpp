@@ -146,8 +146,16 @@ int64_t read_i64_attr(hid_t obj, const char* name, const std::string& path) {
                name);
   }
   H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  if (!attr.valid()) fail_read(path, fmt::format("attribute '{}'", name));
+  H5Id type(H5Aget_type(attr.get()), H5Tclose);
+  if (!type.valid() || H5Tget_class(type.get()) != H5T_INTEGER) {
+    BERTH_FAIL(
+        "checkpoint file '{}': attribute '{}' is not an integer: not a berth checkpoint "
+        "file, or a corrupt one",
+        path, name);
+  }
   int64_t v = 0;
-  if (!attr.valid() || H5Aread(attr.get(), H5T_NATIVE_INT64, &v) < 0) {
+  if (H5Aread(attr.get(), H5T_NATIVE_INT64, &v) < 0) {
     fail_read(path, fmt::format("attribute '{}'", name));
   }
   return v;
@@ -180,6 +188,7 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
 
 H5Id open_file(const std::string& path) {
   if (!fs::exists(path)) BERTH_FAIL("checkpoint file '{}' is missing", path);
+  if (!fs::is_regular_file(path)) BERTH_FAIL("checkpoint file '{}' is not a file", path);
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) fail_read(path, "opening");
   return file;

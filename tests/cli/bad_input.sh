@@ -329,7 +329,7 @@ expect_error "plan_inner_layout_not_dividing_gpus" "tp·pp·cp = 2·1·1 = 2 doe
   "" "$BERTH" plan "$TINY_TOML" --gpus 3 --set parallel.tp=2
 expect_error "plan_zero_gpus" "--gpus: 0 is not a whole number >= 1" "" \
   "$BERTH" plan "$TINY_TOML" --gpus 0
-expect_error "plan_negative_price" "--price-per-gpu-hour must be >= 0" "" \
+expect_error "plan_negative_price" "--price-per-gpu-hour: -1 is not a number in [0, 1000000000]" "" \
   "$BERTH" plan "$TINY_TOML" --price-per-gpu-hour -1
 "$BERTH" plan "$TINY_TOML" --gpus 2 --gpu h100 --price-per-gpu-hour 3 >"$log" 2>&1
 why=""
@@ -381,6 +381,52 @@ report "check_location_with_berth_debug" \
 # Every document is longer than the rows and --drop-long drops them: no empty plan.
 expect_error "pack_drops_every_document" "nothing to pack" "$tmp/p_empty.h5" \
   "$BERTH" pack --data "$tmp/d.h5" --seq-len 4 --drop-long --out "$tmp/p_empty.h5"
+
+# ---- outputs that would replace an input; numbers, units and names the checks let through ------
+cp "$tmp/d.h5" "$tmp/self.h5"
+expect_error "import_out_is_its_input" "names the input" "" \
+  "$BERTH" data import --format llmc "$tmp/self.h5" --out "$tmp/self.h5"
+report "import_input_kept" "$(cmp -s "$tmp/d.h5" "$tmp/self.h5" || echo " the input was replaced")"
+expect_error "import_out_empty" "--out is empty: give a file name" "" \
+  "$BERTH" data import --format text "$tmp/doc1.txt" --out ""
+ck=$(ls -d "$tmp"/runs/tiny3/checkpoints/step-* | tail -1)
+cp "$ck/model.h5" "$tmp/model_before.h5"
+expect_error "export_into_the_checkpoint" "is inside the checkpoint" "" \
+  "$BERTH" model export --format llmc "$ck/" --out "$ck/model.h5"
+report "export_checkpoint_kept" "$(cmp -s "$ck/model.h5" "$tmp/model_before.h5" || echo " model.h5 replaced")"
+expect_error "train_steps_beyond_the_predictor" "more than 100000000" "$tmp/runs/huge" \
+  train_tiny huge --set train.steps=1000000000
+expect_error "timeline_hours_nan" "--hours: nan is not a number in [1, 8784]" "" \
+  "$BERTH" timeline --hours nan --ledger "$tmp/l.db"
+expect_error "reserve_margin_nan" "--margin: nan is not a number in [1, 10]" "" \
+  "$BERTH" reserve --config "$TINY_TOML" --gpu cpu --margin nan --ledger "$tmp/l.db"
+expect_error "reserve_memory_without_unit" "the size '80' has no unit: say 80GiB or 80GB" "" \
+  "$BERTH" reserve --gpus 1 --duration 1h --min-free-mem 80 --ledger "$tmp/l.db"
+expect_error "cancel_empty_id" "is not a whole number >= 1" "" "$BERTH" cancel "" --ledger "$tmp/l.db"
+expect_error "cancel_id_beyond_int64" "99999999999999999999 is not a whole number >= 1" "" \
+  "$BERTH" cancel 99999999999999999999 --ledger "$tmp/l.db"
+printf '[[hosts]]\nname = "n1"\nmodel = "A100"\nmemory_gib = 40\ngpus = 4\n[[hosts]]\nname = "n1"\nmodel = "H100"\nmemory_gib = 80\ngpus = 8\n' >"$tmp/dup.toml"
+expect_error "inventory_host_twice" "host 'n1' is listed already (entry 1)" "$tmp/inv.db" \
+  "$BERTH" devices register --from "$tmp/dup.toml" --ledger "$tmp/inv.db"
+printf '[[hosts]]\nname = "n1:0"\nmodel = "A100"\nmemory_gib = 1e300\ngpus = 4\n' >"$tmp/badhost.toml"
+expect_error "inventory_host_name" "host name 'n1:0' must be 1..253 letters" "$tmp/inv.db" \
+  "$BERTH" devices register --from "$tmp/badhost.toml" --ledger "$tmp/inv.db"
+# eta replay: a run too long to forecast step by step is refused at once (it took minutes);
+# steps of 0 s give 0, not NaN; a number beyond a double is invalid JSON, not an internal error.
+printf 'step,duration_s,tokens,seq_len,compute_s,comm_s,data_wait_s,overhead_s,mem_gib,event\n' >"$tmp/z.csv"
+for i in $(seq 20); do echo "$i,0,64,16,0,0,0,0,0.1," >>"$tmp/z.csv"; done
+facts='"start_step": 0, "session_steps": 100, "ckpt_interval": 0, "eval_interval": 0, "schedule": [[0, 16, 64]], "hidden_size": 32, "mem_capacity_gib": 1, "lease_s": 0'
+echo "{\"max_steps\": 100, $facts}" >"$tmp/z.json"
+"$BERTH" eta replay "$tmp/z.csv" --meta "$tmp/z.json" >"$log" 2>&1
+report "eta_replay_zero_durations" "$(grep -q 'high_s=0.000$' "$log" || echo " not 0"; grep -qi nan "$log" && echo " NaN")"
+echo "{\"max_steps\": 1000000000000000000, $facts}" >"$tmp/big.json"
+expect_error "eta_replay_steps_beyond_the_predictor" "max_steps 1000000000000000000 is beyond the 100000000 steps" "" \
+  timeout 20 "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp/big.json"
+echo "{\"max_steps\": 100, $facts, \"x\": 1e400}" >"$tmp/ovf.json"
+mkdir -p "$tmp/bench" && cp "$tmp/z.csv" "$tmp/bench/z.csv"
+echo "[{\"file\": \"z.csv\", \"true_total_s\": 0, \"max_steps\": 20, ${facts/\"session_steps\": 100/\"session_steps\": 20}}]" >"$tmp/bench/index.json"
+expect_error "eta_bench_truth_not_positive" "true_total_s must be > 0, got 0" "" "$BERTH" eta bench "$tmp/bench"
+expect_error "eta_replay_number_overflow" "invalid JSON" "" "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp/ovf.json"
 
 # ---- summary -------------------------------------------------------------------------------------
 
