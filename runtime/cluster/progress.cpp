@@ -90,7 +90,8 @@ ProgressPredictor::ProgressPredictor(RunFacts facts) : facts_(std::move(facts)) 
               facts_.session_steps);
   BERTH_CHECK(facts_.start_step >= 0, "run facts: start_step must be >= 0, got {}",
               facts_.start_step);
-  BERTH_CHECK(facts_.start_step + facts_.session_steps <= kMaxPredictedSteps,
+  BERTH_CHECK(facts_.session_steps <= kMaxPredictedSteps &&
+                  facts_.start_step <= kMaxPredictedSteps - facts_.session_steps,
               "run facts: start_step + session_steps = {} is beyond the {} steps the predictor "
               "forecasts (step by step)",
               facts_.start_step + facts_.session_steps, kMaxPredictedSteps);
@@ -588,7 +589,7 @@ RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
   BERTH_CHECK(f.max_steps <= kMaxPredictedSteps,
               "{}: max_steps {} is beyond the {} steps the predictor forecasts (step by step)",
               where, f.max_steps, kMaxPredictedSteps);
-  BERTH_CHECK(f.start_step + f.session_steps <= f.max_steps,
+  BERTH_CHECK(f.start_step <= f.max_steps - f.session_steps,
               "{}: start_step {} + session_steps {} exceeds max_steps {} (the run's total steps)",
               where, f.start_step, f.session_steps, f.max_steps);
   return f;
