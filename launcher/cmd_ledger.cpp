@@ -578,7 +578,9 @@ void register_ledger_commands(CLI::App& app) {
     cmd->add_option("--hours", *hours, "Hours from now to show (default 72)")
         ->check(number_in(1.0, 24.0 * 366));
     cmd->add_option("--html", *html, "Also write a self-contained HTML/SVG page");
-    cmd->callback([a, hours, html] {
+    cmd->callback([a, hours, html, cmd] {
+      // Before the ledger is read: a page that cannot be written is known at once.
+      if (cmd->count("--html") > 0) check_output_file(*html, "--html");
       auto ledger = open_ledger(*a);
       const double t0 = std::floor(unix_now() / 3600) * 3600;
       std::vector<Reservation> rs;

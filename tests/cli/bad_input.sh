@@ -394,6 +394,11 @@ cp "$ck/model.h5" "$tmp/model_before.h5"
 expect_error "export_into_the_checkpoint" "is inside the checkpoint" "" \
   "$BERTH" model export --format llmc "$ck/" --out "$ck/model.h5"
 report "export_checkpoint_kept" "$(cmp -s "$ck/model.h5" "$tmp/model_before.h5" || echo " model.h5 replaced")"
+"$BERTH" model export --format llmc "$ck" --out "$tmp/m.bin" >"$log" 2>&1
+expect_error "model_import_into_missing_directory" "the directory '$tmp/nodir2' does not exist" \
+  "$tmp/nodir2" "$BERTH" model import --format llmc "$tmp/m.bin" --out "$tmp/nodir2/ck"
+expect_error "timeline_html_empty" "--html is empty: give a file name" "" \
+  "$BERTH" timeline --html "" --ledger "$tmp/l.db"
 expect_error "train_steps_beyond_the_predictor" "more than 100000000" "$tmp/runs/huge" \
   train_tiny huge --set train.steps=1000000000
 expect_error "timeline_hours_nan" "--hours: nan is not a number in [1, 8784]" "" \
