@@ -75,20 +75,20 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
     s.peak_flops_per_rank = cfg.progress.peak_tflops * 1e12;
     s.session_start_unix = session_start_unix_;
     if (reservation > 0) s.reservation = std::to_string(reservation);
-    if (window_end_unix > 0 || !cfg.progress.window_end.empty()) {
-      s.window_end_unix =
-          window_end_unix > 0 ? window_end_unix : parse_utc_time(cfg.progress.window_end);
-      window_end_unix_ = s.window_end_unix;
-      f.lease_s = s.window_end_unix - session_start_unix_;
-      if (f.lease_s <= 0) {
-        log_warn("the window end {} has already passed: the window warning will fire at every "
-                 "block",
-                 format_utc_iso(s.window_end_unix));
-        f.lease_s = 1e-3;
-      }
-    }
-    write_file_atomic(run_dir_ + "/run_facts.json", run_facts_to_json(f));
     monitor_ = std::make_unique<ProgressMonitor>(f, s);
+    if (window_end_unix > 0 || !cfg.progress.window_end.empty()) {
+      window_end_unix_ =
+          window_end_unix > 0 ? window_end_unix : parse_utc_time(cfg.progress.window_end);
+      if (window_end_unix_ <= session_start_unix_) {
+        log_warn(
+            "the window end {} has already passed: the window warning will fire at every "
+            "block",
+            format_utc_iso(window_end_unix_));
+      }
+      monitor_->set_window_end(window_end_unix_);  // and the facts' lease_s
+    }
+    write_file_atomic(run_dir_ + "/run_facts.json",
+                      run_facts_to_json(monitor_->predictor().facts()));
     const std::string trace = run_dir_ + "/trace.csv";
     std::error_code ec;
     for (const std::string& old : {trace, trace + ".partial"}) {
