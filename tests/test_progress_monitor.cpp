@@ -128,6 +128,28 @@ TEST(ProgressMonitor, PipelineStagesAreComparedOnlyWithThemselves) {
       << msg;
 }
 
+TEST(ProgressMonitor, ASlowSpellThatMovesToAnotherRankIsNotAStraggler) {
+  // Noise on a shared machine: rank 0 is 30 % slower for 50 steps, then rank 1 for 50. Each spell
+  // alone fills a window of 50 steps, but neither rank is consistently slower.
+  auto spells = [](int64_t rank1_from) {
+    return [rank1_from](int64_t s) {
+      auto v = balanced(4, s);
+      v[s < rank1_from ? 0 : 1].compute_s *= 1.3;
+      for (auto& m : v) m.wall_s = m.compute_s + m.comm_s;
+      return v;
+    };
+  };
+  // warm-up ends at step 5: steps 6..55 rank 0, 56..105 rank 1
+  EXPECT_FALSE(has(run(4, 105, spells(56)).report(), WarningKind::Straggler));
+  // rank 1 stays slower for 50 more steps: both halves of the last 100 name it
+  std::string msg;
+  ASSERT_TRUE(has(run(4, 155, spells(56)).report(), WarningKind::Straggler, &msg));
+  EXPECT_NE(msg.find("rank 1@nodeB is busy 30% longer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("means over the last 100 steps, slowest in 100 of them and in both halves"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(ProgressMonitor, OccasionalSlowRankIsNotAStraggler) {
   // Every rank is slow now and then (a different one each step): nobody is consistently slowest.
   const ProgressReport r = run(4, 100, [](int64_t s) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "runtime/core/check.h"
 #include "runtime/core/clock.h"
@@ -112,6 +113,81 @@ std::vector<const ProgressMonitor::Sample*> ProgressMonitor::recent_normal(size_
   return out;
 }
 
+ProgressMonitor::StragglerStats ProgressMonitor::straggler_stats(
+    const std::vector<const Sample*>& steps) const {
+  const size_t nr = settings_.rank_names.size();
+  StragglerStats st;
+  st.busy.assign(nr, 0);
+  st.slowest.assign(nr, 0);
+  std::vector<std::vector<double>> ratio(nr);
+  for (const Sample* s : steps) {
+    std::vector<double> b(nr);
+    for (size_t k = 0; k < nr; ++k) {
+      b[k] = std::max(0.0, s->ranks[k].wall_s - s->ranks[k].comm_s);
+      st.busy[k] += b[k];
+    }
+    // Each rank against the others of its pipeline stage (stages differ in work: the last one
+    // has the LM head and the loss), and the slowest of each stage counted.
+    for (size_t k = 0; k < nr; ++k) {
+      std::vector<double> others;
+      bool is_slowest = true;
+      for (size_t o = 0; o < nr; ++o) {
+        if (o == k || stage_of(o) != stage_of(k)) continue;
+        others.push_back(b[o]);
+        is_slowest = is_slowest && (b[k] > b[o] || (b[k] == b[o] && k < o));
+      }
+      if (others.empty()) {
+        ratio[k].push_back(1.0);
+        continue;
+      }
+      const double ref = median(others);
+      ratio[k].push_back(ref > 0 ? b[k] / ref : 1.0);
+      st.slowest[k] += is_slowest;
+    }
+  }
+  // The candidate: the rank with the highest median ratio (spikes do not move a median).
+  std::vector<double> med(nr);
+  for (size_t k = 0; k < nr; ++k) med[k] = median(ratio[k]);
+  st.worst = static_cast<size_t>(std::max_element(med.begin(), med.end()) - med.begin());
+  st.is_straggler =
+      med[st.worst] >= kStragglerRatio &&
+      st.slowest[st.worst] >= kStragglerSlowestShare * static_cast<double>(steps.size());
+  return st;
+}
+
+std::optional<ProgressWarning> ProgressMonitor::straggler_warning() const {
+  const size_t nr = settings_.rank_names.size();
+  // Consistently slower: the same rank passes the test in both halves of the newest normal
+  // steps (up to twice the window). On shared or noisy machines one rank or another is slower
+  // for a while; a rank that is slower in one half and not in the other is such noise, which no
+  // host check would find.
+  const std::vector<const Sample*> span = recent_normal(2 * kWarnWindow);
+  if (nr < 2 || span.size() < 2 * kMinWarnSteps) return std::nullopt;
+  const auto mid = span.begin() + static_cast<std::ptrdiff_t>(span.size() / 2);
+  const StragglerStats older = straggler_stats({span.begin(), mid});
+  const StragglerStats newer = straggler_stats({mid, span.end()});
+  if (!older.is_straggler || !newer.is_straggler || older.worst != newer.worst) return std::nullopt;
+  // What the message shows: the means over both halves of the rank and of the median other rank
+  // of its stage, and the percentage between those two figures.
+  const size_t worst = newer.worst;
+  const double n = static_cast<double>(span.size());
+  std::vector<double> others;
+  for (size_t o = 0; o < nr; ++o)
+    if (o != worst && stage_of(o) == stage_of(worst))
+      others.push_back((older.busy[o] + newer.busy[o]) / n);
+  const double mine = (older.busy[worst] + newer.busy[worst]) / n, ref = median(others);
+  return ProgressWarning{
+      WarningKind::Straggler,
+      fmt::format("straggler: rank {} is busy {:.0f}% longer per step than the median of the "
+                  "other ranks{} ({:.1f} ms vs {:.1f} ms of compute and data loading, means over "
+                  "the last {} steps, slowest in {} of them and in both halves); the others wait "
+                  "for it in collectives. Check that host for throttling, another job or CPU "
+                  "binding, or exclude it",
+                  settings_.rank_names[worst], ref > 0 ? (mine / ref - 1) * 100 : 0.0,
+                  settings_.rank_stage.empty() ? "" : " of its pipeline stage", mine * 1e3,
+                  ref * 1e3, span.size(), older.slowest[worst] + newer.slowest[worst])};
+}
+
 ProgressReport ProgressMonitor::report() const {
   ProgressReport r;
   r.prediction = predictor_.predict();
@@ -153,70 +229,19 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
   const Prediction& p = r.prediction;
   const std::vector<const Sample*> win = recent_normal(kWarnWindow);
   const size_t nr = settings_.rank_names.size();
-  bool straggler = false;
+  std::optional<ProgressWarning> straggler = straggler_warning();
+  if (straggler) out.push_back(*straggler);
   if (win.size() >= kMinWarnSteps) {
     // Shares of wall time, summed over the window.
-    std::vector<double> wall(nr, 0), comm(nr, 0), data(nr, 0), busy(nr, 0);
-    std::vector<int> slowest(nr, 0);
-    std::vector<std::vector<double>> ratio(nr);
+    std::vector<double> wall(nr, 0), comm(nr, 0), data(nr, 0);
     for (const Sample* s : win) {
-      std::vector<double> b(nr);
       for (size_t k = 0; k < nr; ++k) {
         const RankStepMetrics& m = s->ranks[k];
         // The bubble is waiting for other stages, not communication a bigger batch would hide.
         wall[k] += m.wall_s, comm[k] += m.comm_s - m.bubble_s, data[k] += m.data_wait_s;
-        b[k] = std::max(0.0, m.wall_s - m.comm_s);
-        busy[k] += b[k];
-      }
-      if (nr < 2) continue;
-      // Each rank against the others of its pipeline stage (stages differ in work: the last one
-      // has the LM head and the loss), and the slowest of each stage counted.
-      for (size_t k = 0; k < nr; ++k) {
-        std::vector<double> others;
-        bool is_slowest = true;
-        for (size_t o = 0; o < nr; ++o) {
-          if (o == k || stage_of(o) != stage_of(k)) continue;
-          others.push_back(b[o]);
-          is_slowest = is_slowest && (b[k] > b[o] || (b[k] == b[o] && k < o));
-        }
-        if (others.empty()) {
-          ratio[k].push_back(1.0);
-          continue;
-        }
-        const double ref = median(others);
-        ratio[k].push_back(ref > 0 ? b[k] / ref : 1.0);
-        slowest[k] += is_slowest;
       }
     }
     const double nwin = static_cast<double>(win.size());
-    // Straggler: the rank with the highest median ratio.
-    if (nr >= 2) {
-      size_t worst = 0;
-      std::vector<double> med(nr);
-      for (size_t k = 0; k < nr; ++k) med[k] = median(ratio[k]);
-      worst = static_cast<size_t>(std::max_element(med.begin(), med.end()) - med.begin());
-      if (med[worst] >= kStragglerRatio &&
-          slowest[worst] >= kStragglerSlowestShare * nwin) {
-        // What the message shows: the window means of the rank and of the median other rank of
-        // its stage, and the percentage between those two figures (the test above uses the
-        // median of per-step ratios, which spikes do not move).
-        std::vector<double> others;
-        for (size_t o = 0; o < nr; ++o)
-          if (o != worst && stage_of(o) == stage_of(worst)) others.push_back(busy[o] / nwin);
-        const double mine = busy[worst] / nwin, ref = median(others);
-        straggler = true;
-        out.push_back(
-            {WarningKind::Straggler,
-             fmt::format("straggler: rank {} is busy {:.0f}% longer per step than the median of "
-                         "the other ranks{} ({:.1f} ms vs {:.1f} ms of compute and data loading, "
-                         "means over the last {} steps, slowest in {} of them); the others wait "
-                         "for it in collectives. Check that host for throttling, another job or "
-                         "CPU binding, or exclude it",
-                         settings_.rank_names[worst], ref > 0 ? (mine / ref - 1) * 100 : 0.0,
-                         settings_.rank_stage.empty() ? "" : " of its pipeline stage", mine * 1e3,
-                         ref * 1e3, win.size(), slowest[worst])});
-      }
-    }
     double wall_all = 0, comm_all = 0;
     size_t data_rank = 0;
     double data_share = 0;

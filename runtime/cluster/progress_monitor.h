@@ -7,7 +7,8 @@
 //   comm-bound      exposed communication >= 30 % of step time (not raised when a straggler
 //                   explains the waiting)
 //   straggler       one rank busy (wall − communication) >= 10 % longer than the median of the
-//                   others of its pipeline stage, and their slowest in >= 60 % of the steps
+//                   others of its pipeline stage, and their slowest in >= 60 % of the steps, in
+//                   both halves of the newest normal steps (up to twice the window)
 //   memory          a rank's memory grows and, at that rate, passes the capacity before the end
 //   window          the booked window ends before the predicted finish (with the fix)
 //   checkpoints     checkpoints take >= 10 % of the session (once one was measured)
@@ -15,6 +16,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,6 +105,17 @@ class ProgressMonitor {
     bool normal;  // no event
     std::vector<RankStepMetrics> ranks;
   };
+  // Over some normal steps: each rank's summed busy time (wall − communication), how often it was
+  // the slowest of its stage, and the rank with the highest median ratio to the others of its
+  // stage with whether it passes the straggler test.
+  struct StragglerStats {
+    std::vector<double> busy;
+    std::vector<int> slowest;
+    size_t worst = 0;
+    bool is_straggler = false;
+  };
+  StragglerStats straggler_stats(const std::vector<const Sample*>& steps) const;
+  std::optional<ProgressWarning> straggler_warning() const;
   std::vector<ProgressWarning> warnings(const ProgressReport& r) const;
   std::vector<const Sample*> recent_normal(size_t n) const;
   int stage_of(size_t rank) const;
