@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/core/fs.h"
+#include "runtime/io/hdf5_util.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/resume_changes.h"
 #include "runtime/train/trainer.h"
@@ -344,6 +345,51 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   save_checkpoint((work / "other_adam").string(), other);
   test::expect_error([&] { load_checkpoint((work / "other_adam").string(), true); },
                      {"has adam_step 7, but meta.json says step 10", "not this checkpoint's"});
+  // HDF5 files edited in place: another `format`, a tensor saved as a slice of a bigger one, a
+  // tensor the model of the attributes does not have (in model.h5, and in a moment group).
+  auto edit_h5 = [&](const std::string& name, const char* file, auto&& edit) {
+    fs::copy(good, work / name, fs::copy_options::recursive);
+    const std::string p = (work / name / file).string();
+    h5::H5Id f(H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    ASSERT_TRUE(f.valid());
+    edit(f.get());
+  };
+  edit_h5("other_format", "model.h5", [](hid_t f) {
+    ASSERT_GE(H5Adelete(f, "format"), 0);
+    ASSERT_TRUE(h5::write_string_attr(f, "format", "something-else"));
+  });
+  test::expect_error([&] { load_checkpoint((work / "other_format").string(), true); },
+                     {"model.h5' has format 'something-else', expected", "not a berth checkpoint"});
+  edit_h5("no_format", "optimizer.h5", [](hid_t f) { ASSERT_GE(H5Adelete(f, "format"), 0); });
+  test::expect_error([&] { load_checkpoint((work / "no_format").string(), true); },
+                     {"optimizer.h5' has no attribute 'format'"});
+  edit_h5("shard", "model.h5", [](hid_t f) {
+    h5::H5Id d(H5Dopen2(f, "wpe", H5P_DEFAULT), H5Dclose);
+    h5::H5Id attr(H5Aopen(d.get(), "offset", H5P_DEFAULT), H5Aclose);
+    const int64_t offset[2] = {16, 0};
+    ASSERT_GE(H5Awrite(attr.get(), H5T_NATIVE_INT64, offset), 0);
+  });
+  test::expect_error([&] { load_checkpoint((work / "shard").string(), true); },
+                     {"tensor 'wpe' is not a whole tensor", "offset [16, 0]", "shard"});
+  auto add_tensor = [](hid_t loc) {
+    const hsize_t dims[1] = {3};
+    h5::H5Id space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+    h5::H5Id d(H5Dcreate2(loc, "h.9.mlp.c_fc.bias", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
+                          H5P_DEFAULT, H5P_DEFAULT),
+               H5Dclose);
+    ASSERT_TRUE(d.valid());
+  };
+  edit_h5("extra", "model.h5", add_tensor);
+  test::expect_error([&] { load_checkpoint((work / "extra").string(), true); },
+                     {"model.h5' holds 1 tensor(s) the model", "(h.9.mlp.c_fc.bias)", "corrupt"});
+  edit_h5("extra_moment", "optimizer.h5", [&](hid_t f) {
+    h5::H5Id g(H5Gopen2(f, "v", H5P_DEFAULT), H5Gclose);
+    add_tensor(g.get());
+  });
+  test::expect_error([&] { load_checkpoint((work / "extra_moment").string(), true); },
+                     {"optimizer.h5' holds 1 tensor(s)", "(v/h.9.mlp.c_fc.bias)"});
+  // Weights only (init_from) does not read optimizer.h5 at all.
+  EXPECT_NO_THROW(load_checkpoint((work / "extra_moment").string(), false));
   // A step-N name beyond int64 is no checkpoint name (it threw std::out_of_range).
   fs::create_directories(work / "names" / "step-99999999999999999999");
   std::ofstream((work / "names" / "step-99999999999999999999" / "meta.json").string()) << "{}";

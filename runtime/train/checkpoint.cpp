@@ -15,6 +15,7 @@
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <system_error>
 #include <thread>
 
@@ -161,6 +162,72 @@ int64_t read_i64_attr(hid_t obj, const char* name, const std::string& path) {
   return v;
 }
 
+// The root attribute `format` of a checkpoint file: a file without it, or with another value, is
+// some other HDF5 file put in the checkpoint's place.
+void check_format_attr(hid_t file, const std::string& path) {
+  if (H5Aexists(file, "format") <= 0) {
+    BERTH_FAIL("checkpoint file '{}' has no attribute 'format': not a berth checkpoint file", path);
+  }
+  H5Id attr(H5Aopen(file, "format", H5P_DEFAULT), H5Aclose);
+  if (!attr.valid()) fail_read(path, "attribute 'format'");
+  H5Id type(H5Aget_type(attr.get()), H5Tclose);
+  std::string value;
+  if (!type.valid() || H5Tget_class(type.get()) != H5T_STRING ||
+      !h5::read_string_attr_value(attr.get(), type.get(), &value) || value != kCheckpointFormat) {
+    BERTH_FAIL("checkpoint file '{}' has format '{}', expected '{}': not a berth checkpoint file",
+               path, value, kCheckpointFormat);
+  }
+}
+
+// A one-dimensional int64 attribute of a dataset (empty when it is missing or of another kind).
+std::optional<std::vector<int64_t>> read_i64_array_attr(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return std::nullopt;
+  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  H5Id type(attr.valid() ? H5Aget_type(attr.get()) : H5I_INVALID_HID, H5Tclose);
+  H5Id space(attr.valid() ? H5Aget_space(attr.get()) : H5I_INVALID_HID, H5Sclose);
+  if (!type.valid() || !space.valid() || H5Tget_class(type.get()) != H5T_INTEGER) {
+    return std::nullopt;
+  }
+  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  if (n < 0 || H5Sget_simple_extent_ndims(space.get()) > 1) return std::nullopt;
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  if (n > 0 && H5Aread(attr.get(), H5T_NATIVE_INT64, v.data()) < 0) return std::nullopt;
+  return v;
+}
+
+// The names in group `loc` that `expected` does not list (datasets or groups a berth writer did
+// not write for this model).
+std::vector<std::string> unexpected_links(hid_t loc, const std::vector<std::string>& expected,
+                                          const std::string& path) {
+  std::vector<std::string> names;
+  auto collect = [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+    static_cast<std::vector<std::string>*>(out)->push_back(name);
+    return 0;
+  };
+  if (H5Literate(loc, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, collect, &names) < 0) {
+    fail_read(path, "listing its tensors");
+  }
+  std::vector<std::string> extra;
+  for (const std::string& n : names) {
+    if (std::find(expected.begin(), expected.end(), n) == expected.end()) extra.push_back(n);
+  }
+  return extra;
+}
+
+void check_no_extra_tensors(hid_t loc, const std::vector<std::string>& expected,
+                            const std::string& path, const std::string& prefix) {
+  std::vector<std::string> extra = unexpected_links(loc, expected, path);
+  if (extra.empty()) return;
+  for (std::string& e : extra) e = prefix + e;
+  const size_t shown = std::min<size_t>(extra.size(), 5);
+  BERTH_FAIL(
+      "checkpoint file '{}' holds {} tensor(s) the model of its attributes does not have "
+      "({}{}): its attributes or tensors were edited, or it was written by another tool; "
+      "the checkpoint is corrupt",
+      path, extra.size(), fmt::join(extra.begin(), extra.begin() + shown, ", "),
+      extra.size() > shown ? ", ..." : "");
+}
+
 void read_tensor(hid_t loc, const std::string& name, float* out, const std::vector<int64_t>& shape,
                  const std::string& path) {
   if (H5Lexists(loc, name.c_str(), H5P_DEFAULT) <= 0) {
@@ -180,6 +247,18 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
   if (got != shape) {
     BERTH_FAIL("checkpoint file '{}': tensor '{}' has shape [{}], the model expects [{}]", path,
                name, fmt::join(got, ", "), fmt::join(shape, ", "));
+  }
+  // berth saves every tensor whole: a slice of a bigger tensor (a shard another writer made, or
+  // an edited attribute) would load as if it were all of it.
+  const auto full = read_i64_array_attr(dset.get(), "full_shape");
+  const auto offset = read_i64_array_attr(dset.get(), "offset");
+  if (!full || !offset || *full != shape || *offset != std::vector<int64_t>(shape.size(), 0)) {
+    BERTH_FAIL(
+        "checkpoint file '{}': tensor '{}' is not a whole tensor (full_shape [{}], offset "
+        "[{}]; berth writes full_shape [{}] and offset zeros): a shard from another "
+        "writer, or a corrupt file",
+        path, name, full ? fmt::format("{}", fmt::join(*full, ", ")) : "missing",
+        offset ? fmt::format("{}", fmt::join(*offset, ", ")) : "missing", fmt::join(shape, ", "));
   }
   if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
     fail_read(path, fmt::format("reading '{}' (checksum mismatch means the file is corrupt)", name));
@@ -416,6 +495,7 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   const std::string model_path = (fs::path(dir) / "model.h5").string();
   H5Id file = open_file(model_path);
   const hid_t f = file.get();
+  check_format_attr(f, model_path);
   const int64_t file_version = read_i64_attr(f, "format_version", model_path);
   BERTH_CHECK(file_version == kCheckpointFormatVersion, "'{}' has format_version {}, expected {}",
               model_path, file_version, kCheckpointFormatVersion);
@@ -429,11 +509,15 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
               model_path, vp, d.model.V, d.model.Vp);
   const ParamLayout layout = gpt_param_layout(d.model);
   d.params.assign(size_t(layout.total), 0.f);
+  std::vector<std::string> names;
+  for (const ParamSpec& s : layout.specs) names.push_back(s.name);
+  check_no_extra_tensors(f, names, model_path, "");
   for (const ParamSpec& s : layout.specs) read_tensor(f, s.name, d.params.data() + s.offset, s.shape, model_path);
 
   const std::string opt_path = (fs::path(dir) / "optimizer.h5").string();
   if (with_optimizer && saved_optimizer) {
     H5Id of = open_file(opt_path);
+    check_format_attr(of.get(), opt_path);
     d.adam_step = read_i64_attr(of.get(), "adam_step", opt_path);
     // AdamW steps once per optimizer step: another count is an optimizer.h5 from elsewhere, and
     // its bias correction would be wrong.
@@ -441,6 +525,13 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
                 "'{}' has adam_step {}, but meta.json says step {}: the optimizer state is not "
                 "this checkpoint's (copied from another one?); the checkpoint is corrupt",
                 opt_path, d.adam_step, d.meta.step);
+    check_no_extra_tensors(of.get(), {"m", "v"}, opt_path, "");
+    for (const char* moment : {"m", "v"}) {
+      if (H5Lexists(of.get(), moment, H5P_DEFAULT) <= 0) continue;  // read_tensor names it
+      H5Id group(H5Gopen2(of.get(), moment, H5P_DEFAULT), H5Gclose);
+      if (!group.valid()) fail_read(opt_path, fmt::format("group '{}'", moment));
+      check_no_extra_tensors(group.get(), names, opt_path, std::string(moment) + "/");
+    }
     d.adam_m.assign(size_t(layout.total), 0.f);
     d.adam_v.assign(size_t(layout.total), 0.f);
     for (const ParamSpec& s : layout.specs) {
