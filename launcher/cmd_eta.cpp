@@ -24,7 +24,9 @@ struct ReplayArgs {
 void run_replay(const ReplayArgs& a) {
   BERTH_CHECK(a.every >= 0, "--every must be >= 0, got {}", a.every);
   const auto rows = read_trace_csv(a.trace);
-  ProgressPredictor pred(read_run_facts_json(a.meta));
+  const RunFacts facts = read_run_facts_json(a.meta);
+  check_trace_in_session(rows, facts, a.trace, a.meta);
+  ProgressPredictor pred(facts);
   if (a.every > 0)
     fmt::print(
         "rows,step,elapsed_s,predicted_total_s,predicted_remaining_s,low_s,high_s,lease_"

@@ -482,14 +482,18 @@ std::vector<StepRecord> read_trace_csv(const std::string& path) {
                 f.size(), expected);
     StepRecord r;
     auto num = [&](size_t k, const char* name) {
-      try {
-        size_t used = 0;
-        const double v = std::stod(f[k], &used);
-        if (used != f[k].size() || !std::isfinite(v)) throw std::invalid_argument("trailing");
-        return v;
-      } catch (const std::exception&) {
+      // strtod, not stod: stod refuses a value that underflows (a denormal such as 1e-320) as
+      // out of range, like one that overflows.
+      const char* begin = f[k].c_str();
+      char* end = nullptr;
+      const double v = std::strtod(begin, &end);
+      if (f[k].empty() || end != begin + f[k].size()) {
         BERTH_FAIL("trace {} line {}: {} '{}' is not a number", path, lineno, name, f[k]);
       }
+      if (!std::isfinite(v)) {
+        BERTH_FAIL("trace {} line {}: {} '{}' is not a finite number", path, lineno, name, f[k]);
+      }
+      return v;
     };
     // step, tokens and seq_len are whole numbers (>= 1, >= 0, >= 0; seq_len 0 = the schedule's)
     auto whole = [&](size_t k, const char* name, double least) {
@@ -524,6 +528,18 @@ std::vector<StepRecord> read_trace_csv(const std::string& path) {
   }
   BERTH_CHECK(!rows.empty(), "trace {} has a header but no rows", path);
   return rows;
+}
+
+void check_trace_in_session(const std::vector<StepRecord>& rows, const RunFacts& facts,
+                            const std::string& trace, const std::string& facts_where) {
+  const int64_t first = facts.start_step + 1, last = facts.start_step + facts.session_steps;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    BERTH_CHECK(rows[i].step >= first && rows[i].step <= last,
+                "trace {} row {}: step {} is outside the session {} describes (global steps "
+                "{}..{}: start_step + 1 .. start_step + session_steps); are they the trace and "
+                "the run facts of one session?",
+                trace, i + 1, rows[i].step, facts_where, first, last);
+  }
 }
 
 namespace {
@@ -673,6 +689,7 @@ std::vector<EtaBenchRow> run_eta_bench(const std::string& dir) {
     BERTH_CHECK(static_cast<int64_t>(rows.size()) == facts.session_steps,
                 "{}: trace has {} rows, session_steps is {}", where, rows.size(),
                 facts.session_steps);
+    check_trace_in_session(rows, facts, j["file"].get<std::string>(), where);
     ProgressPredictor pred(facts);
     size_t fed = 0;
     std::vector<StepRecord> prefix;

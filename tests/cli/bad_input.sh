@@ -432,6 +432,15 @@ mkdir -p "$tmp/bench" && cp "$tmp/z.csv" "$tmp/bench/z.csv"
 echo "[{\"file\": \"z.csv\", \"true_total_s\": 0, \"max_steps\": 20, ${facts/\"session_steps\": 100/\"session_steps\": 20}}]" >"$tmp/bench/index.json"
 expect_error "eta_bench_truth_not_positive" "true_total_s must be > 0, got 0" "" "$BERTH" eta bench "$tmp/bench"
 expect_error "eta_replay_number_overflow" "invalid JSON" "" "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp/ovf.json"
+# A denormal time (1e-320) is a number (it was "not a number"); a trace of another session (facts
+# starting at step 50) names the row and the facts file, not only the step.
+sed '2s/^1,0,/1,1e-320,/' "$tmp/z.csv" >"$tmp/denormal.csv"
+"$BERTH" eta replay "$tmp/denormal.csv" --meta "$tmp/z.json" >"$log" 2>&1
+rc=$?
+report "eta_replay_denormal_time" "$([ $rc -eq 0 ] || echo " refused (rc $rc)")"
+echo "{\"max_steps\": 200, ${facts/\"start_step\": 0/\"start_step\": 50}}" >"$tmp/later.json"
+expect_error "eta_replay_other_session" "z.csv row 1: step 1 is outside the session $tmp/later.json describes (global steps 51..150" "" \
+  "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp/later.json"
 
 # ---- summary -------------------------------------------------------------------------------------
 
