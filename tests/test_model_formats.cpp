@@ -490,6 +490,25 @@ TEST_F(ModelFormats, HfBadInput) {
   std::memcpy(half_header.data(), &half, 8);
   fails_with(half_header, {"not valid JSON"});
   fails_with(good.substr(0, good.size() - 16), {"ln_f.bias", "data_offsets", "truncated"});
+  // The header edited: a fractional dimension (it was read as 100), a shape whose element count
+  // overflows (it said "needs 0 bytes"), a negative offset (it wrapped to 2^64 - 1).
+  auto with_header = [&](const std::string& from, const std::string& to) {
+    std::string header = good.substr(8, n);
+    const size_t at = header.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    header.replace(at, from.size(), to);
+    const uint64_t len = header.size();
+    return std::string(reinterpret_cast<const char*>(&len), 8) + header + good.substr(8 + n);
+  };
+  const std::string wte_shape = "\"shape\":[100,32]";
+  fails_with(with_header(wte_shape, "\"shape\":[100.5,32]"),
+             {"entry 'wte.weight' is malformed", "shape must hold whole numbers"});
+  fails_with(with_header(wte_shape, "\"shape\":[4294967296,4294967296]"),
+             {"'wte.weight' has shape [4294967296, 4294967296], more elements than 2^64"});
+  fails_with(with_header(wte_shape, "\"shape\":[2147483648,2147483648]"),
+             {"'wte.weight' (F32 [2147483648, 2147483648]) needs more than 2^64 bytes"});
+  fails_with(with_header("\"data_offsets\":[0,", "\"data_offsets\":[-1,"),
+             {"is malformed", "data_offsets must hold whole numbers >= 0"});
 
   write_safetensors(st, without(hf_tensors(a, "F32"), "h.1.mlp.c_fc.weight"));
   expect_error([&] { read_hf_gpt2(st); }, {"'h.1.mlp.c_fc.weight' is missing", "transformer."});

@@ -388,7 +388,16 @@ std::map<std::string, StTensor> read_safetensors_header(InputFile& f) {
     uint64_t b = 0, e = 0;
     try {
       t.dtype = entry.at("dtype").get<std::string>();
+      // get<> would truncate 8.5 to 8 and wrap -1 to 2^64 - 1: whole numbers are checked first.
+      for (const auto& d : entry.at("shape")) {
+        if (!d.is_number_integer()) throw std::runtime_error("shape must hold whole numbers");
+      }
       t.shape = entry.at("shape").get<std::vector<int64_t>>();
+      for (const auto& o : entry.at("data_offsets")) {
+        if (!o.is_number_unsigned()) {
+          throw std::runtime_error("data_offsets must hold whole numbers >= 0");
+        }
+      }
       const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
       if (offsets.size() != 2) throw std::runtime_error("data_offsets must have 2 values");
       b = offsets[0];
@@ -405,12 +414,18 @@ std::map<std::string, StTensor> read_safetensors_header(InputFile& f) {
     uint64_t numel = 1;
     for (int64_t d : t.shape) {
       if (d < 0) BERTH_FAIL("'{}': tensor '{}' has a negative dimension", path, name);
-      numel *= uint64_t(d);
+      if (__builtin_mul_overflow(numel, uint64_t(d), &numel)) {
+        BERTH_FAIL("'{}': tensor '{}' has shape {}, more elements than 2^64: corrupt header", path,
+                   name, shape_str(t.shape));
+      }
     }
     const uint64_t eb = dtype_bytes(t.dtype);
-    if (eb != 0 && numel * eb != e - b) {
+    uint64_t need = 0;
+    const bool too_big = __builtin_mul_overflow(numel, eb, &need);
+    if (eb != 0 && (too_big || need != e - b)) {
       BERTH_FAIL("'{}': tensor '{}' ({} {}) needs {} bytes but its data_offsets span {}", path,
-                 name, t.dtype, shape_str(t.shape), numel * eb, e - b);
+                 name, t.dtype, shape_str(t.shape),
+                 too_big ? std::string("more than 2^64") : std::to_string(need), e - b);
     }
     t.begin = data_start + b;
     t.nbytes = e - b;
