@@ -484,6 +484,17 @@ TEST_F(LedgerTest, SchemaMigratesUpAndRefusesDowngradeAndForeignFiles) {
   write_file_atomic((dir_ / "text.db").string(), "hello, this is not sqlite at all\n");
   test::expect_error([&] { open_sqlite_ledger((dir_ / "text.db").string(), options()); },
                      {"not a berth ledger"});
+  // A ledger cut short (a full disk, a partial copy): named as a damaged ledger with what to do,
+  // not only SQLite's "database disk image is malformed".
+  const std::string cut = (dir_ / "cut.db").string();
+  {
+    auto l = open_sqlite_ledger(cut, options());
+    for (int h = 0; h < 40; ++h) l->register_devices(slots("host" + std::to_string(h), 8));
+  }
+  std::filesystem::resize_file(cut, std::filesystem::file_size(cut) / 2);
+  test::expect_error([&] { open_sqlite_ledger(cut, options())->devices(); },
+                     {"ledger " + cut + " is damaged", "database disk image is malformed",
+                      "restore it from a backup"});
 }
 
 TEST(Ledger, NetworkFilesystemsAreNamed) {

@@ -26,11 +26,27 @@ namespace {
 
 // ---- thin RAII over the SQLite C API -----------------------------------------------------------
 
+// An SQLite error of `db` while doing `what`. A damaged file (cut short by a full disk, a partial
+// copy) gets what to do, not only SQLite's "database disk image is malformed".
+[[noreturn]] void fail_sqlite(sqlite3* db, const std::string& what, const std::string& detail) {
+  if ((sqlite3_errcode(db) & 0xff) == SQLITE_CORRUPT) {
+    const char* file = sqlite3_db_filename(db, "main");
+    const std::string path = file != nullptr && *file != '\0' ? file : "(in memory)";
+    BERTH_FAIL(
+        "ledger {} is damaged ({}: {}): it holds every booking, so berth will not read or "
+        "book on it. Stop the berth processes that use it, then restore it from a backup "
+        "(`sqlite3 LEDGER .backup COPY` takes one while it is in use) or salvage it with "
+        "`sqlite3 {} .recover`",
+        path, what, detail, path);
+  }
+  BERTH_FAIL("ledger: {}: {}", what, detail);
+}
+
 class Stmt {
  public:
   Stmt(sqlite3* db, const char* sql) : db_(db) {
     if (sqlite3_prepare_v2(db, sql, -1, &s_, nullptr) != SQLITE_OK) {
-      BERTH_FAIL("ledger: cannot prepare '{}': {}", sql, sqlite3_errmsg(db));
+      fail_sqlite(db, fmt::format("cannot prepare '{}'", sql), sqlite3_errmsg(db));
     }
   }
   ~Stmt() { sqlite3_finalize(s_); }
@@ -48,7 +64,7 @@ class Stmt {
     const int rc = sqlite3_step(s_);
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;
-    BERTH_FAIL("ledger: {} ({})", sqlite3_errmsg(db_), sqlite3_sql(s_));
+    fail_sqlite(db_, sqlite3_sql(s_), sqlite3_errmsg(db_));
   }
   void run() {
     while (step()) {
@@ -75,7 +91,7 @@ void exec(sqlite3* db, const char* sql) {
   if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
     const std::string msg = err ? err : sqlite3_errmsg(db);
     sqlite3_free(err);
-    BERTH_FAIL("ledger: {} ({})", msg, sql);
+    fail_sqlite(db, sql, msg);
   }
 }
 
