@@ -252,15 +252,20 @@ void GPT<T>::set_context_parallel(Communicator* cp) {
 }
 
 template <typename T>
+void GPT<T>::split_qkv_for_ring(const LayerActs& a, int N) {
+  // qkv (N, 3C) → q, k, v (N, C): ring attention passes keys and values around on their own.
+  const size_t row = sizeof(T) * size_t(Cq_), pitch = 3 * row;
+  mem_->copy_2d(cp_q_.data(), row, a.qkv.data(), pitch, row, size_t(N));
+  mem_->copy_2d(cp_k_.data(), row, a.qkv.data() + Cq_, pitch, row, size_t(N));
+  mem_->copy_2d(cp_v_.data(), row, a.qkv.data() + 2 * Cq_, pitch, row, size_t(N));
+}
+
+template <typename T>
 void GPT<T>::attention_fwd(LayerActs& a, Slot& sl, const PackedBatch& batch) {
   const int N = batch.N(), S = batch.n_seqs(), C = Cq_;
   if constexpr (std::is_same_v<T, float>) {
     if (cp_ != nullptr) {
-      // qkv (N, 3C) → q, k, v (N, C): ring attention passes keys and values around on their own.
-      const size_t row = sizeof(T) * size_t(C), pitch = 3 * row;
-      mem_->copy_2d(cp_q_.data(), row, a.qkv.data(), pitch, row, size_t(N));
-      mem_->copy_2d(cp_k_.data(), row, a.qkv.data() + C, pitch, row, size_t(N));
-      mem_->copy_2d(cp_v_.data(), row, a.qkv.data() + 2 * C, pitch, row, size_t(N));
+      split_qkv_for_ring(a, N);
       // a.att keeps the log-sum-exp (N × NH), not probabilities.
       ring_attention_forward(*mem_, *cp_, a.atty.data(), a.att.data(), cp_q_.data(),
                              cp_k_.data(), cp_v_.data(), sl.seq_ids.data(), sl.positions.data(),
@@ -284,10 +289,8 @@ void GPT<T>::attention_bwd(LayerActs& a, Slot& sl, const PackedBatch& batch) {
   const int N = batch.N(), S = batch.n_seqs(), C = Cq_;
   if constexpr (std::is_same_v<T, float>) {
     if (cp_ != nullptr) {
+      split_qkv_for_ring(a, N);
       const size_t row = sizeof(T) * size_t(C), pitch = 3 * row;
-      mem_->copy_2d(cp_q_.data(), row, a.qkv.data(), pitch, row, size_t(N));
-      mem_->copy_2d(cp_k_.data(), row, a.qkv.data() + C, pitch, row, size_t(N));
-      mem_->copy_2d(cp_v_.data(), row, a.qkv.data() + 2 * C, pitch, row, size_t(N));
       ring_attention_backward(*mem_, *cp_, cp_dq_.data(), cp_dk_.data(), cp_dv_.data(),
                               datty_.data(), a.atty.data(), a.att.data(), cp_q_.data(),
                               cp_k_.data(), cp_v_.data(), sl.seq_ids.data(),

@@ -141,6 +141,7 @@ class GPT {
   Communicator* cp_ = nullptr;
   bool flash_ = false;  // attention by the flash-style varlen ops (the backend prefers them)
   Buf cp_q_, cp_k_, cp_v_, cp_dq_, cp_dk_, cp_dv_;  // ring attention scratch
+  void split_qkv_for_ring(const LayerActs& a, int N);  // a.qkv into cp_q_, cp_k_, cp_v_
   void attention_fwd(LayerActs& a, Slot& sl, const PackedBatch& batch);
   void attention_bwd(LayerActs& a, Slot& sl, const PackedBatch& batch);
   int64_t wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;  // -1: not on this stage
