@@ -148,6 +148,19 @@ TEST(ProgressMonitor, ASlowSpellThatMovesToAnotherRankIsNotAStraggler) {
   EXPECT_NE(msg.find("means over the last 100 steps, slowest in 100 of them and in both halves"),
             std::string::npos)
       << msg;
+  // A spell 50 % slower, the others waiting for it in communication (30 % of step time): the
+  // waiting is the imbalance, so no communication-bound warning either.
+  const ProgressReport waiting = run(4, 105, [](int64_t s) {
+                                   auto v = balanced(4, s);
+                                   const size_t slow = s < 56 ? 0 : 1;
+                                   v[slow].compute_s *= 1.5;
+                                   const double wall = v[slow].compute_s + v[slow].comm_s;
+                                   for (auto& m : v) m.comm_s += wall - m.compute_s - m.comm_s;
+                                   for (auto& m : v) m.wall_s = wall;
+                                   return v;
+                                 }).report();
+  EXPECT_FALSE(has(waiting, WarningKind::Straggler));
+  EXPECT_FALSE(has(waiting, WarningKind::CommBound)) << waiting.warnings.front().message;
 }
 
 TEST(ProgressMonitor, OccasionalSlowRankIsNotAStraggler) {

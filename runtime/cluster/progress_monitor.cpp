@@ -229,9 +229,12 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
   const Prediction& p = r.prediction;
   const std::vector<const Sample*> win = recent_normal(kWarnWindow);
   const size_t nr = settings_.rank_names.size();
-  std::optional<ProgressWarning> straggler = straggler_warning();
-  if (straggler) out.push_back(*straggler);
+  if (std::optional<ProgressWarning> w = straggler_warning()) out.push_back(*w);
   if (win.size() >= kMinWarnSteps) {
+    // A rank slower than the others in this window explains their waiting in collectives, whether
+    // or not it is consistent enough for the straggler warning: that waiting is no sign of
+    // communication a bigger batch would hide.
+    const bool imbalanced = nr >= 2 && straggler_stats(win).is_straggler;
     // Shares of wall time, summed over the window.
     std::vector<double> wall(nr, 0), comm(nr, 0), data(nr, 0);
     for (const Sample* s : win) {
@@ -263,7 +266,7 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
                        data[data_rank] / nwin * 1e3, win.size())});
     }
     const double comm_share = wall_all > 0 ? comm_all / wall_all : 0;
-    if (!straggler && nr >= 2 && comm_share >= kCommBoundShare) {
+    if (!imbalanced && nr >= 2 && comm_share >= kCommBoundShare) {
       out.push_back(
           {WarningKind::CommBound,
            fmt::format("communication bound: {:.0f}% of step time is exposed communication "

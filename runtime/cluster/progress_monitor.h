@@ -4,8 +4,8 @@
 //
 // Warnings (docs/progress.md, "Warnings"), each over the recent window of normal steps:
 //   data-bound      ranks wait for batches >= 10 % of step time
-//   comm-bound      exposed communication >= 30 % of step time (not raised when a straggler
-//                   explains the waiting)
+//   comm-bound      exposed communication >= 30 % of step time (not raised when a rank slower
+//                   than the others in the newest window explains the waiting)
 //   straggler       one rank busy (wall − communication) >= 10 % longer than the median of the
 //                   others of its pipeline stage, and their slowest in >= 60 % of the steps, in
 //                   both halves of the newest normal steps (up to twice the window)
