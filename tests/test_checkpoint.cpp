@@ -360,6 +360,12 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   });
   test::expect_error([&] { load_checkpoint((work / "other_format").string(), true); },
                      {"model.h5' has format 'something-else', expected", "not a berth checkpoint"});
+  edit_h5("int_format", "model.h5", [](hid_t f) {
+    ASSERT_GE(H5Adelete(f, "format"), 0);
+    ASSERT_TRUE(h5::write_i64_attr(f, "format", 1));
+  });
+  test::expect_error([&] { load_checkpoint((work / "int_format").string(), true); },
+                     {"model.h5': attribute 'format' is int64, not a string"});
   edit_h5("no_format", "optimizer.h5", [](hid_t f) { ASSERT_GE(H5Adelete(f, "format"), 0); });
   test::expect_error([&] { load_checkpoint((work / "no_format").string(), true); },
                      {"optimizer.h5' has no attribute 'format'"});

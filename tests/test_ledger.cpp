@@ -493,8 +493,8 @@ TEST_F(LedgerTest, SchemaMigratesUpAndRefusesDowngradeAndForeignFiles) {
   }
   std::filesystem::resize_file(cut, std::filesystem::file_size(cut) / 2);
   test::expect_error([&] { open_sqlite_ledger(cut, options())->devices(); },
-                     {"ledger " + cut + " is damaged", "database disk image is malformed",
-                      "restore it from a backup"});
+                     {"cut.db is damaged", "database disk image is malformed", "put back a backup",
+                      "cut.db' .recover | sqlite3 '"});
 }
 
 TEST(Ledger, NetworkFilesystemsAreNamed) {

@@ -34,10 +34,11 @@ namespace {
     const std::string path = file != nullptr && *file != '\0' ? file : "(in memory)";
     BERTH_FAIL(
         "ledger {} is damaged ({}: {}): it holds every booking, so berth will not read or "
-        "book on it. Stop the berth processes that use it, then restore it from a backup "
-        "(`sqlite3 LEDGER .backup COPY` takes one while it is in use) or salvage it with "
-        "`sqlite3 {} .recover`",
-        path, what, detail, path);
+        "book on it. Stop the berth processes that use it, then put back a backup taken "
+        "before (`sqlite3 LEDGER .backup COPY` takes one while the ledger is in use), or "
+        "salvage what is readable into a new file and move that into place: `sqlite3 '{}' "
+        ".recover | sqlite3 '{}.recovered'`",
+        path, what, detail, path, path);
   }
   BERTH_FAIL("ledger: {}: {}", what, detail);
 }

@@ -535,7 +535,7 @@ void check_trace_in_session(const std::vector<StepRecord>& rows, const RunFacts&
   const int64_t first = facts.start_step + 1, last = facts.start_step + facts.session_steps;
   for (size_t i = 0; i < rows.size(); ++i) {
     BERTH_CHECK(rows[i].step >= first && rows[i].step <= last,
-                "trace {} row {}: step {} is outside the session {} describes (global steps "
+                "trace {} data row {}: step {} is outside the session {} describes (global steps "
                 "{}..{}: start_step + 1 .. start_step + session_steps); are they the trace and "
                 "the run facts of one session?",
                 trace, i + 1, rows[i].step, facts_where, first, last);

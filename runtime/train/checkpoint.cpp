@@ -171,15 +171,25 @@ void check_format_attr(hid_t file, const std::string& path) {
   H5Id attr(H5Aopen(file, "format", H5P_DEFAULT), H5Aclose);
   if (!attr.valid()) fail_read(path, "attribute 'format'");
   H5Id type(H5Aget_type(attr.get()), H5Tclose);
+  if (!type.valid()) fail_read(path, "attribute 'format'");
+  if (H5Tget_class(type.get()) != H5T_STRING) {
+    BERTH_FAIL(
+        "checkpoint file '{}': attribute 'format' is {}, not a string: not a berth "
+        "checkpoint file",
+        path, h5::describe_type(type.get()));
+  }
   std::string value;
-  if (!type.valid() || H5Tget_class(type.get()) != H5T_STRING ||
-      !h5::read_string_attr_value(attr.get(), type.get(), &value) || value != kCheckpointFormat) {
+  if (!h5::read_string_attr_value(attr.get(), type.get(), &value)) {
+    fail_read(path, "attribute 'format'");
+  }
+  if (value != kCheckpointFormat) {
     BERTH_FAIL("checkpoint file '{}' has format '{}', expected '{}': not a berth checkpoint file",
                path, value, kCheckpointFormat);
   }
 }
 
-// A one-dimensional int64 attribute of a dataset (empty when it is missing or of another kind).
+// A one-dimensional integer attribute of a dataset (nullopt when it is missing, not of integers
+// or of more dimensions).
 std::optional<std::vector<int64_t>> read_i64_array_attr(hid_t obj, const char* name) {
   if (H5Aexists(obj, name) <= 0) return std::nullopt;
   H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
@@ -201,9 +211,14 @@ std::vector<std::string> unexpected_links(hid_t loc, const std::vector<std::stri
                                           const std::string& path) {
   std::vector<std::string> names;
   auto collect = [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
-    static_cast<std::vector<std::string>*>(out)->push_back(name);
-    return 0;
+    try {  // nothing may throw through HDF5's C frames
+      static_cast<std::vector<std::string>*>(out)->push_back(name);
+      return 0;
+    } catch (...) {
+      return -1;
+    }
   };
+
   if (H5Literate(loc, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, collect, &names) < 0) {
     fail_read(path, "listing its tensors");
   }
@@ -257,8 +272,9 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
         "checkpoint file '{}': tensor '{}' is not a whole tensor (full_shape [{}], offset "
         "[{}]; berth writes full_shape [{}] and offset zeros): a shard from another "
         "writer, or a corrupt file",
-        path, name, full ? fmt::format("{}", fmt::join(*full, ", ")) : "missing",
-        offset ? fmt::format("{}", fmt::join(*offset, ", ")) : "missing", fmt::join(shape, ", "));
+        path, name, full ? fmt::format("{}", fmt::join(*full, ", ")) : "missing or not int64[]",
+        offset ? fmt::format("{}", fmt::join(*offset, ", ")) : "missing or not int64[]",
+        fmt::join(shape, ", "));
   }
   if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
     fail_read(path, fmt::format("reading '{}' (checksum mismatch means the file is corrupt)", name));

@@ -437,9 +437,10 @@ expect_error "eta_replay_number_overflow" "invalid JSON" "" "$BERTH" eta replay 
 sed '2s/^1,0,/1,1e-320,/' "$tmp/z.csv" >"$tmp/denormal.csv"
 "$BERTH" eta replay "$tmp/denormal.csv" --meta "$tmp/z.json" >"$log" 2>&1
 rc=$?
-report "eta_replay_denormal_time" "$([ $rc -eq 0 ] || echo " refused (rc $rc)")"
+report "eta_replay_denormal_time" "$([ $rc -eq 0 ] || echo " refused (rc $rc)"
+  grep -q '^1,1e-320,' "$tmp/denormal.csv" || echo " the trace has no denormal")"
 echo "{\"max_steps\": 200, ${facts/\"start_step\": 0/\"start_step\": 50}}" >"$tmp/later.json"
-expect_error "eta_replay_other_session" "z.csv row 1: step 1 is outside the session $tmp/later.json describes (global steps 51..150" "" \
+expect_error "eta_replay_other_session" "z.csv data row 1: step 1 is outside the session $tmp/later.json describes (global steps 51..150" "" \
   "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp/later.json"
 
 # ---- summary -------------------------------------------------------------------------------------
