@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 
 #include "runtime/core/check.h"
@@ -60,6 +61,9 @@ ProgressMonitor::ProgressMonitor(RunFacts facts, MonitorSettings settings)
       settings_.rank_stage.empty() || settings_.rank_stage.size() == settings_.rank_names.size(),
       "progress monitor: {} rank stages for {} ranks", settings_.rank_stage.size(),
       settings_.rank_names.size());
+  std::map<int, std::vector<size_t>> stages;  // ranks of each stage, in rank order
+  for (size_t k = 0; k < settings_.rank_names.size(); ++k) stages[stage_of(k)].push_back(k);
+  for (auto& [stage, members] : stages) stage_members_.push_back(std::move(members));
 }
 
 void ProgressMonitor::set_window_end(double window_end_unix) {
@@ -120,29 +124,38 @@ ProgressMonitor::StragglerStats ProgressMonitor::straggler_stats(
   st.busy.assign(nr, 0);
   st.slowest.assign(nr, 0);
   std::vector<std::vector<double>> ratio(nr);
+  for (std::vector<double>& r : ratio) r.reserve(steps.size());
+  std::vector<double> b(nr), sorted;
   for (const Sample* s : steps) {
-    std::vector<double> b(nr);
     for (size_t k = 0; k < nr; ++k) {
       b[k] = std::max(0.0, s->ranks[k].wall_s - s->ranks[k].comm_s);
       st.busy[k] += b[k];
     }
-    // Each rank against the others of its pipeline stage (stages differ in work: the last one
-    // has the LM head and the loss), and the slowest of each stage counted.
-    for (size_t k = 0; k < nr; ++k) {
-      std::vector<double> others;
-      bool is_slowest = true;
-      for (size_t o = 0; o < nr; ++o) {
-        if (o == k || stage_of(o) != stage_of(k)) continue;
-        others.push_back(b[o]);
-        is_slowest = is_slowest && (b[k] > b[o] || (b[k] == b[o] && k < o));
-      }
-      if (others.empty()) {
-        ratio[k].push_back(1.0);
+    // Each rank against the median of the others of its pipeline stage (stages differ in work:
+    // the last one has the LM head and the loss), and the slowest of each stage counted. One
+    // sort per stage and step: the median without rank k is read off the sorted values around
+    // k's place, so a report stays O(steps × ranks × log ranks) on thousands of ranks.
+    for (const std::vector<size_t>& members : stage_members_) {
+      const size_t m = members.size();
+      if (m == 1) {
+        ratio[members[0]].push_back(1.0);
         continue;
       }
-      const double ref = median(others);
-      ratio[k].push_back(ref > 0 ? b[k] / ref : 1.0);
-      st.slowest[k] += is_slowest;
+      sorted.clear();
+      for (size_t k : members) sorted.push_back(b[k]);
+      std::sort(sorted.begin(), sorted.end());
+      size_t slowest = members[0];  // the highest busy time; the lowest rank among equals
+      for (size_t k : members) {
+        if (b[k] > b[slowest]) slowest = k;
+        // The others: `sorted` without one copy of b[k] (at `at`), m − 1 values.
+        const size_t at = static_cast<size_t>(std::lower_bound(sorted.begin(), sorted.end(), b[k]) -
+                                              sorted.begin());
+        auto other = [&](size_t i) { return sorted[i < at ? i : i + 1]; };
+        const size_t n = m - 1;
+        const double ref = n % 2 ? other(n / 2) : 0.5 * (other(n / 2 - 1) + other(n / 2));
+        ratio[k].push_back(ref > 0 ? b[k] / ref : 1.0);
+      }
+      st.slowest[slowest] += 1;
     }
   }
   // The candidate: the rank with the highest median ratio (spikes do not move a median).

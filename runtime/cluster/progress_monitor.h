@@ -127,6 +127,7 @@ class ProgressMonitor {
   StepRecord last_;
   double peak_mem_gib_ = 0;
   std::vector<int> active_blocks_;  // per WarningKind: consecutive reports it has been active
+  std::vector<std::vector<size_t>> stage_members_;  // the ranks of each pipeline stage
 };
 
 // The one-line block: "[progress] step 1200/12000 (10.0%) | elapsed 1h02m | remaining 9h18m ±12m
