@@ -52,6 +52,12 @@ void run_export(const ModelArgs& a) {
               "--out '{}' is inside the checkpoint '{}': the export would replace its files; "
               "write it elsewhere",
               a.out, a.input);
+  // An earlier llm.c export may be replaced; any other file (a dataset, a config) is not ours.
+  BERTH_CHECK(
+      a.format != "llmc" || !std::filesystem::exists(a.out, ec) || is_llmc_model_file(a.out),
+      "--out '{}' exists and is not an llm.c model file: the export would replace it; "
+      "choose another name, or remove it first",
+      a.out);
   const CheckpointData data = load_checkpoint(a.input, /*with_optimizer=*/false);
   if (a.format == "llmc") {
     write_llmc_model(a.out, data);

@@ -4,12 +4,14 @@
 // see packing/plan_cache.h); prints the packing statistics.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <limits>
 
 #include "launcher/commands.h"
 #include "packing/packers.h"
 #include "packing/plan_cache.h"
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/limits.h"
 #include "runtime/core/log.h"
 #include "runtime/io/token_dataset.h"
 
@@ -20,7 +22,9 @@ struct PackArgs {
   std::string data, out, algorithm = "bfd";
   int64_t seq_len = 0;
   int64_t window = 1000;
-  uint64_t seed = 1337;  // run.seed's default, so a default plan is the one training looks for
+  // run.seed's type and default, so a default plan is the one training looks for (which packs
+  // with uint64_t(run.seed), negative seeds included).
+  int64_t seed = 1337;
   bool drop_long = false;
   int64_t align = 1;
 };
@@ -30,7 +34,7 @@ void run_pack(const PackArgs& a) {
   o.seq_len = a.seq_len;
   o.algorithm = parse_pack_algorithm(a.algorithm);
   o.window = a.window;
-  o.seed = a.seed;
+  o.seed = static_cast<uint64_t>(a.seed);
   o.long_docs = a.drop_long ? LongDocs::DROP : LongDocs::SPLIT;
   o.align = a.align;
   require_plan_destination(a.out);  // before the packing: --out naming the dataset is refused
@@ -68,14 +72,17 @@ void register_pack_command(CLI::App& app) {
   pack->add_option("--data", args->data, "Token dataset (.h5)")->required()->check(CLI::ExistingFile);
   pack->add_option("--seq-len", args->seq_len, "Row length T in tokens")
       ->required()
-      ->check(positive_integer());
+      ->check(positive_integer())
+      ->check(number_in(1, double(limits::kMaxSeqLen - 1)));  // as model.max_seq_len
   pack->add_option("--algorithm", args->algorithm, "bfd, next_fit, padded or balanced")
       ->check(CLI::IsMember({"bfd", "next_fit", "padded", "balanced"}))
       ->capture_default_str();
   pack->add_option("--window", args->window, "BFD window in pieces")
       ->check(positive_integer())
       ->capture_default_str();
-  pack->add_option("--seed", args->seed, "Seed of the document order")->capture_default_str();
+  pack->add_option("--seed", args->seed, "Seed of the document order (the run.seed to train with)")
+      ->capture_default_str()
+      ->check(whole_number_at_least(std::numeric_limits<int64_t>::min()));
   pack->add_flag("--drop-long", args->drop_long, "Drop documents longer than T (default: split)");
   pack->add_option("--align", args->align,
                    "Pad every piece to a multiple of this many tokens (2·cp for training with "

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 
 #include "launcher/commands.h"
@@ -32,21 +33,25 @@ std::string version_text() {
 #endif
 }
 
-CLI::Validator positive_integer() {
+CLI::Validator whole_number_at_least(int64_t lo) {
   return CLI::Validator(
-      [](std::string& value) -> std::string {
+      [lo](std::string& value) -> std::string {
         size_t used = 0;
         long long v = 0;
         try {
-          v = std::stoll(value, &used);
+          v = std::stoll(value, &used);  // out of range of 64 bits: refused, not saturated
         } catch (const std::exception&) {
           used = 0;
         }
-        if (used == value.size() && used > 0 && v >= 1) return "";
-        return value + " is not a whole number >= 1";
+        if (used == value.size() && used > 0 && v >= lo) return "";
+        return lo == std::numeric_limits<int64_t>::min()
+                   ? value + " is not a whole number of 64 bits"
+                   : fmt::format("{} is not a whole number >= {}", value, lo);
       },
-      "INT>=1", "POSITIVE_INTEGER");
+      lo == 1 ? "INT>=1" : "INT", lo == 1 ? "POSITIVE_INTEGER" : "WHOLE_NUMBER");
 }
+
+CLI::Validator positive_integer() { return whole_number_at_least(1); }
 
 CLI::Validator number_in(double lo, double hi) {
   return CLI::Validator(

@@ -2,6 +2,7 @@
 // app.parse(), so errors they throw reach main's handler.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace CLI {
@@ -16,6 +17,9 @@ std::string version_text();  // "berth 0.1.0 (CUDA: ...)"
 // An option that must be a whole number ≥ 1 ("--gpus: 0 is not a whole number >= 1"), instead of
 // CLI::PositiveNumber's "Value 0 not in range 0.000000 to 1.797…e+308".
 CLI::Validator positive_integer();
+// A whole number of 64 bits that is >= lo (INT64_MIN: any), refusing what overflows: CLI11 itself
+// saturates 2^64 to the largest value.
+CLI::Validator whole_number_at_least(int64_t lo);
 // A number in [lo, hi] ("--hours: nan is not a number in [1, 8784]"). CLI::Range lets NaN through
 // (every comparison with it is false), and "inf" past an open bound.
 CLI::Validator number_in(double lo, double hi);

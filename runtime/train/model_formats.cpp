@@ -310,6 +310,14 @@ CheckpointData read_llmc_model(const std::string& path) {
   return data;
 }
 
+bool is_llmc_model_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  int32_t magic = 0;
+  return in.read(reinterpret_cast<char*>(&magic), sizeof magic) && magic == kLlmcModelMagic;
+}
+
 void write_llmc_model(const std::string& path, const CheckpointData& data) {
   const ParamLayout layout = checked_layout(data, path);
   const GPTConfig& m = data.model;

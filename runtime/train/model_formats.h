@@ -48,6 +48,9 @@ CheckpointData read_llmc_model(const std::string& path);
 // Writes `data`'s weights as an llm.c model file, version 3 (fp32), Vp = padded_vocab(V).
 // Atomic: `path` is either the complete file or untouched.
 void write_llmc_model(const std::string& path, const CheckpointData& data);
+// Whether `path` is a regular file that starts with the llm.c model magic (an earlier export that
+// a new one may replace; any other file is not berth's to overwrite).
+bool is_llmc_model_file(const std::string& path);
 
 // Reads Hugging Face GPT-2 weights: `dir_or_file` is a directory holding model.safetensors and
 // config.json, or the .safetensors file itself (config.json next to it). The vocabulary is padded
