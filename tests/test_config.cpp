@@ -332,7 +332,28 @@ TEST(Config, ValidationSizes) {
   msg = parse_error("[eval]\nbatches = 0\n");
   EXPECT_CONTAINS(msg, "eval.batches must be > 0");
   msg = parse_error("[model]\nvocab_size = 2147483649\n");
-  EXPECT_CONTAINS(msg, "model.vocab_size (2147483649)");
+  EXPECT_CONTAINS(msg, "model.vocab_size = 2147483649 is beyond what this build supports");
+  // Sizes that would wrap in the 32-bit ints of kernels and schedules (2^32 + 2 rows trained as 2).
+  msg = parse_error("[train]\nmicro_batch_size = 4294967298\n");
+  EXPECT_CONTAINS(msg,
+                  "train.micro_batch_size = 4294967298 is beyond what this build supports "
+                  "(it must be below 2147483648)");
+  msg = parse_error("[parallel]\nmicrobatches = 4294967296\n");
+  EXPECT_CONTAINS(msg, "parallel.microbatches = 4294967296 is beyond");
+  msg = parse_error("[model]\nn_layer = 100000\n");
+  EXPECT_CONTAINS(msg,
+                  "model.n_layer = 100000 is beyond what this build supports (it must be "
+                  "below 65536)");
+  msg = parse_error("[data]\nseq_len = 99999999999\n");
+  EXPECT_CONTAINS(msg, "data.seq_len = 99999999999 is beyond");
+  msg = parse_error(
+      "[model]\nmax_seq_len = 4096\n[data]\nseq_len = 4096\n[train]\n"
+      "micro_batch_size = 1000000\n");
+  EXPECT_CONTAINS(msg, "train.micro_batch_size × data.seq_len = 1000000 × 4096 tokens is beyond");
+  msg = parse_error("[debug]\ndata_delay_s = 1e300\n");
+  EXPECT_CONTAINS(msg, "debug.data_delay_s = 1e+300 s is more than 1e+09 s");
+  msg = parse_error("[parallel]\ncomm_timeout_s = 1e10\n");
+  EXPECT_CONTAINS(msg, "parallel.comm_timeout_s = 10000000000 s is more than");
 }
 
 TEST(Config, ValidationSchedule) {

@@ -20,6 +20,7 @@
 #include "runtime/core/check.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/limits.h"
 
 namespace berth {
 namespace {
@@ -397,6 +398,42 @@ void validate_config(const RunConfig& cfg) {
   for (const auto& s : sizes) {
     if (s.value <= 0) BERTH_FAIL("{}: {} must be > 0, got {}", w, s.name, s.value);
   }
+  // Upper bounds: kernels, schedules and loaders count in 32-bit ints, so a bigger value would
+  // wrap (micro_batch_size 2^32 + 2 trained 2 rows a step), not fail.
+  constexpr int64_t kInt = int64_t{1} << 31;
+  const struct {
+    const char* name;
+    int64_t value, below;
+  } bounded[] = {
+      {"model.n_layer", cfg.model.n_layer, limits::kMaxLayers},
+      {"model.n_head", cfg.model.n_head, limits::kMaxHeads},
+      {"model.d_model", cfg.model.d_model, limits::kMaxWidth},
+      {"model.vocab_size", cfg.model.vocab_size, limits::kMaxVocab},
+      {"model.max_seq_len", cfg.model.max_seq_len, limits::kMaxSeqLen},
+      {"data.seq_len", cfg.data.seq_len, limits::kMaxSeqLen},
+      {"train.micro_batch_size", cfg.train.micro_batch_size, kInt},
+      {"train.log_interval", cfg.train.log_interval, kInt},
+      {"eval.batches", cfg.eval.batches, kInt},
+      {"parallel.tp", cfg.parallel.tp, kInt},
+      {"parallel.pp", cfg.parallel.pp, kInt},
+      {"parallel.cp", cfg.parallel.cp, kInt},
+      {"parallel.dp", cfg.parallel.dp, kInt},
+      {"parallel.microbatches", cfg.parallel.microbatches, kInt},
+  };
+  for (const auto& b : bounded) {
+    if (b.value >= b.below) {
+      BERTH_FAIL("{}: {} = {} is beyond what this build supports (it must be below {})", w, b.name,
+                 b.value, b.below);
+    }
+  }
+  // One micro-batch's tokens (rows × seq_len) are indexed with an int.
+  if (cfg.train.micro_batch_size * cfg.data.seq_len >= limits::kMaxTokensPerPass) {
+    BERTH_FAIL(
+        "{}: train.micro_batch_size × data.seq_len = {} × {} tokens is beyond what this "
+        "build supports (it must be below 2^31); lower train.micro_batch_size and use "
+        "parallel.microbatches for a bigger batch",
+        w, cfg.train.micro_batch_size, cfg.data.seq_len);
+  }
   // The progress predictor forecasts the remaining steps one by one (kMaxPredictedSteps in
   // runtime/cluster/progress.h; config depends on core only).
   if (cfg.train.steps > 100'000'000) {
@@ -409,11 +446,6 @@ void validate_config(const RunConfig& cfg) {
     BERTH_FAIL("{}: model.d_model ({}) must be divisible by model.n_head ({}); choose d_model "
                "as a multiple of n_head",
                w, cfg.model.d_model, cfg.model.n_head);
-  }
-  constexpr int64_t kMaxVocab = int64_t{1} << 31;
-  if (cfg.model.vocab_size > kMaxVocab) {
-    BERTH_FAIL("{}: model.vocab_size ({}) > 2^31: token ids must fit in 32 bits", w,
-               cfg.model.vocab_size);
   }
   if (cfg.data.seq_len > cfg.model.max_seq_len) {
     BERTH_FAIL("{}: data.seq_len ({}) > model.max_seq_len ({}): lower data.seq_len or raise "
@@ -561,6 +593,25 @@ void validate_config(const RunConfig& cfg) {
                                 {"slow_rank_s", d.slow_rank_s},
                                 {"leak_mib_per_step", d.leak_mib_per_step}}) {
     if (!(std::isfinite(v) && v >= 0)) BERTH_FAIL("{}: debug.{} must be >= 0, got {}", w, name, v);
+  }
+  // Seconds become clock durations in nanoseconds (int64): 1e300 s wrapped to no wait at all.
+  constexpr double kMaxSeconds = 1e9;  // 31 years
+  for (const auto& [name, v] : {std::pair{"parallel.comm_timeout_s", cfg.parallel.comm_timeout_s},
+                                {"reservation.lease_ttl_s", rv.lease_ttl_s},
+                                {"reservation.checkpoint_estimate_s", rv.checkpoint_estimate_s},
+                                {"reservation.on_demand_s", rv.on_demand_s},
+                                {"reservation.stop_margin_s", rv.stop_margin_s},
+                                {"debug.checkpoint_pause_s", d.checkpoint_pause_s},
+                                {"debug.data_delay_s", d.data_delay_s},
+                                {"debug.slow_rank_s", d.slow_rank_s}}) {
+    if (v > kMaxSeconds) {
+      BERTH_FAIL("{}: {} = {} s is more than {:.0e} s (31 years): not a duration berth can wait", w,
+                 name, v, kMaxSeconds);
+    }
+  }
+  if (d.leak_mib_per_step > 1e6) {
+    BERTH_FAIL("{}: debug.leak_mib_per_step = {} is more than 1e6 MiB (a TiB) a step", w,
+               d.leak_mib_per_step);
   }
   if (d.slow_rank < -1) BERTH_FAIL("{}: debug.slow_rank must be >= -1 (-1 = off)", w);
   if (cfg.debug.fail_rank < -1 || cfg.debug.fail_step < -1) {

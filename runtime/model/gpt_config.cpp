@@ -4,6 +4,7 @@
 
 #include "parallel/pipeline.h"
 #include "runtime/core/check.h"
+#include "runtime/core/limits.h"
 
 namespace berth {
 
@@ -17,11 +18,11 @@ GPTConfig make_gpt_config(int64_t n_layer, int64_t n_head, int64_t d_model, int6
               n_layer, n_head, d_model, vocab_size, max_seq_len);
   BERTH_CHECK(d_model % n_head == 0, "model.d_model ({}) must be divisible by model.n_head ({})",
               d_model, n_head);
-  BERTH_CHECK(vocab_size < (int64_t(1) << 30) && d_model < (int64_t(1) << 20) &&
-                  max_seq_len < (int64_t(1) << 24) && n_layer < (int64_t(1) << 16) &&
-                  n_head < (int64_t(1) << 16),
+  BERTH_CHECK(vocab_size < limits::kMaxVocab && d_model < limits::kMaxWidth &&
+                  max_seq_len < limits::kMaxSeqLen && n_layer < limits::kMaxLayers &&
+                  n_head < limits::kMaxHeads,
               "model sizes too large for this build: n_layer={} n_head={} vocab_size={} "
-              "d_model={} max_seq_len={}",
+              "d_model={} max_seq_len={} (each must be below 2^16, 2^16, 2^30, 2^20 and 2^24)",
               n_layer, n_head, vocab_size, d_model, max_seq_len);
   GPTConfig c;
   c.L = int(n_layer);

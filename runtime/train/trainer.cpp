@@ -222,6 +222,19 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
     val_ds_ = read_token_dataset(cfg_.data.val);
     check_dataset_fits(val_ds_, cfg_.data.val, cfg_);
     val_loader_ = make_loader(&val_ds_, cfg_.data.val, false, 0);
+    // An evaluation holds its batches in memory and reads the validation windows from the start:
+    // more batches than one pass over data.val takes only repeat windows (weighting them twice)
+    // and grow memory (eval.batches = 20000000 took 14 GB before evaluating anything).
+    const int64_t rows = grid_->shape().dp * cfg_.train.micro_batch_size;
+    const int64_t one_pass = (val_loader_->rows_per_epoch() + rows - 1) / rows;
+    BERTH_CHECK(cfg_.eval.interval == 0 || cfg_.eval.batches <= one_pass,
+                "eval.batches = {} asks for {} validation rows ({} global batches of dp {} × "
+                "micro_batch_size {}), but data.val '{}' holds {} rows: windows would repeat. "
+                "Lower eval.batches to at most {} (the whole validation set), or give a bigger "
+                "data.val",
+                cfg_.eval.batches, cfg_.eval.batches * rows, cfg_.eval.batches, grid_->shape().dp,
+                cfg_.train.micro_batch_size, cfg_.data.val, val_loader_->rows_per_epoch(),
+                one_pass);
   }
 
   model_ = std::make_unique<GPT<float>>(gcfg_, B, T / cp, shard_, &grid_->tp(),

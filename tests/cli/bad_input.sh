@@ -316,6 +316,12 @@ expect_error "train_collides_with_earlier_checkpoints" \
   "already holds checkpoints of an earlier run" "" \
   train_tiny collide --set "run.out_dir=$tmp/runs"
 
+# More evaluation batches than the validation set holds: an error naming the most that fits, before
+# any batch is held in memory (eval.batches = 20000000 grew to 14 GB).
+expect_error "train_eval_batches_beyond_the_val_set" "eval.batches = 20000000 asks for" \
+  "$tmp/runs/evalbig/config.toml" train_tiny evalbig --set eval.interval=1 \
+  --set "data.val=$tmp/d.h5" --set eval.batches=20000000
+
 # ---- berth plan ----------------------------------------------------------------------------------
 expect_error "plan_without_config" "needs a CONFIG (or --calibrate)" "" "$BERTH" plan
 expect_error "plan_unknown_profile" "unknown hardware profile 'v100'" "" \
@@ -381,6 +387,12 @@ report "check_location_with_berth_debug" \
 # Every document is longer than the rows and --drop-long drops them: no empty plan.
 expect_error "pack_drops_every_document" "nothing to pack" "$tmp/p_empty.h5" \
   "$BERTH" pack --data "$tmp/d.h5" --seq-len 4 --drop-long --out "$tmp/p_empty.h5"
+# A seed beyond 64 bits was saturated to 2^63 - 1 (another plan than asked for); a row length
+# beyond model.max_seq_len's bound made a plan no run can use.
+expect_error "pack_seed_beyond_64_bits" "--seed: 18446744073709551616 is not a whole number of 64 bits" \
+  "$tmp/p_seed.h5" "$BERTH" pack --data "$tmp/d.h5" --seq-len 16 --seed 18446744073709551616 --out "$tmp/p_seed.h5"
+expect_error "pack_seq_len_beyond_the_model_bound" "--seq-len: 4294967312 is not a number in [1, 16777215]" \
+  "$tmp/p_long.h5" "$BERTH" pack --data "$tmp/d.h5" --seq-len 4294967312 --out "$tmp/p_long.h5"
 
 # ---- outputs that would replace an input; numbers, units and names the checks let through ------
 cp "$tmp/d.h5" "$tmp/self.h5"
@@ -395,6 +407,14 @@ expect_error "export_into_the_checkpoint" "is inside the checkpoint" "" \
   "$BERTH" model export --format llmc "$ck/" --out "$ck/model.h5"
 report "export_checkpoint_kept" "$(cmp -s "$ck/model.h5" "$tmp/model_before.h5" || echo " model.h5 replaced")"
 "$BERTH" model export --format llmc "$ck" --out "$tmp/m.bin" >"$log" 2>&1
+# An export replaces an earlier export, never another file (it replaced a token dataset).
+"$BERTH" model export --format llmc "$ck" --out "$tmp/m.bin" >"$log" 2>&1
+rc=$?
+report "export_replaces_an_earlier_export" "$([ $rc -eq 0 ] || echo " refused (rc $rc)")"
+cp "$tmp/d.h5" "$tmp/data_copy.h5"
+expect_error "export_over_another_file" "exists and is not an llm.c model file" "" \
+  "$BERTH" model export --format llmc "$ck" --out "$tmp/data_copy.h5"
+report "export_other_file_kept" "$(cmp -s "$tmp/d.h5" "$tmp/data_copy.h5" || echo " the dataset was replaced")"
 expect_error "model_import_into_missing_directory" "the directory '$tmp/nodir2' does not exist" \
   "$tmp/nodir2" "$BERTH" model import --format llmc "$tmp/m.bin" --out "$tmp/nodir2/ck"
 expect_error "timeline_html_empty" "--html is empty: give a file name" "" \
