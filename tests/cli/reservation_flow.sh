@@ -22,6 +22,26 @@ check() {  # check NAME CONDITION-EXIT-CODE
 export BERTH_LEDGER="$tmp/ledger.db"
 mpi=("$mpiexec" --oversubscribe --allow-run-as-root --bind-to none)
 booked_id() { python3 -c "import json,sys; print(json.load(sys.stdin)['reservations'][0]['id'])"; }
+# stop_between_writes PID: SIGSTOPs PID where it holds no ledger write lock. Its heartbeat renews
+# the lease in a short write transaction every TTL/3; frozen inside one, it would keep the lock for
+# good and the successor a scenario launches would fail with "database is locked", which is not
+# what these scenarios test. So: stop, probe the lock, and if it is held resume briefly and retry.
+stop_between_writes() {
+  local pid=$1
+  for _ in $(seq 50); do
+    kill -STOP "$pid"
+    python3 - "$BERTH_LEDGER" <<'PY' && return 0
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1], timeout=0.2, isolation_level=None)
+c.execute("BEGIN IMMEDIATE")
+c.execute("ROLLBACK")
+PY
+    kill -CONT "$pid"
+    sleep 0.05
+  done
+  echo "stop_between_writes: pid $pid held the ledger's write lock 50 times" >&2
+  return 1
+}
 
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 60) > "$tmp/a.txt"
 "$berth" data import --format text "$tmp/a.txt" --out "$tmp/d.h5" >/dev/null
@@ -160,7 +180,7 @@ ck="$tmp/stop/checkpoints"
     --set "run.out_dir=$tmp/s1" > "$tmp/s1.log" 2>&1 &
 stale=$!; pids+=("$stale")
 for _ in $(seq 200); do ls -d "$ck"/step-*.tmp-* > /dev/null 2>&1 && break; sleep 0.05; done
-kill -STOP "$stale"  # frozen inside its first save, before the commit
+stop_between_writes "$stale"  # frozen inside its first save, before the commit
 sleep 3.5            # past its TTL
 timeout 60 "$berth" train "$cfg" "${small[@]}" --set train.steps=40 --reservation "$id4" \
     --set "checkpoint.dir=$ck" --set checkpoint.interval=0 --set "run.out_dir=$tmp/s2" \
@@ -183,7 +203,7 @@ take_over() {
   local pid=$!
   pids+=("$pid")
   for _ in $(seq 400); do grep -q "$mark" "$tmp/${name}1.log" && break; sleep 0.02; done
-  kill -STOP "$pid"
+  stop_between_writes "$pid"
   sleep 3.5  # past its TTL
   timeout 60 "$berth" "${successor[@]}" > "$tmp/${name}2.log" 2>&1
   check "a new holder takes the lease over and trains in the same run directory ($name)" $?
