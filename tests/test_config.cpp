@@ -325,35 +325,37 @@ TEST(Config, ValidationHeadsDivideWidth) {
 }
 
 TEST(Config, ValidationSizes) {
-  std::string msg = parse_error("[train]\nsteps = 0\n");
-  EXPECT_CONTAINS(msg, "configs/x.toml: train.steps must be > 0, got 0");
-  msg = parse_error("[train]\nmicro_batch_size = -2\n");
-  EXPECT_CONTAINS(msg, "train.micro_batch_size must be > 0, got -2");
-  msg = parse_error("[eval]\nbatches = 0\n");
-  EXPECT_CONTAINS(msg, "eval.batches must be > 0");
-  msg = parse_error("[model]\nvocab_size = 2147483649\n");
-  EXPECT_CONTAINS(msg, "model.vocab_size = 2147483649 is beyond what this build supports");
-  // Sizes that would wrap in the 32-bit ints of kernels and schedules (2^32 + 2 rows trained as 2).
-  msg = parse_error("[train]\nmicro_batch_size = 4294967298\n");
-  EXPECT_CONTAINS(msg,
-                  "train.micro_batch_size = 4294967298 is beyond what this build supports "
-                  "(it must be below 2147483648)");
-  msg = parse_error("[parallel]\nmicrobatches = 4294967296\n");
-  EXPECT_CONTAINS(msg, "parallel.microbatches = 4294967296 is beyond");
-  msg = parse_error("[model]\nn_layer = 100000\n");
-  EXPECT_CONTAINS(msg,
-                  "model.n_layer = 100000 is beyond what this build supports (it must be "
-                  "below 65536)");
-  msg = parse_error("[data]\nseq_len = 99999999999\n");
-  EXPECT_CONTAINS(msg, "data.seq_len = 99999999999 is beyond");
-  msg = parse_error(
-      "[model]\nmax_seq_len = 4096\n[data]\nseq_len = 4096\n[train]\n"
-      "micro_batch_size = 1000000\n");
-  EXPECT_CONTAINS(msg, "train.micro_batch_size × data.seq_len = 1000000 × 4096 tokens is beyond");
-  msg = parse_error("[debug]\ndata_delay_s = 1e300\n");
-  EXPECT_CONTAINS(msg, "debug.data_delay_s = 1e+300 s is more than 1e+09 s");
-  msg = parse_error("[parallel]\ncomm_timeout_s = 1e10\n");
-  EXPECT_CONTAINS(msg, "parallel.comm_timeout_s = 10000000000 s is more than");
+  const struct {
+    const char* toml;
+    const char* says;
+  } cases[] = {
+      {"[train]\nsteps = 0\n", "configs/x.toml: train.steps must be > 0, got 0"},
+      {"[train]\nsteps = 1000000000\n", "train.steps = 1000000000 is more than 100000000"},
+      {"[train]\nmicro_batch_size = -2\n", "train.micro_batch_size must be > 0, got -2"},
+      {"[eval]\nbatches = 0\n", "eval.batches must be > 0"},
+      {"[model]\nvocab_size = 2147483649\n",
+       "model.vocab_size = 2147483649 is beyond what this build supports"},
+      // Sizes that would wrap in the 32-bit ints of kernels and schedules (2^32 + 2 rows trained
+      // as 2).
+      {"[train]\nmicro_batch_size = 4294967298\n",
+       "train.micro_batch_size = 4294967298 is beyond what this build supports (it must be below "
+       "2147483648)"},
+      {"[parallel]\nmicrobatches = 4294967296\n", "parallel.microbatches = 4294967296 is beyond"},
+      {"[parallel]\ndp = 4294967296\n", "parallel.dp = 4294967296 is beyond"},
+      {"[model]\nn_layer = 100000\n",
+       "model.n_layer = 100000 is beyond what this build supports (it must be below 65536)"},
+      {"[data]\nseq_len = 99999999999\n", "data.seq_len = 99999999999 is beyond"},
+      {"[model]\nmax_seq_len = 4096\n[data]\nseq_len = 4096\n[train]\nmicro_batch_size = 1000000\n",
+       "train.micro_batch_size × data.seq_len = 1000000 × 4096 tokens is beyond"},
+      // Seconds beyond the int64 nanoseconds of a clock (1e300 s did not wait at all).
+      {"[debug]\ndata_delay_s = 1e300\n", "debug.data_delay_s = 1e+300 s is more than 1e+09 s"},
+      {"[parallel]\ncomm_timeout_s = 1e10\n",
+       "parallel.comm_timeout_s = 10000000000 s is more than"},
+  };
+  for (const auto& c : cases) {
+    const std::string msg = parse_error(c.toml);
+    EXPECT_CONTAINS(msg, c.says);
+  }
 }
 
 TEST(Config, ValidationSchedule) {

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/limits.h"
+
 namespace berth {
 
 // One config-announced change: from global step `from_step` on (steps s with s-1 >= from_step,
@@ -27,11 +29,10 @@ struct ScheduleEntry {
 };
 
 // What the runtime knows about the session from its configuration.
-// The most global steps a run may have: the predictor forecasts the remaining steps one by one
-// (10^8 take about a second). Real runs have 10^4..10^6.
-constexpr int64_t kMaxPredictedSteps = 100'000'000;
-// The longest time a trace row may give a step (or a part of one): 10^9 s, 31 years.
-constexpr double kMaxStepSeconds = 1e9;
+// The most global steps a run may have, and the longest time a trace row may give a step (or a
+// part of one): the build's limits (runtime/core/limits.h), which the config checks too.
+constexpr int64_t kMaxPredictedSteps = limits::kMaxSteps;
+constexpr double kMaxStepSeconds = limits::kMaxSeconds;
 
 struct RunFacts {
   int64_t max_steps = 0;   // run's total optimizer steps (global)

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -376,55 +377,45 @@ RunConfig parse_config(const std::string& toml_text, const std::string& source_n
 void validate_config(const RunConfig& cfg) {
   const std::string_view w = where_of(cfg);
 
-  const struct {
-    const char* name;
-    int64_t value;
-  } sizes[] = {
-      {"model.n_layer", cfg.model.n_layer},
-      {"model.n_head", cfg.model.n_head},
-      {"model.d_model", cfg.model.d_model},
-      {"model.vocab_size", cfg.model.vocab_size},
-      {"model.max_seq_len", cfg.model.max_seq_len},
-      {"data.seq_len", cfg.data.seq_len},
-      {"train.micro_batch_size", cfg.train.micro_batch_size},
-      {"train.steps", cfg.train.steps},
-      {"train.log_interval", cfg.train.log_interval},
-      {"eval.batches", cfg.eval.batches},
-      {"parallel.tp", cfg.parallel.tp},
-      {"parallel.pp", cfg.parallel.pp},
-      {"parallel.cp", cfg.parallel.cp},
-      {"parallel.microbatches", cfg.parallel.microbatches},
-  };
-  for (const auto& s : sizes) {
-    if (s.value <= 0) BERTH_FAIL("{}: {} must be > 0, got {}", w, s.name, s.value);
-  }
-  // Upper bounds: kernels, schedules and loaders count in 32-bit ints, so a bigger value would
-  // wrap (micro_batch_size 2^32 + 2 trained 2 rows a step), not fail.
-  constexpr int64_t kInt = int64_t{1} << 31;
+  // Each size is > 0 and below what this build supports: kernels, schedules and loaders count in
+  // 32-bit ints, so a bigger value would wrap (micro_batch_size 2^32 + 2 trained 2 rows a step).
+  using limits::kMaxCount;
   const struct {
     const char* name;
     int64_t value, below;
-  } bounded[] = {
+  } sizes[] = {
       {"model.n_layer", cfg.model.n_layer, limits::kMaxLayers},
       {"model.n_head", cfg.model.n_head, limits::kMaxHeads},
       {"model.d_model", cfg.model.d_model, limits::kMaxWidth},
       {"model.vocab_size", cfg.model.vocab_size, limits::kMaxVocab},
       {"model.max_seq_len", cfg.model.max_seq_len, limits::kMaxSeqLen},
       {"data.seq_len", cfg.data.seq_len, limits::kMaxSeqLen},
-      {"train.micro_batch_size", cfg.train.micro_batch_size, kInt},
-      {"train.log_interval", cfg.train.log_interval, kInt},
-      {"eval.batches", cfg.eval.batches, kInt},
-      {"parallel.tp", cfg.parallel.tp, kInt},
-      {"parallel.pp", cfg.parallel.pp, kInt},
-      {"parallel.cp", cfg.parallel.cp, kInt},
-      {"parallel.dp", cfg.parallel.dp, kInt},
-      {"parallel.microbatches", cfg.parallel.microbatches, kInt},
+      {"train.micro_batch_size", cfg.train.micro_batch_size, kMaxCount},
+      {"train.steps", cfg.train.steps, std::numeric_limits<int64_t>::max()},  // below, with why
+      {"train.log_interval", cfg.train.log_interval, kMaxCount},
+      {"eval.batches", cfg.eval.batches, kMaxCount},
+      {"parallel.tp", cfg.parallel.tp, kMaxCount},
+      {"parallel.pp", cfg.parallel.pp, kMaxCount},
+      {"parallel.cp", cfg.parallel.cp, kMaxCount},
+      {"parallel.microbatches", cfg.parallel.microbatches, kMaxCount},
   };
-  for (const auto& b : bounded) {
-    if (b.value >= b.below) {
-      BERTH_FAIL("{}: {} = {} is beyond what this build supports (it must be below {})", w, b.name,
-                 b.value, b.below);
+  for (const auto& s : sizes) {
+    if (s.value <= 0) BERTH_FAIL("{}: {} must be > 0, got {}", w, s.name, s.value);
+    if (s.value >= s.below) {
+      BERTH_FAIL("{}: {} = {} is beyond what this build supports (it must be below {})", w, s.name,
+                 s.value, s.below);
     }
+  }
+  if (cfg.parallel.dp >= kMaxCount) {
+    BERTH_FAIL("{}: parallel.dp = {} is beyond what this build supports (it must be below {})", w,
+               cfg.parallel.dp, kMaxCount);
+  }
+  // The progress predictor forecasts the remaining steps one by one.
+  if (cfg.train.steps > limits::kMaxSteps) {
+    BERTH_FAIL(
+        "{}: train.steps = {} is more than {}, the most berth plans and predicts (real runs "
+        "have 10^4..10^6 steps)",
+        w, cfg.train.steps, limits::kMaxSteps);
   }
   // One micro-batch's tokens (rows × seq_len) are indexed with an int.
   if (cfg.train.micro_batch_size * cfg.data.seq_len >= limits::kMaxTokensPerPass) {
@@ -433,14 +424,6 @@ void validate_config(const RunConfig& cfg) {
         "build supports (it must be below 2^31); lower train.micro_batch_size and use "
         "parallel.microbatches for a bigger batch",
         w, cfg.train.micro_batch_size, cfg.data.seq_len);
-  }
-  // The progress predictor forecasts the remaining steps one by one (kMaxPredictedSteps in
-  // runtime/cluster/progress.h; config depends on core only).
-  if (cfg.train.steps > 100'000'000) {
-    BERTH_FAIL(
-        "{}: train.steps = {} is more than 100000000, the most berth plans and predicts "
-        "(real runs have 10^4..10^6 steps)",
-        w, cfg.train.steps);
   }
   if (cfg.model.d_model % cfg.model.n_head != 0) {
     BERTH_FAIL("{}: model.d_model ({}) must be divisible by model.n_head ({}); choose d_model "
@@ -595,7 +578,7 @@ void validate_config(const RunConfig& cfg) {
     if (!(std::isfinite(v) && v >= 0)) BERTH_FAIL("{}: debug.{} must be >= 0, got {}", w, name, v);
   }
   // Seconds become clock durations in nanoseconds (int64): 1e300 s wrapped to no wait at all.
-  constexpr double kMaxSeconds = 1e9;  // 31 years
+  using limits::kMaxSeconds;
   for (const auto& [name, v] : {std::pair{"parallel.comm_timeout_s", cfg.parallel.comm_timeout_s},
                                 {"reservation.lease_ttl_s", rv.lease_ttl_s},
                                 {"reservation.checkpoint_estimate_s", rv.checkpoint_estimate_s},

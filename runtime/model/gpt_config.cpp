@@ -22,8 +22,9 @@ GPTConfig make_gpt_config(int64_t n_layer, int64_t n_head, int64_t d_model, int6
                   max_seq_len < limits::kMaxSeqLen && n_layer < limits::kMaxLayers &&
                   n_head < limits::kMaxHeads,
               "model sizes too large for this build: n_layer={} n_head={} vocab_size={} "
-              "d_model={} max_seq_len={} (each must be below 2^16, 2^16, 2^30, 2^20 and 2^24)",
-              n_layer, n_head, vocab_size, d_model, max_seq_len);
+              "d_model={} max_seq_len={} (each must be below {}, {}, {}, {} and {})",
+              n_layer, n_head, vocab_size, d_model, max_seq_len, limits::kMaxLayers,
+              limits::kMaxHeads, limits::kMaxVocab, limits::kMaxWidth, limits::kMaxSeqLen);
   GPTConfig c;
   c.L = int(n_layer);
   c.NH = int(n_head);
