@@ -309,6 +309,35 @@ TEST(Config, OverrideIsValidated) {
   EXPECT_CONTAINS(msg, "train.steps must be > 0, got 0");
 }
 
+// A check that fails on a value an override set names the override, not only the config file
+// (where the value is not): the last override of a key, and no key the message does not name.
+TEST(Config, ValidationNamesTheOverrideThatSetTheValue) {
+  std::string msg = parse_error("[train]\nsteps = 50\n", {"train.steps=7", "model.n_layer=4000000",
+                                                          "train.steps=9", "train.lr=1e-3"});
+  EXPECT_CONTAINS(msg, "configs/x.toml: model.n_layer = 4000000 is beyond");
+  EXPECT_CONTAINS(msg, "(set by the override 'model.n_layer=4000000')");
+  EXPECT_EQ(msg.find("train.steps="), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("train.lr="), std::string::npos) << msg;
+  msg = parse_error("[data]\nseq_len = 64\n", {"model.max_seq_len = 32"});
+  EXPECT_CONTAINS(msg, "data.seq_len (64) > model.max_seq_len (32)");
+  EXPECT_CONTAINS(msg, "(set by the override 'model.max_seq_len = 32')");
+  // A key that only begins like an overridden one ("train.lr" in "train.lr_schedule") is not it.
+  msg = parse_error("[train]\nlr_schedule = \"linear\"\n", {"train.lr=1e-3"});
+  EXPECT_CONTAINS(msg, "train.lr_schedule \"linear\"");
+  EXPECT_EQ(msg.find("set by the override"), std::string::npos) << msg;
+  // A value from the file alone says nothing of overrides.
+  msg = parse_error("[train]\nsteps = 0\n");
+  EXPECT_EQ(msg.find("override"), std::string::npos) << msg;
+}
+
+// A number TOML cannot represent is refused as such, not read as a string ("got string").
+TEST(Config, OverrideOfANumberBeyond64BitsSaysSo) {
+  const std::string msg = parse_error("", {"model.n_layer=99999999999999999999"});
+  EXPECT_CONTAINS(msg, "override 'model.n_layer=99999999999999999999'");
+  EXPECT_CONTAINS(msg, "'99999999999999999999' is not a value model.n_layer can take");
+  EXPECT_EQ(msg.find("got string"), std::string::npos) << msg;
+}
+
 // ---- validation ----------------------------------------------------------------------------
 
 TEST(Config, ValidationSeqLenAboveMax) {
@@ -351,6 +380,9 @@ TEST(Config, ValidationSizes) {
       {"[debug]\ndata_delay_s = 1e300\n", "debug.data_delay_s = 1e+300 s is more than 1e+09 s"},
       {"[parallel]\ncomm_timeout_s = 1e10\n",
        "parallel.comm_timeout_s = 10000000000 s is more than"},
+      // A watchdog under a second would end healthy jobs (every multi-rank run exited 5).
+      {"[parallel]\ncomm_timeout_s = 1e-9\n",
+       "parallel.comm_timeout_s must be 0 (no timeout) or a number of seconds >= 1, got 1e-09"},
   };
   for (const auto& c : cases) {
     const std::string msg = parse_error(c.toml);

@@ -7,10 +7,12 @@
 
 #include <toml++/toml.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -318,14 +320,23 @@ void apply_override(RunConfig& cfg, const std::string& override_text) {
   const std::string_view raw = trim(std::string_view(override_text).substr(eq + 1));
   toml::table parsed;
   bool is_toml_value = false;
+  std::string why_not_toml;
   try {
     const std::string doc = fmt::format("v = {}", raw);
     parsed = toml::parse(std::string_view(doc), std::string_view("override"));
     is_toml_value = parsed.size() == 1 && parsed.contains("v");
-  } catch (const toml::parse_error&) {
+  } catch (const toml::parse_error& e) {
     is_toml_value = false;
+    why_not_toml = std::string(e.description());
   }
   const bool string_field = std::holds_alternative<std::string*>(field->ref(cfg));
+  // A number key whose value TOML cannot read says why ("n_layer=99999999999999999999" does not
+  // fit 64 bits), not "got string".
+  if (!is_toml_value && !string_field && !why_not_toml.empty() &&
+      raw.find_first_of("0123456789") != std::string_view::npos) {
+    BERTH_FAIL("{}: '{}' is not a value {}.{} can take: {}", where, raw, section, key,
+               why_not_toml);
+  }
   // Not valid TOML ("run.name=foo"), or a string key given a bare number/boolean
   // ("run.name=2024"): the text itself is the string.
   if (!is_toml_value || (string_field && !parsed["v"].is_string())) {
@@ -334,6 +345,35 @@ void apply_override(RunConfig& cfg, const std::string& override_text) {
     return;
   }
   set_field(cfg, *field, *parsed.get("v"), where, "");
+}
+
+// " (set by the override 'train.lr=5')" for each override whose key `message` names (the last
+// override of a key is the one in effect), "" when it names none.
+std::string overrides_named_in(std::string_view message,
+                               const std::vector<std::string>& overrides) {
+  const auto is_name_char = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+  };
+  std::map<std::string, std::string> last;  // key -> override text, in key order
+  for (const std::string& o : overrides) {
+    const auto eq = o.find('=');
+    if (eq != std::string::npos) last[std::string(trim(std::string_view(o).substr(0, eq)))] = o;
+  }
+  std::string out;
+  for (const auto& [key, text] : last) {
+    for (size_t at = message.find(key); at != std::string_view::npos;
+         at = message.find(key, at + 1)) {
+      const size_t end = at + key.size();
+      if ((at == 0 || !is_name_char(message[at - 1])) &&
+          (end == message.size() || !is_name_char(message[end]) ||
+           (message[end] == '.' &&
+            (end + 1 == message.size() || !is_name_char(message[end + 1]))))) {
+        out += fmt::format(" (set by the override '{}')", text);
+        break;
+      }
+    }
+  }
+  return out;
 }
 
 std::string_view where_of(const RunConfig& cfg) {
@@ -370,7 +410,12 @@ RunConfig parse_config(const std::string& toml_text, const std::string& source_n
   }
   apply_document(cfg, doc, where);
   for (const std::string& o : overrides) apply_override(cfg, o);
-  validate_config(cfg);
+  try {
+    validate_config(cfg);
+  } catch (const Error& e) {
+    // The checks name the config file; a value an override set is not in it: say so.
+    throw Error(e.what() + overrides_named_in(e.what(), overrides), e.where());
+  }
   return cfg;
 }
 
@@ -516,10 +561,13 @@ void validate_config(const RunConfig& cfg) {
     BERTH_FAIL("{}: parallel.dp must be >= 1, or 0 to take world size / (tp·pp·cp); got {}", w,
                cfg.parallel.dp);
   }
-  if (!(cfg.parallel.comm_timeout_s >= 0) || !std::isfinite(cfg.parallel.comm_timeout_s)) {
+  // Under a second, the watchdog would end healthy jobs: starting up, or one rank saving a
+  // checkpoint while the others wait, keeps a collective waiting longer than that.
+  if (!(cfg.parallel.comm_timeout_s == 0 || cfg.parallel.comm_timeout_s >= 1) ||
+      !std::isfinite(cfg.parallel.comm_timeout_s)) {
     BERTH_FAIL(
-        "{}: parallel.comm_timeout_s must be a number of seconds >= 0 (0 = no timeout), "
-        "got {}",
+        "{}: parallel.comm_timeout_s must be 0 (no timeout) or a number of seconds >= 1, got {}; "
+        "it must exceed the longest time one rank keeps the others waiting (default 600)",
         w, cfg.parallel.comm_timeout_s);
   }
   if (cfg.parallel.zero != 0 && cfg.parallel.zero != 1) {

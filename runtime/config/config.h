@@ -4,8 +4,10 @@
 // in the struct. Unknown sections or keys, and values of the wrong type, are errors that name the
 // key and the file ("configs/x.toml: unknown key 'train.lrr' (known keys of [train]: ...)").
 // `--set section.key=value` overrides are applied after the file, with the same checks; the value
-// is parsed as a TOML value (`--set train.lr=3e-4`, `--set run.name=foo`, `--set data.shuffle=true`;
-// a value that is not valid TOML is taken as a string).
+// is parsed as a TOML value (`--set train.lr=3e-4`, `--set run.name=foo`, `--set
+// data.shuffle=true`; a value that is not valid TOML is taken as a string, except a number TOML
+// cannot hold, e.g. one beyond 64 bits, which is refused). A validation error about a key an
+// override set names it.
 #pragma once
 
 #include <cstdint>
