@@ -110,27 +110,42 @@ void register_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "Estimate parameters, FLOPs, per-rank memory, step time and cost of a config, and "
               "rank the parallel layouts that fit; or --calibrate this machine");
-  cmd->add_option("config", a->config, "Run config (TOML)");
-  cmd->add_option("--set", a->overrides, "Override a config value (repeatable)")
-      ->type_name("KEY=VALUE");
-  cmd->add_option("--gpus", a->gpus, "Devices to plan for (default: the config's layout)")
-      ->check(positive_integer());
-  cmd->add_option("--gpu", a->gpu,
-                  "Hardware profile: a100, h100, h200, cpu (this host's calibrated profile, else "
-                  "a guess) or a profile file")
-      ->type_name("NAME|FILE");
-  cmd->add_option("--price-per-gpu-hour", a->price, "Price of one device-hour, for the cost")
-      ->check(number_in(0.0, 1e9));
-  cmd->add_flag("--json", a->json, "Print the plan as JSON");
+  // The options of a plan, which --calibrate does not take.
+  const std::vector<CLI::Option*> plan_options = {
+      cmd->add_option("config", a->config, "Run config (TOML)"),
+      cmd->add_option("--set", a->overrides, "Override a config value (repeatable)")
+          ->type_name("KEY=VALUE"),
+      // As many as the layout search goes (rank_layouts' max_devices).
+      cmd->add_option("--gpus", a->gpus, "Devices to plan for (default: the config's layout)")
+          ->check(whole_number_in(1, 65536)),
+      cmd->add_option("--gpu", a->gpu,
+                      "Hardware profile: a100, h100, h200, cpu (this host's calibrated profile, "
+                      "else a guess) or a profile file")
+          ->type_name("NAME|FILE"),
+      cmd->add_option("--price-per-gpu-hour", a->price, "Price of one device-hour, for the cost")
+          ->check(number_in(0.0, 1e9)),
+      cmd->add_flag("--json", a->json, "Print the plan as JSON")};
   cmd->add_flag("--calibrate", a->calibrate,
                 "Measure this machine's GEMM rate, memory and MPI bandwidth (run it under mpirun "
                 "with the ranks per host you will train with) and save a profile");
-  cmd->add_option("--out", a->out, "Where --calibrate saves the profile (default: "
-                                   "~/.local/share/berth/profiles/<host>.json)");
-  cmd->callback([a]() {
+  CLI::Option* out = cmd->add_option("--out", a->out,
+                                     "Where --calibrate saves the profile (default: "
+                                     "~/.local/share/berth/profiles/<host>.json)");
+  cmd->callback([a, plan_options, out]() {
     if (a->calibrate) {
+      // A config given here would be ignored silently: measuring the machine does not read one.
+      for (const CLI::Option* o : plan_options) {
+        BERTH_CHECK(o->count() == 0,
+                    "berth plan --calibrate measures this machine and takes no {} (it plans "
+                    "nothing): run it alone, then `berth plan CONFIG --gpu cpu` plans with what "
+                    "it measured",
+                    o->get_name(false, true));
+      }
       calibrate(*a);
     } else {
+      BERTH_CHECK(out->count() == 0,
+                  "--out is where --calibrate saves the profile; a plan prints to standard output "
+                  "(add --json for JSON)");
       plan(*a);
     }
   });

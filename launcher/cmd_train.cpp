@@ -33,9 +33,10 @@ std::string version_text() {
 #endif
 }
 
-CLI::Validator whole_number_at_least(int64_t lo) {
+CLI::Validator whole_number_in(int64_t lo, int64_t hi) {
+  constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
   return CLI::Validator(
-      [lo](std::string& value) -> std::string {
+      [lo, hi](std::string& value) -> std::string {
         size_t used = 0;
         long long v = 0;
         try {
@@ -43,12 +44,20 @@ CLI::Validator whole_number_at_least(int64_t lo) {
         } catch (const std::exception&) {
           used = 0;
         }
-        if (used == value.size() && used > 0 && v >= lo) return "";
+        if (used == value.size() && used > 0 && v >= lo && v <= hi) return "";
+        if (hi != kAny) return fmt::format("{} is not a whole number in [{}, {}]", value, lo, hi);
         return lo == std::numeric_limits<int64_t>::min()
                    ? value + " is not a whole number of 64 bits"
                    : fmt::format("{} is not a whole number >= {}", value, lo);
       },
-      lo == 1 ? "INT>=1" : "INT", lo == 1 ? "POSITIVE_INTEGER" : "WHOLE_NUMBER");
+      hi != kAny ? fmt::format("INT in [{}, {}]", lo, hi)
+      : lo == 1  ? "INT>=1"
+                 : "INT",
+      lo == 1 && hi == kAny ? "POSITIVE_INTEGER" : "WHOLE_NUMBER");
+}
+
+CLI::Validator whole_number_at_least(int64_t lo) {
+  return whole_number_in(lo, std::numeric_limits<int64_t>::max());
 }
 
 CLI::Validator positive_integer() { return whole_number_at_least(1); }

@@ -20,6 +20,8 @@ CLI::Validator positive_integer();
 // A whole number of 64 bits that is >= lo (INT64_MIN: any), refusing what overflows: CLI11 itself
 // saturates 2^64 to the largest value.
 CLI::Validator whole_number_at_least(int64_t lo);
+// A whole number in [lo, hi] ("--gpus: 4294967297 is not a whole number in [1, 65536]").
+CLI::Validator whole_number_in(int64_t lo, int64_t hi);
 // A number in [lo, hi] ("--hours: nan is not a number in [1, 8784]"). CLI::Range lets NaN through
 // (every comparison with it is false), and "inf" past an open bound.
 CLI::Validator number_in(double lo, double hi);

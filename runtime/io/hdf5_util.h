@@ -77,7 +77,17 @@ inline std::string h5_error_detail() {
       },
       &detail);
   H5Eclear2(H5E_DEFAULT);
-  return detail.empty() ? std::string("no detail from HDF5") : detail;
+  if (detail.empty()) return "no detail from HDF5";
+  // The open/create failure of a file: "unable to open file: name = '...', errno = 2, error
+  // message = 'No such file or directory', flags = 13, o_flags = 242" -> the system's reason (the
+  // callers name the file).
+  const std::string mark = "error message = '";
+  if (const size_t at = detail.find(mark); at != std::string::npos) {
+    const size_t from = at + mark.size();
+    const size_t to = detail.find('\'', from);
+    if (to != std::string::npos && to > from) return detail.substr(from, to - from);
+  }
+  return detail;
 }
 
 inline hid_t file_access_plist() {

@@ -301,6 +301,13 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
   if (world_.rank() == 0) {
     try {
       require_plan_destination(cache);  // a file that is not a plan: the config's mistake
+      // A plan path the config names, not there yet, is where the plan must go: a missing or
+      // read-only directory there is the config's mistake (a typo), not a cache to skip.
+      std::error_code ec;
+      if (path == cfg_.data.train && !cfg_.data.pack_plan.empty() &&
+          !std::filesystem::exists(cache, ec)) {
+        check_output_file(cache, "data.pack_plan");
+      }
       try {
         plan = load_or_build_plan(cache, ds->doc_offsets, o, &reused);
         cached = 1;

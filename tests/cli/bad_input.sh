@@ -322,6 +322,24 @@ expect_error "train_eval_batches_beyond_the_val_set" "eval.batches = 20000000 as
   "$tmp/runs/evalbig/config.toml" train_tiny evalbig --set eval.interval=1 \
   --set "data.val=$tmp/d.h5" --set eval.batches=20000000
 
+# A file system that refuses the file where the directory looked writable (/proc, as root): the
+# system's reason, not HDF5's open flags ("flags = 13, o_flags = 242").
+if [ "$(id -u)" -eq 0 ]; then
+  expect_error "import_where_the_file_system_refuses" \
+    "(temporary for '/proc/berth_x.h5'): No such file or directory; check that the directory" "" \
+    "$BERTH" data import --format text "$tmp/doc1.txt" --out /proc/berth_x.h5
+fi
+# A packing plan path in a directory that does not exist: a typo, refused (it only warned and
+# packed in memory, so the plan the user asked for was never written).
+expect_error "train_pack_plan_in_a_missing_directory" \
+  "cannot write data.pack_plan '$tmp/no_such_dir/p.h5': the directory '$tmp/no_such_dir' does not exist" \
+  "$tmp/runs/packdir/config.toml" train_tiny packdir --set data.mode=packed \
+  --set "data.pack_plan=$tmp/no_such_dir/p.h5"
+# --set values outside a key's range: the message names the override, not only the config file.
+expect_error "train_override_out_of_range_names_the_override" \
+  "(set by the override 'parallel.comm_timeout_s=1e-9')" "$tmp/runs/ct/config.toml" \
+  train_tiny ct --set parallel.comm_timeout_s=1e-9
+
 # ---- berth plan ----------------------------------------------------------------------------------
 expect_error "plan_without_config" "needs a CONFIG (or --calibrate)" "" "$BERTH" plan
 expect_error "plan_unknown_profile" "unknown hardware profile 'v100'" "" \
@@ -333,8 +351,18 @@ expect_error "plan_layout_not_matching_gpus" "does not use --gpus 3" "" \
   "$BERTH" plan "$TINY_TOML" --gpus 3 --set parallel.dp=2
 expect_error "plan_inner_layout_not_dividing_gpus" "tp·pp·cp = 2·1·1 = 2 does not divide --gpus 3" \
   "" "$BERTH" plan "$TINY_TOML" --gpus 3 --set parallel.tp=2
-expect_error "plan_zero_gpus" "--gpus: 0 is not a whole number >= 1" "" \
+expect_error "plan_zero_gpus" "--gpus: 0 is not a whole number in [1, 65536]" "" \
   "$BERTH" plan "$TINY_TOML" --gpus 0
+# Beyond the layout search, and 2^32 + 1 (taken before).
+expect_error "plan_gpus_beyond_the_search" "--gpus: 4294967297 is not a whole number in [1, 65536]" \
+  "" "$BERTH" plan "$TINY_TOML" --gpus 4294967297
+# --calibrate measures the machine: a config (or any plan option) was silently ignored.
+expect_error "plan_calibrate_with_a_config" "takes no config (it plans nothing)" "$tmp/never.json" \
+  "$BERTH" plan --calibrate "$TINY_TOML" --out "$tmp/never.json"
+expect_error "plan_calibrate_with_gpus" "takes no --gpus" "$tmp/never.json" \
+  "$BERTH" plan --calibrate --gpus 2 --out "$tmp/never.json"
+expect_error "plan_out_without_calibrate" "--out is where --calibrate saves the profile" "" \
+  "$BERTH" plan "$TINY_TOML" --out "$tmp/p.json"
 expect_error "plan_negative_price" "--price-per-gpu-hour: -1 is not a number in [0, 1000000000]" "" \
   "$BERTH" plan "$TINY_TOML" --price-per-gpu-hour -1
 "$BERTH" plan "$TINY_TOML" --gpus 2 --gpu h100 --price-per-gpu-hour 3 >"$log" 2>&1
