@@ -440,6 +440,41 @@ TEST_F(LedgerTest, LeaseTokensOnlyGrow) {
             std::string::npos);
 }
 
+// A renewal after the window's end is refused and says so (window_over): the holder may still
+// stop with a checkpoint, since nobody can take the lease then, even once its TTL has passed.
+// Refusals for any other reason do not say so.
+TEST_F(LedgerTest, ARenewalAfterTheWindowSaysTheWindowIsOver) {
+  auto l = open();
+  l->register_devices(slots("n1", 2));
+  ASSERT_TRUE(l->reserve(req(1, kT0, 1)).booked);
+  ASSERT_TRUE(l->reserve(req(1, kT0, 1)).booked);
+  const LeaseResult a = l->acquire_lease(1, "alice", "n1", 10, 2 * kH);
+  const LeaseResult b = l->acquire_lease(2, "alice", "n1", 11, 2 * kH);
+  ASSERT_TRUE(a.ok && b.ok);
+  now_ = kT0 + kH - 30;
+  const LeaseResult before = l->renew_lease(1, a.lease.token, 60);
+  EXPECT_TRUE(before.ok && !before.window_over);
+  now_ = kT0 + kH;  // the end, within the TTL
+  LeaseResult over = l->renew_lease(1, a.lease.token, 60);
+  EXPECT_FALSE(over.ok);
+  EXPECT_TRUE(over.window_over);
+  EXPECT_NE(over.reason.find("reservation 1's window ended at"), std::string::npos) << over.reason;
+  now_ = kT0 + kH + 600;  // and past the TTL: still nobody else's
+  over = l->renew_lease(1, a.lease.token, 60);
+  EXPECT_TRUE(!over.ok && over.window_over);
+  EXPECT_FALSE(l->acquire_lease(1, "alice", "n1", 12, 60).ok);
+  EXPECT_TRUE(l->renew_lease(1, a.lease.token, 60).window_over);
+  // Not the window: a stale token, a released lease, a cancelled booking.
+  EXPECT_FALSE(l->renew_lease(1, a.lease.token + 100, 60).window_over);
+  l->release_lease(1, a.lease.token);
+  EXPECT_FALSE(l->renew_lease(1, a.lease.token, 60).window_over);
+  l->cancel(2, "alice");
+  const LeaseResult cancelled = l->renew_lease(2, b.lease.token, 60);
+  EXPECT_FALSE(cancelled.ok || cancelled.window_over);
+  EXPECT_NE(cancelled.reason.find("reservation 2 was cancelled"), std::string::npos)
+      << cancelled.reason;
+}
+
 TEST_F(LedgerTest, SchemaMigratesUpAndRefusesDowngradeAndForeignFiles) {
   {  // a version-1 ledger with a booking in it, as an older berth wrote it
     LedgerOptions o = options();

@@ -94,6 +94,10 @@ struct LeaseResult {
   bool ok = false;
   Lease lease;
   std::string reason;
+  // A renewal refused only because the window has ended: the token is still the holder's, the
+  // booking active, and nobody can take a lease after its window, so the holder may still end
+  // its run (stop checkpoint, files, release) under it.
+  bool window_over = false;
 };
 
 class LedgerStore {
@@ -116,8 +120,8 @@ class LedgerStore {
   // greater than any issued before by this ledger.
   virtual LeaseResult acquire_lease(int64_t reservation, const std::string& user,
                                     const std::string& host, int64_t pid, double ttl_s) = 0;
-  // Extends the lease to now + ttl if `token` still holds it; refused otherwise (expired and
-  // taken over, released, or the booking was cancelled).
+  // Extends the lease to now + ttl if `token` still holds it; refused otherwise (taken over,
+  // released, the booking cancelled, the window ended (window_over), or expired).
   virtual LeaseResult renew_lease(int64_t reservation, int64_t token, double ttl_s) = 0;
   virtual void release_lease(int64_t reservation, int64_t token) = 0;  // idempotent
   virtual std::optional<Lease> lease(int64_t reservation) = 0;

@@ -507,14 +507,16 @@ class SqliteLedger : public LedgerStore {
                                id, l ? l->token : 0, token);
     } else if (l->released) {
       out.reason = fmt::format("the lease of reservation {} was released", id);
-    } else if (now >= l->expires) {
-      out.reason = fmt::format("the lease of reservation {} expired at {} (not renewed within its "
-                               "TTL)",
-                               id, format_utc_iso(l->expires));
     } else if (r.state != "active") {
       out.reason = fmt::format("reservation {} was {}{}", id, r.state, preempted_by_note(r));
-    } else if (now >= r.end) {
-      out.reason = fmt::format("reservation {}'s window ended at {}", id, format_utc_minute(r.end));
+    } else if (now >= r.end) {  // before the expiry: after its window nobody can take a lease
+      out.reason = fmt::format("reservation {}'s window ended at {}", id, format_utc_iso(r.end));
+      out.window_over = true;
+    } else if (now >= l->expires) {
+      out.reason = fmt::format(
+          "the lease of reservation {} expired at {} (not renewed within its "
+          "TTL)",
+          id, format_utc_iso(l->expires));
     }
     if (!out.reason.empty()) return out;
     Stmt u(db_, "UPDATE leases SET expires=? WHERE reservation=? AND token=?");

@@ -224,6 +224,7 @@ void LeaseKeeper::heartbeat_loop() {
                format_utc_iso(local_expiry_));
     } else if (!l.ok) {
       lost_ = true;
+      window_over_ = l.window_over;
       lost_reason_ = l.reason;
     } else {
       record_renewal(l.lease);
@@ -263,11 +264,12 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
   int32_t d = kContinue;
   if (ledger_) {
     const ReservationSection& rc = cfg_.reservation;
-    bool lost;
+    bool lost, window_over;
     double expiry, renewed, window_end;
     {
       std::lock_guard<std::mutex> lock(mu_);
       lost = lost_;
+      window_over = window_over_;
       expiry = local_expiry_;
       renewed = last_renew_;
       window_end = window_end_;
@@ -275,7 +277,9 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
     }
     double now = unix_now();
     const double ckpt = ckpt_s_ > 0 ? ckpt_s_ : rc.checkpoint_estimate_s;
-    if (lost) {
+    if (lost && window_over) {
+      d = window_overrun(window_end, now);
+    } else if (lost) {
       d = kLost;
     } else if (now + step_s >= expiry) {
       // The heartbeat has not renewed in time (a failing ledger, this process was stopped, or a
@@ -293,6 +297,8 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
               format_duration(step_s), format_duration(rc.lease_ttl_s),
               format_duration(std::ceil(2 * step_s)));
         }
+      } else if (l.window_over) {
+        d = window_overrun(this->window_end(), now);
       } else {
         d = kLost;
         reason_ = failed.empty() ? l.reason
@@ -313,6 +319,27 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
     }
   }
   return share(d);
+}
+
+int32_t LeaseKeeper::window_overrun(double window_end, double now) {
+  // A step, evaluation or save outlasted the stop margin and the window closed first. Nobody can
+  // take a reservation's lease after its window, and the checkpoint commit is fenced, so the run
+  // still stops with a checkpoint, late by the time the save takes (a grace, as a scheduler's
+  // kill wait), instead of losing every step since the last one.
+  const ReservationSection& rc = cfg_.reservation;
+  log_warn(
+      "lease: reservation {}'s window ended at {}, {} before this check: a step, evaluation or "
+      "checkpoint save outlasted the stop margin (1.5 × checkpoint time + "
+      "reservation.stop_margin_s {}; saves took up to {} so far): raise stop_margin_s above the "
+      "longest pause, or reservation.checkpoint_estimate_s ({}) to what a save takes",
+      reservation_, format_utc_iso(window_end), format_duration(std::max(0.0, now - window_end)),
+      format_duration(rc.stop_margin_s), format_duration(ckpt_s_),
+      format_duration(rc.checkpoint_estimate_s));
+  reason_ = fmt::format(
+      "reservation {}'s window ended at {} before the run could stop; the checkpoint is saved "
+      "after it",
+      reservation_, format_utc_iso(window_end));
+  return kStopWindow;
 }
 
 LeaseKeeper::Decision LeaseKeeper::share(int32_t d) {
@@ -344,18 +371,24 @@ LeaseKeeper::Decision LeaseKeeper::confirm_held() {
   if (!active()) return kContinue;
   int32_t d = kContinue;
   if (ledger_ && !released_) {
-    bool lost;
+    bool lost, window_over;
     double expiry;
     {
       std::lock_guard<std::mutex> lock(mu_);
       lost = lost_;
+      window_over = window_over_;
       expiry = local_expiry_;
       if (lost) reason_ = lost_reason_;
     }
-    if (!lost) {
+    // Past the window's end (a stop save that overran it): still this run's, nobody else's.
+    if (lost && window_over) lost = false;
+    if (!lost && !window_over) {
       std::string failed;
       const LeaseResult l = renew_here(&failed);
-      if (!l.ok && failed.empty()) {
+      if (!l.ok && l.window_over) {
+        std::lock_guard<std::mutex> lock(mu_);
+        window_over_ = true;
+      } else if (!l.ok && failed.empty()) {
         lost = true;
         reason_ = l.reason;
       } else if (!l.ok && unix_now() >= expiry) {  // the ledger cannot answer, and time is up
@@ -375,7 +408,9 @@ void LeaseKeeper::release() {
   stop_heartbeat();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (lost_) {  // the heartbeat saw it go after the last check: it is another holder's now
+    // The heartbeat saw it go after the last check: it is another holder's now (a window that
+    // ended is not: the run still gives its lease back).
+    if (lost_ && !window_over_) {
       log_warn("lease: reservation {} not released: {}", reservation_, lost_reason_);
       return;
     }

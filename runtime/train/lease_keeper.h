@@ -5,7 +5,9 @@
 // thread on rank 0 renews it every TTL/3 on its own ledger connection, so a checkpoint save or an
 // evaluation longer than the TTL keeps it. Before every step rank 0 decides, for all ranks:
 // continue; stop at the end of the window (checkpoint, exit "window ended, resumable"); or stop
-// because the lease is lost (a renewal refused, or none succeeded for a TTL).
+// because the lease is lost (a renewal refused, or none succeeded for a TTL). A window that ends
+// before the run stopped (a pause longer than the stop margin) still stops with a checkpoint:
+// after its window, nobody can take a reservation's lease.
 #pragma once
 
 #include <condition_variable>
@@ -66,6 +68,9 @@ class LeaseKeeper {
   // One renewal on the calling thread (rank 0), recorded when it succeeds; `failed` gets the
   // ledger's error (the result is then not ok and has no reason).
   LeaseResult renew_here(std::string* failed);
+  // Rank 0: the lease ended with its window before the run stopped (window_over): kStopWindow,
+  // with a warning and reason_ saying the checkpoint is saved after the end.
+  int32_t window_overrun(double window_end, double now);
   // Collective: rank 0's decision `d` to every rank (a lost lease: the heartbeat stops, nothing
   // is given back), with a reason on the ranks that did not decide.
   Decision share(int32_t d);
@@ -83,7 +88,8 @@ class LeaseKeeper {
   std::thread heartbeat_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
-  bool stop_ = false, lost_ = false;
+  // window_over_: lost_ only because the window ended (LeaseResult::window_over), not taken.
+  bool stop_ = false, lost_ = false, window_over_ = false;
   double window_end_ = 0, local_expiry_ = 0, last_renew_ = 0;
   std::string lost_reason_;
 };

@@ -3,7 +3,8 @@
 # under the lease; the window ends mid-run (checkpoint, exit 3) and the run resumes in the next
 # window with the same losses as an uninterrupted run; a run extended while it trains, as its
 # window warning says, finishes and stops warning; a second launch fails fast naming the
-# holder; a SIGKILLed holder's lease lapses and a relaunch gets a higher token; a holder SIGSTOPped
+# holder; a save that outlasts the window still stops the run with its checkpoint; a SIGKILLed
+# holder's lease lapses and a relaunch gets a higher token; a holder SIGSTOPped
 # inside a checkpoint save past its TTL has its late commit refused, and one stopped between steps
 # leaves the new holder's run directory alone; bad requests exit 1, a booking that cannot start
 # when asked exits 2.
@@ -274,6 +275,22 @@ rc=$?
 [ $rc -eq 0 ] && [ -e "$tmp/slow/tiny/checkpoints/step-00000040" ]
 check "a 5 s checkpoint save under a 3 s lease TTL keeps the lease (rc $rc)" $?
 "$berth" cancel "$id8" > /dev/null 2>&1
+
+# ---- a save that outlasts the window: the run still stops with that checkpoint -------------------
+# The periodic save at step 100 (~1.5 s in) pauses 10 s in an 8 s window, so the window ends during
+# it and the heartbeat's renewal is refused for that. Nobody can take a lease after its window, so
+# the run ends as at a window's end (exit 3, checkpoint, metrics, lease given back), not as a lost
+# lease (exit 4, nothing committed).
+ido=$("$berth" reserve --gpus 1 --duration 8s --json | booked_id)
+timeout 60 "$berth" train "$cfg" "${small[@]}" --reservation "$ido" --set "run.out_dir=$tmp/over" \
+    --set train.steps=100000 --set checkpoint.interval=100 --set debug.checkpoint_pause_s=10 \
+    > "$tmp/over.log" 2>&1
+rc=$?
+[ $rc -eq 3 ] && grep -q "outlasted the stop margin .*saves took up to 10s so far" "$tmp/over.log" &&
+    grep -q "stopping before step 101: reservation $ido's window ended at .* before the run could stop" "$tmp/over.log" &&
+    [ -e "$tmp/over/tiny/checkpoints/step-00000100" ] && [ -e "$tmp/over/tiny/metrics.jsonl" ] &&
+    "$berth" reservation show "$ido" | grep -q "released"
+check "a save that outlasts the window still ends the run with its checkpoint (rc $rc)" $?
 
 # ---- a window too short for one step before the clean stop is refused at start -------------------
 id7=$("$berth" reserve --gpus 1 --duration 1m --json | booked_id)
