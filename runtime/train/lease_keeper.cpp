@@ -326,6 +326,10 @@ int32_t LeaseKeeper::window_overrun(double window_end, double now) {
   // take a reservation's lease after its window, and the checkpoint commit is fenced, so the run
   // still stops with a checkpoint, late by the time the save takes (a grace, as a scheduler's
   // kill wait), instead of losing every step since the last one.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    window_over_ = true;  // also when rank 0's own renewal learned it (confirm_held, release)
+  }
   const ReservationSection& rc = cfg_.reservation;
   log_warn(
       "lease: reservation {}'s window ended at {}, {} before this check: a step, evaluation or "

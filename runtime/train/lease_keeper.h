@@ -68,8 +68,8 @@ class LeaseKeeper {
   // One renewal on the calling thread (rank 0), recorded when it succeeds; `failed` gets the
   // ledger's error (the result is then not ok and has no reason).
   LeaseResult renew_here(std::string* failed);
-  // Rank 0: the lease ended with its window before the run stopped (window_over): kStopWindow,
-  // with a warning and reason_ saying the checkpoint is saved after the end.
+  // Rank 0, mu_ not held: the lease ended with its window before the run stopped (window_over):
+  // kStopWindow, with a warning and reason_ saying the checkpoint is saved after the end.
   int32_t window_overrun(double window_end, double now);
   // Collective: rank 0's decision `d` to every rank (a lost lease: the heartbeat stops, nothing
   // is given back), with a reason on the ranks that did not decide.
