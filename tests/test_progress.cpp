@@ -414,8 +414,19 @@ TEST(ProgressFiles, CsvErrorsAreSpecific) {
   EXPECT_NE(error_of([] {
               read_trace_csv(write_tmp(
                   "o.csv", std::string(kHeader) + "2,1,1,1,1,0,0,0,58,\n1,1,1,1,1,0,0,0,58,\n"));
-            }).find("step 1 does not follow step 2"),
+            }).find("step 1 after step 2: a trace has one row per step, in order"),
             std::string::npos);
+  // A gap: the missing step's time would be read as none.
+  EXPECT_NE(error_of([] {
+              read_trace_csv(write_tmp(
+                  "g.csv", std::string(kHeader) + "1,1,1,1,1,0,0,0,58,\n3,1,1,1,1,0,0,0,58,\n"));
+            }).find("step 3 after step 1: a trace has one row per step"),
+            std::string::npos);
+  // An event of spaces is no event.
+  EXPECT_EQ(read_trace_csv(write_tmp("sp.csv", std::string(kHeader) + "1,1,1,1,1,0,0,0,58, \n"))
+                .front()
+                .event,
+            "");
   EXPECT_NE(error_of([] { read_trace_csv(write_tmp("e.csv", kHeader)); }).find("no rows"),
             std::string::npos);
   // step, tokens and seq_len are whole numbers (a 4.5 was read as 4)

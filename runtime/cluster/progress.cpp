@@ -512,7 +512,9 @@ std::vector<StepRecord> read_trace_csv(const std::string& path) {
     r.data_wait_s = num(6, "data_wait_s");
     r.overhead_s = num(7, "overhead_s");
     r.mem_gib = num(8, "mem_gib");
-    r.event = f[9];
+    // An event of spaces (or a CR left by a line ending) is no event: it counted as a named one.
+    const size_t e0 = f[9].find_first_not_of(" \t\r"), e1 = f[9].find_last_not_of(" \t\r");
+    r.event = e0 == std::string::npos ? std::string() : f[9].substr(e0, e1 - e0 + 1);
     BERTH_CHECK(r.duration_s >= 0, "trace {} line {}: duration_s {} is negative", path, lineno,
                 r.duration_s);
     for (const double s : {r.duration_s, r.compute_s, r.comm_s, r.data_wait_s, r.overhead_s}) {
@@ -521,9 +523,11 @@ std::vector<StepRecord> read_trace_csv(const std::string& path) {
                   "time",
                   path, lineno, s, kMaxStepSeconds);
     }
-    BERTH_CHECK(rows.empty() || r.step > rows.back().step,
-                "trace {} line {}: step {} does not follow step {}", path, lineno, r.step,
-                rows.back().step);
+    // One row per step of the session, in order: a gap would be read as no time spent.
+    BERTH_CHECK(rows.empty() || r.step == rows.back().step + 1,
+                "trace {} line {}: step {} after step {}: a trace has one row per step, in order "
+                "(a row is missing, repeated or out of place)",
+                path, lineno, r.step, rows.back().step);
     rows.push_back(std::move(r));
   }
   BERTH_CHECK(!rows.empty(), "trace {} has a header but no rows", path);
@@ -533,6 +537,12 @@ std::vector<StepRecord> read_trace_csv(const std::string& path) {
 void check_trace_in_session(const std::vector<StepRecord>& rows, const RunFacts& facts,
                             const std::string& trace, const std::string& facts_where) {
   const int64_t first = facts.start_step + 1, last = facts.start_step + facts.session_steps;
+  // A trace of a resumed session (steps 11..) against a fresh run's facts (start_step 0) gave a
+  // prediction of 0.02 s.
+  BERTH_CHECK(rows.empty() || rows.front().step == first,
+              "trace {} begins at step {}, but the session {} describes begins at global step {} "
+              "(start_step + 1); are they the trace and the run facts of one session?",
+              trace, rows.front().step, facts_where, first);
   for (size_t i = 0; i < rows.size(); ++i) {
     BERTH_CHECK(rows[i].step >= first && rows[i].step <= last,
                 "trace {} data row {}: step {} is outside the session {} describes (global steps "
@@ -690,6 +700,14 @@ std::vector<EtaBenchRow> run_eta_bench(const std::string& dir) {
                 "{}: trace has {} rows, session_steps is {}", where, rows.size(),
                 facts.session_steps);
     check_trace_in_session(rows, facts, j["file"].get<std::string>(), where);
+    double traced_s = 0;
+    for (const StepRecord& r : rows) traced_s += r.duration_s;
+    // Below its own steps' time, an error would come out negative (0.1 %: the index's total and
+    // the trace's rows are rounded apart).
+    BERTH_CHECK(truth >= traced_s * (1 - 1e-3),
+                "{}: true_total_s {} is less than the {} s the steps of {} took: the index and the "
+                "trace disagree",
+                where, truth, traced_s, j["file"].get<std::string>());
     ProgressPredictor pred(facts);
     size_t fed = 0;
     std::vector<StepRecord> prefix;
