@@ -7,6 +7,7 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -96,6 +97,36 @@ void print_reservation(const Reservation& r) {
   }
 }
 
+// JSON text of `j`. A name stored before names had to be valid UTF-8 is printed with U+FFFD where
+// its bad bytes are, rather than failing every --json listing of the ledger.
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// How a timeline page begins (berth timeline --html): how a page is told from other files.
+constexpr const char* kTimelineTitle = "<title>berth timeline</title>";
+
+// The timeline page replaces nothing but an earlier page: `--html ledger.db` replaced the ledger,
+// and the rename replaced FIFOs, device nodes and links alike.
+void check_timeline_destination(const std::string& path) {
+  check_output_file(path, "--html");
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::symlink_status(path, ec);
+  if (!std::filesystem::exists(st)) return;
+  BERTH_CHECK(std::filesystem::is_regular_file(st),
+              "--html {} exists and is not a regular file (a link, FIFO or device): the page "
+              "replaces only an earlier timeline page; choose another path",
+              path);
+  std::ifstream in(path, std::ios::binary);
+  std::string head(256, '\0');
+  in.read(head.data(), std::streamsize(head.size()));
+  head.resize(size_t(std::max<std::streamsize>(0, in.gcount())));
+  BERTH_CHECK(head.find(kTimelineTitle) != std::string::npos,
+              "--html {} exists and is not a berth timeline page (it could be the ledger or "
+              "another document): the page replaces only an earlier one; choose another path",
+              path);
+}
+
 struct LedgerArgs {
   std::string ledger;
   bool json = false;
@@ -112,8 +143,16 @@ std::unique_ptr<LedgerStore> open_ledger(const LedgerArgs& a, bool create = fals
 }
 
 void add_ledger_option(CLI::App* cmd, LedgerArgs* a, bool json = true) {
+  // An empty --ledger ("--ledger \"$UNSET\"" in a script) would fall back to the default ledger.
   cmd->add_option("--ledger", a->ledger,
-                  "Ledger file (default: $BERTH_LEDGER, else ~/.local/share/berth/ledger.db)");
+                  "Ledger file (default: $BERTH_LEDGER, else ~/.local/share/berth/ledger.db)")
+      ->check(CLI::Validator(
+          [](const std::string& v) -> std::string {
+            return v.empty() ? "empty: give a ledger file, or leave --ledger out for "
+                               "$BERTH_LEDGER or the default ledger"
+                             : "";
+          },
+          "FILE"));
   if (json) cmd->add_flag("--json", a->json, "Print JSON");
 }
 
@@ -224,12 +263,13 @@ std::string timeline_html(const std::vector<Device>& devs, const std::vector<Res
                         html_escape(devices_text(r.devices)));
   }
   return fmt::format(
-      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>berth timeline</title>"
+      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">{}"
       "<style>body{{font-family:sans-serif}} td,th{{padding:2px 8px;text-align:left}}</style>"
       "</head><body>\n<h1>berth timeline</h1>\n<p>{} → {} (UTC). Colors: P0 red, P1 orange, P2 "
       "blue, P3 grey.</p>\n{}<table><tr><th>id</th><th>owner</th><th>priority</th><th>name</th>"
       "<th>window</th><th>devices</th></tr>\n{}</table>\n</body></html>\n",
-      html_escape(format_utc_minute(t0)), html_escape(format_utc_minute(t0 + span)), svg, rows);
+      kTimelineTitle, html_escape(format_utc_minute(t0)), html_escape(format_utc_minute(t0 + span)),
+      svg, rows);
 }
 
 // reserve --config: the devices, minimum free memory and duration a run config needs, from its
@@ -269,6 +309,10 @@ void size_from_plan(const std::string& config, std::string gpu, double margin, s
   BERTH_CHECK(p.fits, "reserve --config: {} does not fit {} x {}: {} (see berth plan {})", config,
               devices, hw.name, p.why_not, config);
   std::fprintf(out, "sized from %s on %s (%s):\n", config.c_str(), hw.name.c_str(), hw.source.c_str());
+  if (model->empty()) {  // the profile sizes the booking; the model decides which devices
+    std::fprintf(out, "  model          any (the plan assumed %s: add --model to book only that)\n",
+                 hw.name.c_str());
+  }
   if (*gpus == kGpusNotGiven) {
     *gpus = devices;
     std::fprintf(out, "  devices        %lld (%s)\n", static_cast<long long>(devices), how.c_str());
@@ -416,11 +460,17 @@ void register_ledger_commands(CLI::App& app) {
                                                  "booking");
     cmd->add_flag("--preempt", a->preempt, "Take lower-priority bookings' devices (if allowed)");
     cmd->add_flag("--allow-split", a->allow_split, "Book more than 7 days as chained segments");
-    cmd->callback([a] {
+    cmd->callback([a, cmd] {
+      for (const char* o : {"--gpu", "--margin"}) {
+        BERTH_CHECK(cmd->count(o) == 0 || !a->config.empty(),
+                    "reserve {} sizes the booking from a config's plan: give --config CONFIG "
+                    "too (without it, book --gpus N --duration D and, for a device model, --model)",
+                    o);
+      }
       // What the plan assumed goes to stderr under --json, so stdout stays one JSON document.
-      if (!a->config.empty()) size_from_plan(a->config, a->gpu, a->margin, &a->model, &a->gpus,
-                                             &a->min_free_mem, &a->duration,
-                                             a->l.json ? stderr : stdout);
+      if (!a->config.empty())
+        size_from_plan(a->config, a->gpu, a->margin, &a->model, &a->gpus, &a->min_free_mem,
+                       &a->duration, a->l.json ? stderr : stdout);
       BERTH_CHECK(a->gpus != kGpusNotGiven,
                   "reserve needs --gpus N (or --config CONFIG to size the booking)");
       BERTH_CHECK(!a->duration.empty(),
@@ -455,7 +505,7 @@ void register_ledger_commands(CLI::App& app) {
                                    {"start", format_utc_iso(b.start)},
                                    {"end", format_utc_iso(b.end)}});
         }
-        std::printf("%s\n", j.dump(2).c_str());
+        std::printf("%s\n", dump_json(j).c_str());
         if (!r.booked) throw ExitStatus{kExitNotNow};
         return;
       }
@@ -506,7 +556,7 @@ void register_ledger_commands(CLI::App& app) {
       if (a->json) {
         nlohmann::json j = nlohmann::json::array();
         for (const Reservation& r : rs) j.push_back(to_json(r));
-        std::printf("%s\n", j.dump(2).c_str());
+        std::printf("%s\n", dump_json(j).c_str());
         return;
       }
       if (rs.empty()) std::printf("no %sreservations\n", *all ? "" : "active ");
@@ -531,7 +581,7 @@ void register_ledger_commands(CLI::App& app) {
           j["lease"] = {{"token", l->token}, {"host", l->host}, {"pid", l->pid},
                         {"expires", format_utc_iso(l->expires)}, {"released", l->released}};
         }
-        std::printf("%s\n", j.dump(2).c_str());
+        std::printf("%s\n", dump_json(j).c_str());
         return;
       }
       print_reservation(r);
@@ -580,7 +630,7 @@ void register_ledger_commands(CLI::App& app) {
     cmd->add_option("--html", *html, "Also write a self-contained HTML/SVG page");
     cmd->callback([a, hours, html, cmd] {
       // Before the ledger is read: a page that cannot be written is known at once.
-      if (cmd->count("--html") > 0) check_output_file(*html, "--html");
+      if (cmd->count("--html") > 0) check_timeline_destination(*html);
       auto ledger = open_ledger(*a);
       const double t0 = std::floor(unix_now() / 3600) * 3600;
       std::vector<Reservation> rs;

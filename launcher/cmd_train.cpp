@@ -132,7 +132,15 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("--resume", args->resume,
                   "Continue from a checkpoint: a step-N directory, or 'auto' for the newest "
                   "complete one in checkpoint.dir")
-      ->type_name("auto|PATH");
+      ->type_name("auto|PATH")
+      // "--resume \"$CKPT\"" with CKPT unset trained from step 0 without a word.
+      ->check(CLI::Validator(
+          [](const std::string& v) -> std::string {
+            return v.empty() ? "empty: give a step-N checkpoint directory or 'auto', or leave "
+                               "--resume out to start from step 0"
+                             : "";
+          },
+          "auto|PATH"));
   cmd->add_option("--reservation", args->reservation,
                   "Train under this reservation's lease (sets reservation.id)")
       ->check(positive_integer());

@@ -330,8 +330,9 @@ TEST_F(LedgerTest, MalformedRequestsGetSpecificErrorsAndNoRows) {
   bad(req(-3, kT0, 1), "got -3");
   bad(req(5000, kT0, 1), "got 5000");
   bad(req(3, kT0, 1), "3 device(s) requested but only 2 match");
-  bad(req(1, kT0, 0), "--duration must be > 0");
-  bad(req(1, kT0, -2), "--duration must be > 0");
+  bad(req(1, kT0, 0), "--duration must be at least 1s");
+  bad(req(1, kT0, -2), "--duration must be at least 1s");
+  bad(req(1, kT0 + kH, 1e-7 / kH), "--duration must be at least 1s");  // booked no window at all
   bad(req(1, kT0 - kH, 1), "is in the past");
   // a mistyped year (9999 for 2026) is refused by the policy's horizon, not booked
   bad(req(1, kT0 + 400 * 86400.0, 1), "this ledger books at most 366d00h ahead (policy");
@@ -343,7 +344,22 @@ TEST_F(LedgerTest, MalformedRequestsGetSpecificErrorsAndNoRows) {
   bad(q, "--name is 65 characters; at most 64");
   q = req(1, kT0, 1);
   q.name = "bad\nname";
-  bad(q, "must be printable text");
+  bad(q, "--name must be printable UTF-8 text");
+  // Invalid UTF-8 was stored, then broke every --json listing of the ledger.
+  for (const char* text : {"x\xff", "\xc3", "\xc0\xaf", "\xed\xa0\x80",
+                           "a\xc2\x85"
+                           "b"}) {
+    q = req(1, kT0, 1);
+    q.name = text;
+    bad(q, "--name must be printable UTF-8 text");
+    q = req(1, kT0, 1);
+    q.idempotency_key = text;
+    bad(q, "--idempotency-key must be printable UTF-8 text");
+  }
+  q = req(1, kT0, 1);
+  q.name.clear();
+  for (int i = 0; i < 65; ++i) q.name += "\xc3\xa9";  // é: characters, not bytes, count
+  bad(q, "--name is 65 characters; at most 64");
   q = req(1, kT0, 1);
   q.priority = 4;
   bad(q, "priority must be P0..P3");
@@ -365,6 +381,18 @@ TEST_F(LedgerTest, MalformedRequestsGetSpecificErrorsAndNoRows) {
   EXPECT_EQ(parse_bytes("75GiB"), int64_t(75) << 30);
   EXPECT_EQ(parse_bytes("80GB"), int64_t(80000000000));
   EXPECT_TRUE(l->reserve(req(1, kT0 + 365 * 86400.0, 1)).booked) << "within the horizon";
+  q = req(1, kT0 + 2 * kH, 1);
+  q.name.clear();
+  for (int i = 0; i < 64; ++i) q.name += "\xc3\xa9";
+  const BookingResult accented = l->reserve(q);
+  ASSERT_TRUE(accented.booked) << accented.reason;
+  EXPECT_EQ(accented.reservations.front().name, q.name);
+  test::expect_error([&] { l->extend(accented.reservations.front().id, 1e-9, "alice"); },
+                     {"--by must be at least 1s"});
+  // A device model with a terminal escape could never be booked by --model, and printed raw.
+  std::vector<Device> odd = slots("n2", 1, "X\x1b[2J");
+  test::expect_error([&] { l->register_devices(odd); },
+                     {"device n2:cpu0: its model must be 1..64 characters of printable UTF-8"});
 }
 
 TEST_F(LedgerTest, OnlyOwnerOrAdminCancelsOrExtends) {
@@ -508,6 +536,14 @@ TEST_F(LedgerTest, SchemaMigratesUpAndRefusesDowngradeAndForeignFiles) {
     sqlite3_close(db);
   }
   test::expect_error([&] { open(); }, {"schema version 99, newer than this berth understands"});
+  // A negative version indexed before the migrations: garbage run as SQL, or a crash.
+  for (const char* v : {"PRAGMA user_version=-1", "PRAGMA user_version=-100000"}) {
+    sqlite3* db = nullptr;
+    sqlite3_open(path_.c_str(), &db);
+    sqlite3_exec(db, v, nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+    test::expect_error([&] { open(); }, {"which no berth writes: it is not a berth ledger"});
+  }
   const std::string other = (dir_ / "other.db").string();
   {
     sqlite3* db = nullptr;

@@ -15,6 +15,7 @@
 #include <map>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "runtime/cluster/ledger.h"
 #include "runtime/core/check.h"
@@ -40,7 +41,45 @@ namespace {
         ".recover | sqlite3 '{}.recovered'`",
         path, what, detail, path, path);
   }
+  if ((sqlite3_errcode(db) & 0xff) == SQLITE_READONLY) {
+    const char* file = sqlite3_db_filename(db, "main");
+    BERTH_FAIL(
+        "ledger {} cannot be written by this process (uid {}): {}. Bookings, leases and "
+        "device registrations write to it: ask its owner for write access to the file and "
+        "its directory, or use a ledger of your own (--ledger, $BERTH_LEDGER)",
+        file != nullptr && *file != '\0' ? file : "(in memory)", geteuid(), detail);
+  }
   BERTH_FAIL("ledger: {}: {}", what, detail);
+}
+
+// The number of characters of `s` if it is valid UTF-8 and printable (no control characters),
+// else -1: names end up in terminals, JSON and HTML.
+int64_t printable_utf8_length(const std::string& s) {
+  int64_t n = 0;
+  for (size_t i = 0; i < s.size(); ++n) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const int extra = c < 0x80           ? 0
+                      : (c >> 5) == 0x6  ? 1
+                      : (c >> 4) == 0xe  ? 2
+                      : (c >> 3) == 0x1e ? 3
+                                         : -1;  // a continuation byte or 0xf8.. first
+    if (extra < 0 || (extra == 0 && (c < 0x20 || c == 0x7f))) return -1;
+    if (i + extra >= s.size() && extra > 0) return -1;  // cut short
+    uint32_t cp = extra == 0 ? c : c & (0x3f >> extra);
+    for (int k = 1; k <= extra; ++k) {
+      const unsigned char t = static_cast<unsigned char>(s[i + k]);
+      if ((t >> 6) != 0x2) return -1;
+      cp = (cp << 6) | (t & 0x3f);
+    }
+    // Overlong forms, surrogates, beyond U+10FFFF, and C1 controls.
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[extra] || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff ||
+        (cp >= 0x80 && cp < 0xa0)) {
+      return -1;
+    }
+    i += 1 + extra;
+  }
+  return n;
 }
 
 class Stmt {
@@ -413,7 +452,8 @@ class SqliteLedger : public LedgerStore {
   }
 
   Reservation extend(int64_t id, double by_s, const std::string& user) override {
-    BERTH_CHECK(std::isfinite(by_s) && by_s > 0, "extend: --by must be > 0, got {}", by_s);
+    BERTH_CHECK(std::isfinite(by_s) && by_s >= 1, "extend: --by must be at least 1s, got {} s",
+                by_s);
     const double now = o_.clock();
     WriteTxn t(db_);
     const Reservation r = load(id);
@@ -543,6 +583,11 @@ class SqliteLedger : public LedgerStore {
   void migrate() {
     WriteTxn t(db_);
     int v = schema_version();
+    // A negative version indexed before the migrations (garbage run as SQL, or a crash).
+    BERTH_CHECK(v >= 0,
+                "{} has schema version {}, which no berth writes: it is not a berth ledger, or it "
+                "is damaged; point --ledger at the right file, or put back a backup",
+                path_, v);
     const int target = o_.migrate_to > 0 ? o_.migrate_to : kLedgerSchemaVersion;
     BERTH_CHECK(v <= kLedgerSchemaVersion,
                 "the ledger {} has schema version {}, newer than this berth understands ({}): it "
@@ -568,27 +613,35 @@ class SqliteLedger : public LedgerStore {
     BERTH_CHECK(d.kind == "gpu" || d.kind == "cpu", "device kind must be 'gpu' or 'cpu', got '{}'",
                 d.kind);
     BERTH_CHECK(d.index >= 0 && d.index < 4096, "device index must be in 0..4095, got {}", d.index);
-    BERTH_CHECK(!d.model.empty() && d.model.size() <= 64, "device model must be 1..64 chars");
+    const int64_t model_chars = printable_utf8_length(d.model);
+    BERTH_CHECK(model_chars >= 1 && model_chars <= 64,
+                "device {}:{}{}: its model must be 1..64 characters of printable UTF-8 text (it is "
+                "matched against reserve --model, which takes only such text)",
+                d.host, d.kind, d.index);
     BERTH_CHECK(d.memory_bytes >= 0, "device memory must be >= 0");
   }
 
   void validate_request(const ReserveRequest& q, double now) const {
     BERTH_CHECK(q.count >= 1 && q.count <= 4096,
                 "--gpus must be between 1 and 4096, got {}", q.count);
-    BERTH_CHECK(std::isfinite(q.duration_s) && q.duration_s > 0,
-                "--duration must be > 0 (the window must end after it starts), got {} s",
+    // Windows are kept and shown to the second; a shorter one is lost in the start time's
+    // rounding (a 1e-7 s window booked nothing).
+    BERTH_CHECK(std::isfinite(q.duration_s) && q.duration_s >= 1,
+                "--duration must be at least 1s (the window must end after it starts), got {} s",
                 q.duration_s);
     BERTH_CHECK(q.duration_s <= 366 * 86400.0, "--duration {} is longer than a year",
                 format_duration(q.duration_s));
     BERTH_CHECK(q.priority >= 0 && q.priority <= 3, "priority must be P0..P3, got {}", q.priority);
     BERTH_CHECK(q.min_free_mem_bytes >= 0, "--min-free-mem must be >= 0");
-    BERTH_CHECK(q.name.size() <= 64, "--name is {} characters; at most 64", q.name.size());
-    BERTH_CHECK(q.idempotency_key.size() <= 128, "--idempotency-key is {} characters; at most 128",
-                q.idempotency_key.size());
-    BERTH_CHECK(q.model.size() <= 64, "--model is {} characters; at most 64", q.model.size());
-    for (char c : q.name + q.idempotency_key + q.model) {
-      BERTH_CHECK(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f,
-                  "--name, --model and --idempotency-key must be printable text");
+    for (const auto& [flag, text, most] : {std::tuple{"--name", &q.name, 64},
+                                           std::tuple{"--idempotency-key", &q.idempotency_key, 128},
+                                           std::tuple{"--model", &q.model, 64}}) {
+      const int64_t chars = printable_utf8_length(*text);
+      BERTH_CHECK(chars >= 0,
+                  "{} must be printable UTF-8 text (no control characters or invalid bytes): it "
+                  "is shown in terminals, JSON and HTML",
+                  flag);
+      BERTH_CHECK(chars <= most, "{} is {} characters; at most {}", flag, chars, most);
     }
     BERTH_CHECK(!q.owner.empty(), "booking without an owner");
     if (q.start) {

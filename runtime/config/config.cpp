@@ -611,9 +611,12 @@ void validate_config(const RunConfig& cfg) {
                w, quote_toml(rv.without));
   }
   for (const auto& [name, v] : {std::pair{"lease_ttl_s", rv.lease_ttl_s},
-                                {"checkpoint_estimate_s", rv.checkpoint_estimate_s},
-                                {"on_demand_s", rv.on_demand_s}}) {
+                                {"checkpoint_estimate_s", rv.checkpoint_estimate_s}}) {
     if (!(std::isfinite(v) && v > 0)) BERTH_FAIL("{}: reservation.{} must be > 0, got {}", w, name, v);
+  }
+  if (!(std::isfinite(rv.on_demand_s) && rv.on_demand_s >= 1)) {  // the ledger books whole seconds
+    BERTH_FAIL("{}: reservation.on_demand_s must be at least 1 (seconds), got {}", w,
+               rv.on_demand_s);
   }
   if (!(std::isfinite(rv.stop_margin_s) && rv.stop_margin_s >= 0)) {
     BERTH_FAIL("{}: reservation.stop_margin_s must be >= 0, got {}", w, rv.stop_margin_s);

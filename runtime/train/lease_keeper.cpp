@@ -57,6 +57,11 @@ LedgerOptions ledger_options_for(const std::string& path) {
   const std::string policy = path + ".policy.toml";
   std::error_code ec;
   if (std::filesystem::exists(policy, ec)) {
+    // Not a file (a directory made by mistake): the ledger's rules are not what its admins wrote.
+    BERTH_CHECK(std::filesystem::is_regular_file(policy, ec),
+                "the ledger's policy {} is not a file: remove it, or put the policy TOML there "
+                "(docs/reservation.md)",
+                policy);
     const PolicyFile p = read_policy_file(policy);
     o.policy.admins = p.admins;
     o.policy.preemptors = p.preemptors;

@@ -447,6 +447,36 @@ expect_error "model_import_into_missing_directory" "the directory '$tmp/nodir2' 
   "$tmp/nodir2" "$BERTH" model import --format llmc "$tmp/m.bin" --out "$tmp/nodir2/ck"
 expect_error "timeline_html_empty" "--html is empty: give a file name" "" \
   "$BERTH" timeline --html "" --ledger "$tmp/l.db"
+"$BERTH" devices register --cpu-slots 2 --ledger "$tmp/led.db" >/dev/null 2>&1
+# The page replaces only an earlier page: --html naming the ledger replaced every booking, and a
+# FIFO or device node was replaced by a file.
+cp "$tmp/led.db" "$tmp/led_copy.db"
+expect_error "timeline_html_over_the_ledger" "is not a berth timeline page" "" \
+  "$BERTH" timeline --html "$tmp/led_copy.db" --ledger "$tmp/led_copy.db"
+report "timeline_html_ledger_kept" "$(cmp -s "$tmp/led.db" "$tmp/led_copy.db" || echo " the ledger was replaced")"
+mkfifo "$tmp/fifo"
+expect_error "timeline_html_over_a_fifo" "exists and is not a regular file" "" \
+  "$BERTH" timeline --html "$tmp/fifo" --ledger "$tmp/led.db"
+report "timeline_html_fifo_kept" "$([ -p "$tmp/fifo" ] || echo " the FIFO was replaced")"
+"$BERTH" timeline --html "$tmp/page.html" --ledger "$tmp/led.db" >"$log" 2>&1 &&
+  "$BERTH" timeline --html "$tmp/page.html" --ledger "$tmp/led.db" >"$log" 2>&1
+report "timeline_html_replaces_its_own_page" "$([ $? -eq 0 ] || echo " refused")"
+# An empty --ledger (an unset variable) fell back to $BERTH_LEDGER or the default ledger.
+expect_error "ledger_option_empty" "--ledger: empty: give a ledger file" "" \
+  "$BERTH" reservations --ledger ""
+expect_error "reserve_gpu_without_config" "reserve --gpu sizes the booking from a config's plan" "" \
+  "$BERTH" reserve --gpus 1 --duration 1h --gpu h100 --ledger "$tmp/led.db"
+expect_error "reserve_margin_without_config" "reserve --margin sizes the booking" "" \
+  "$BERTH" reserve --gpus 1 --duration 1h --margin 2 --ledger "$tmp/led.db"
+expect_error "reserve_a_microsecond" "--duration must be at least 1s" "" \
+  "$BERTH" reserve --gpus 1 --duration 1e-7s --print-id --ledger "$tmp/led.db"
+mkdir "$tmp/led.db.policy.toml"
+expect_error "ledger_policy_is_a_directory" "the ledger's policy $tmp/led.db.policy.toml is not a file" \
+  "" "$BERTH" reserve --gpus 1 --duration 1h --ledger "$tmp/led.db"
+rmdir "$tmp/led.db.policy.toml"
+# --resume "" (an unset variable) trained from step 0 without a word.
+expect_error "train_resume_empty" "--resume: empty: give a step-N checkpoint directory" \
+  "$tmp/runs/resume_empty" train_tiny resume_empty --resume ""
 expect_error "train_steps_beyond_the_predictor" "more than 100000000" "$tmp/runs/huge" \
   train_tiny huge --set train.steps=1000000000
 expect_error "timeline_hours_nan" "--hours: nan is not a number in [1, 8784]" "" \
@@ -488,8 +518,21 @@ rc=$?
 report "eta_replay_denormal_time" "$([ $rc -eq 0 ] || echo " refused (rc $rc)"
   grep -q '^1,1e-320,' "$tmp/denormal.csv" || echo " the trace has no denormal")"
 echo "{\"max_steps\": 200, ${facts/\"start_step\": 0/\"start_step\": 50}}" >"$tmp/later.json"
-expect_error "eta_replay_other_session" "z.csv data row 1: step 1 is outside the session $tmp/later.json describes (global steps 51..150" "" \
+expect_error "eta_replay_other_session" "z.csv begins at step 1, but the session $tmp/later.json describes begins at global step 51" "" \
   "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp/later.json"
+# A resumed session's trace (steps 11..) against a fresh run's facts predicted 0.02 s.
+echo "{\"max_steps\": 200, ${facts}}" >"$tmp/fresh.json"
+sed '2,11d' "$tmp/z.csv" >"$tmp/z_resumed.csv"
+expect_error "eta_replay_resumed_trace_fresh_facts" "z_resumed.csv begins at step 11, but the session" "" \
+  "$BERTH" eta replay "$tmp/z_resumed.csv" --meta "$tmp/fresh.json"
+# An index whose true total is below the trace's own time printed negative errors.
+mkdir -p "$tmp/bench_half"
+cp "$tmp/z.csv" "$tmp/bench_half/t.csv"
+sed -i 's/^\([0-9]*\),0,/\1,2,/' "$tmp/bench_half/t.csv"
+echo "[{\"file\": \"t.csv\", \"true_total_s\": 20, \"max_steps\": 200, ${facts/\"session_steps\": 100/\"session_steps\": 20}}]" \
+  >"$tmp/bench_half/index.json"
+expect_error "eta_bench_truth_below_the_trace" "true_total_s 20 is less than the 40 s the steps of t.csv took" "" \
+  "$BERTH" eta bench "$tmp/bench_half"
 
 # ---- summary -------------------------------------------------------------------------------------
 
