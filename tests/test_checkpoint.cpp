@@ -335,7 +335,14 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
                      {"array_meta/meta.json' is not a berth checkpoint"});
   edit_meta("string_version", "\"format_version\": 1", "\"format_version\": \"1\"");
   test::expect_error([&] { load_checkpoint((work / "string_version").string(), true); },
-                     {"format_version -1, this build reads 1"});
+                     {"has no whole-number format_version (\"1\")", "corrupt"});
+  // Counts that are not whole numbers were truncated (10.5) or wrapped (1e30).
+  edit_meta("fractional_rows", rows_field, rows + "20.5");
+  test::expect_error([&] { load_checkpoint((work / "fractional_rows").string(), true); },
+                     {"'rows_consumed' must be a whole number, got 20.5", "corrupt"});
+  edit_meta("huge_step", "\"step\": 10", "\"step\": 1e30");
+  test::expect_error([&] { load_checkpoint((work / "huge_step").string(), true); },
+                     {"'step' must be a whole number, got 1e+30", "corrupt"});
   edit_meta("string_optimizer", "\"optimizer\": true", "\"optimizer\": \"true\"");
   test::expect_error([&] { load_checkpoint((work / "string_optimizer").string(), true); },
                      {"lacks a field or has a wrong type", "corrupt"});

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -462,14 +463,24 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
                   meta["format"].get<std::string>() == kCheckpointFormat,
               "'{}' is not a berth checkpoint (no \"format\": \"{}\")", meta_path.string(),
               kCheckpointFormat);
-  const int64_t version =
-      meta.contains("format_version") && meta["format_version"].is_number_integer()
-          ? meta["format_version"].get<int64_t>()
-          : int64_t(-1);
+  BERTH_CHECK(meta.contains("format_version") && meta["format_version"].is_number_integer(),
+              "'{}' has no whole-number format_version ({}): the checkpoint is corrupt",
+              meta_path.string(),
+              meta.contains("format_version") ? meta["format_version"].dump() : "missing");
+  const int64_t version = meta["format_version"].get<int64_t>();
   BERTH_CHECK(version == kCheckpointFormatVersion,
               "checkpoint '{}' has format_version {}, this build reads {}; use the berth version "
               "that wrote it",
               dir, version, kCheckpointFormatVersion);
+  // Counts are whole numbers of 64 bits: nlohmann's get<int64_t> truncates 10.5 and wraps 1e30.
+  for (const char* key : {"step", "rows_consumed", "seed", "rows_per_step", "fencing_token"}) {
+    const bool optional =
+        std::string_view(key) == "rows_per_step" || std::string_view(key) == "fencing_token";
+    if (optional && (!meta.contains(key) || meta[key].is_null())) continue;
+    BERTH_CHECK(meta.contains(key) && meta[key].is_number_integer(),
+                "'{}': '{}' must be a whole number, got {}: the checkpoint is corrupt",
+                meta_path.string(), key, meta.contains(key) ? meta[key].dump() : "nothing");
+  }
   CheckpointData d;
   bool saved_optimizer = false;
   try {
