@@ -458,6 +458,9 @@ double moving_average_total_s(const std::vector<StepRecord>& rows, int64_t sessi
 // ---- files -----------------------------------------------------------------------------------
 
 std::vector<StepRecord> read_trace_csv(const std::string& path) {
+  std::error_code ec;
+  BERTH_CHECK(!std::filesystem::is_directory(path, ec),
+              "trace {} is a directory; give its CSV file", path);
   std::ifstream in(path);
   BERTH_CHECK(in.good(), "cannot open trace {}: check the path", path);
   const std::string expected =

@@ -44,6 +44,8 @@ void write_file_atomic(const std::string& path, const std::string& text) {
 }
 
 std::string read_text_file(const std::string& path) {
+  std::error_code ec;  // a directory opens, then reads as nothing ("invalid JSON", "empty")
+  BERTH_CHECK(!std::filesystem::is_directory(path, ec), "{} is a directory; give a file", path);
   std::ifstream in(path, std::ios::binary);
   BERTH_CHECK(in.good(), "cannot read {}: {}", path, std::strerror(errno));
   std::ostringstream ss;

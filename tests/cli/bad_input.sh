@@ -510,6 +510,11 @@ mkdir -p "$tmp/bench" && cp "$tmp/z.csv" "$tmp/bench/z.csv"
 echo "[{\"file\": \"z.csv\", \"true_total_s\": 0, \"max_steps\": 20, ${facts/\"session_steps\": 100/\"session_steps\": 20}}]" >"$tmp/bench/index.json"
 expect_error "eta_bench_truth_not_positive" "true_total_s must be > 0, got 0" "" "$BERTH" eta bench "$tmp/bench"
 expect_error "eta_replay_number_overflow" "invalid JSON" "" "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp/ovf.json"
+# Directories read as nothing: "empty trace", "invalid JSON".
+expect_error "eta_replay_trace_is_a_directory" "trace $tmp is a directory; give its CSV file" "" \
+  "$BERTH" eta replay "$tmp" --meta "$tmp/z.json"
+expect_error "eta_replay_meta_is_a_directory" "$tmp is a directory; give a file" "" \
+  "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp"
 # A denormal time (1e-320) is a number (it was "not a number"); a trace of another session (facts
 # starting at step 50) names the row and the facts file, not only the step.
 sed '2s/^1,0,/1,1e-320,/' "$tmp/z.csv" >"$tmp/denormal.csv"
