@@ -807,9 +807,22 @@ std::vector<StepStats> Trainer::run() {
                                      : metrics_path;
     if (std::filesystem::exists(previous, ec)) {
       std::istringstream in(read_text_file(previous));
+      int64_t unreadable = 0;
       for (std::string line; std::getline(in, line);) {
+        if (line.empty()) continue;
         const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-        if (!j.is_discarded() && j.value("step", int64_t(0)) <= start_step_) metrics += line + "\n";
+        if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
+            !j["step"].is_number_integer()) {
+          ++unreadable;  // a run killed mid-write leaves its last line cut short
+        } else if (j["step"].get<int64_t>() <= start_step_) {
+          metrics += line + "\n";
+        }
+      }
+      if (unreadable > 0) {
+        log_warn(
+            "metrics: {} line(s) of {} are not step records and are left out of this run's "
+            "metrics.jsonl (a run killed while writing cuts its last line short)",
+            unreadable, previous);
       }
     }
     partial << metrics;

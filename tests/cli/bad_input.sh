@@ -315,6 +315,13 @@ report "train_collide_first_run" "$([ $? -eq 0 ] || echo " first run failed")"
 expect_error "train_collides_with_earlier_checkpoints" \
   "already holds checkpoints of an earlier run" "" \
   train_tiny collide --set "run.out_dir=$tmp/runs"
+# Lines of metrics.jsonl that are not step records were dropped on resume without a word.
+echo '{"step": 2, "loss": 4.1' >>"$tmp/runs/collide/metrics.jsonl"
+train_tiny collide --set "run.out_dir=$tmp/runs" --set train.steps=5 --resume auto >"$log" 2>&1
+rc=$?
+report "train_resume_warns_of_unreadable_metrics" "$([ $rc -eq 0 ] || echo " rc $rc"
+  grep -q "metrics: 1 line(s) of .*metrics.jsonl are not step records" "$log" || echo " no warning"
+  [ "$(wc -l <"$tmp/runs/collide/metrics.jsonl")" -eq 5 ] || echo " not 5 step lines")"
 
 # More evaluation batches than the validation set holds: an error naming the most that fits, before
 # any batch is held in memory (eval.batches = 20000000 grew to 14 GB).
