@@ -117,6 +117,7 @@ void check_timeline_destination(const std::string& path) {
               "--html {} exists and is not a regular file (a link, FIFO or device): the page "
               "replaces only an earlier timeline page; choose another path",
               path);
+  if (std::filesystem::file_size(path, ec) == 0 && !ec) return;  // made for it (mktemp)
   std::ifstream in(path, std::ios::binary);
   std::string head(256, '\0');
   in.read(head.data(), std::streamsize(head.size()));

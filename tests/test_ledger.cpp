@@ -487,11 +487,23 @@ TEST_F(LedgerTest, ARenewalAfterTheWindowSaysTheWindowIsOver) {
   EXPECT_FALSE(over.ok);
   EXPECT_TRUE(over.window_over);
   EXPECT_NE(over.reason.find("reservation 1's window ended at"), std::string::npos) << over.reason;
+  EXPECT_EQ(over.lease.window_end, kT0 + kH);  // the end as the ledger has it (a cut included)
+  EXPECT_EQ(over.lease.token, a.lease.token);
   now_ = kT0 + kH + 600;  // and past the TTL: still nobody else's
   over = l->renew_lease(1, a.lease.token, 60);
   EXPECT_TRUE(!over.ok && over.window_over);
   EXPECT_FALSE(l->acquire_lease(1, "alice", "n1", 12, 60).ok);
   EXPECT_TRUE(l->renew_lease(1, a.lease.token, 60).window_over);
+  // A lease that lapsed before its window ended is expired, not window_over: anyone could have
+  // taken it in between.
+  ASSERT_TRUE(l->reserve(req(1, kT0 + 2 * kH, 1)).booked);  // reservation 3
+  now_ = kT0 + 2 * kH;
+  const LeaseResult c = l->acquire_lease(3, "alice", "n1", 12, 60);
+  ASSERT_TRUE(c.ok) << c.reason;
+  now_ = kT0 + 3 * kH + 10;
+  const LeaseResult lapsed = l->renew_lease(3, c.lease.token, 60);
+  EXPECT_FALSE(lapsed.ok || lapsed.window_over);
+  EXPECT_NE(lapsed.reason.find("expired at"), std::string::npos) << lapsed.reason;
   // Not the window: a stale token, a released lease, a cancelled booking.
   EXPECT_FALSE(l->renew_lease(1, a.lease.token + 100, 60).window_over);
   l->release_lease(1, a.lease.token);

@@ -41,6 +41,13 @@ namespace {
         ".recover | sqlite3 '{}.recovered'`",
         path, what, detail, path, path);
   }
+  if (sqlite3_extended_errcode(db) == SQLITE_READONLY_DBMOVED) {
+    const char* file = sqlite3_db_filename(db, "main");
+    BERTH_FAIL(
+        "ledger {} was moved or deleted while berth had it open ({}: {}): put it back "
+        "where it was, then run the command again",
+        file != nullptr && *file != '\0' ? file : "(in memory)", what, detail);
+  }
   if ((sqlite3_errcode(db) & 0xff) == SQLITE_READONLY) {
     const char* file = sqlite3_db_filename(db, "main");
     BERTH_FAIL(
@@ -549,9 +556,14 @@ class SqliteLedger : public LedgerStore {
       out.reason = fmt::format("the lease of reservation {} was released", id);
     } else if (r.state != "active") {
       out.reason = fmt::format("reservation {} was {}{}", id, r.state, preempted_by_note(r));
-    } else if (now >= r.end) {  // before the expiry: after its window nobody can take a lease
+    } else if (now >= r.end && l->expires >= r.end) {
+      // Held until the window closed (after it nobody can take a lease): the holder may still end
+      // its run. A lease that lapsed before the end is expired, below: anyone could have taken it.
       out.reason = fmt::format("reservation {}'s window ended at {}", id, format_utc_iso(r.end));
       out.window_over = true;
+      out.lease = *l;
+      out.lease.window_end = r.end;
+      out.lease.window_note = preempted_by_note(r);
     } else if (now >= l->expires) {
       out.reason = fmt::format(
           "the lease of reservation {} expired at {} (not renewed within its "

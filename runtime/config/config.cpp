@@ -109,6 +109,8 @@ const Field kFields[] = {
     BERTH_CONFIG_FIELD(debug, slow_rank),
     BERTH_CONFIG_FIELD(debug, slow_rank_s),
     BERTH_CONFIG_FIELD(debug, leak_mib_per_step),
+    BERTH_CONFIG_FIELD(debug, stall_step),
+    BERTH_CONFIG_FIELD(debug, stall_s),
 };
 
 #undef BERTH_CONFIG_FIELD
@@ -625,6 +627,7 @@ void validate_config(const RunConfig& cfg) {
   for (const auto& [name, v] : {std::pair{"checkpoint_pause_s", d.checkpoint_pause_s},
                                 {"data_delay_s", d.data_delay_s},
                                 {"slow_rank_s", d.slow_rank_s},
+                                {"stall_s", d.stall_s},
                                 {"leak_mib_per_step", d.leak_mib_per_step}}) {
     if (!(std::isfinite(v) && v >= 0)) BERTH_FAIL("{}: debug.{} must be >= 0, got {}", w, name, v);
   }
@@ -637,7 +640,8 @@ void validate_config(const RunConfig& cfg) {
                                 {"reservation.stop_margin_s", rv.stop_margin_s},
                                 {"debug.checkpoint_pause_s", d.checkpoint_pause_s},
                                 {"debug.data_delay_s", d.data_delay_s},
-                                {"debug.slow_rank_s", d.slow_rank_s}}) {
+                                {"debug.slow_rank_s", d.slow_rank_s},
+                                {"debug.stall_s", d.stall_s}}) {
     if (v > kMaxSeconds) {
       BERTH_FAIL("{}: {} = {} s is more than {:.0e} s (31 years): not a duration berth can wait", w,
                  name, v, kMaxSeconds);
@@ -648,6 +652,7 @@ void validate_config(const RunConfig& cfg) {
                d.leak_mib_per_step);
   }
   if (d.slow_rank < -1) BERTH_FAIL("{}: debug.slow_rank must be >= -1 (-1 = off)", w);
+  if (d.stall_step < -1) BERTH_FAIL("{}: debug.stall_step must be >= -1 (-1 = off)", w);
   if (cfg.debug.fail_rank < -1 || cfg.debug.fail_step < -1) {
     BERTH_FAIL("{}: debug.fail_rank and debug.fail_step must be >= -1 (-1 = off)", w);
   }

@@ -118,6 +118,8 @@ struct DebugSection {
   int64_t slow_rank = -1;         // this rank sleeps slow_rank_s per step (a straggler)
   double slow_rank_s = 0;
   double leak_mib_per_step = 0;   // every rank allocates and keeps this much per step (a leak)
+  int64_t stall_step = -1;        // rank 0 stops stall_s before step stall_step starts (-1 = off)
+  double stall_s = 0;
 };
 
 struct RunConfig {

@@ -229,12 +229,25 @@ void LeaseKeeper::heartbeat_loop() {
                format_utc_iso(local_expiry_));
     } else if (!l.ok) {
       lost_ = true;
-      window_over_ = l.window_over;
       lost_reason_ = l.reason;
+      if (l.window_over)
+        note_window_over(l.lease);  // never cleared: a later refusal (a cancel
+                                    // after the end) does not undo it
     } else {
       record_renewal(l.lease);
     }
   }
+}
+
+void LeaseKeeper::note_window_over(const Lease& lease) {
+  window_over_ = true;
+  window_end_ = lease.window_end;  // a cut short the renewals had not seen yet
+  window_note_ = lease.window_note;
+}
+
+bool LeaseKeeper::window_over() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return window_over_;
 }
 
 void LeaseKeeper::record_renewal(const Lease& lease) {
@@ -283,7 +296,7 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
     double now = unix_now();
     const double ckpt = ckpt_s_ > 0 ? ckpt_s_ : rc.checkpoint_estimate_s;
     if (lost && window_over) {
-      d = window_overrun(window_end, now);
+      d = window_overrun(now);
     } else if (lost) {
       d = kLost;
     } else if (now + step_s >= expiry) {
@@ -303,7 +316,7 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
               format_duration(std::ceil(2 * step_s)));
         }
       } else if (l.window_over) {
-        d = window_overrun(this->window_end(), now);
+        d = window_overrun(now);
       } else {
         d = kLost;
         reason_ = failed.empty() ? l.reason
@@ -326,24 +339,38 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
   return share(d);
 }
 
-int32_t LeaseKeeper::window_overrun(double window_end, double now) {
-  // A step, evaluation or save outlasted the stop margin and the window closed first. Nobody can
-  // take a reservation's lease after its window, and the checkpoint commit is fenced, so the run
-  // still stops with a checkpoint, late by the time the save takes (a grace, as a scheduler's
-  // kill wait), instead of losing every step since the last one.
+int32_t LeaseKeeper::window_overrun(double now) {
+  // The window closed before the run's check: a step, evaluation or save outlasted the stop
+  // margin, or a preemption cut it to (about) now. Nobody can take a reservation's lease after its
+  // window, and the checkpoint commit is fenced, so the run still stops with a checkpoint, late by
+  // the time the save takes (a grace, as a scheduler's kill wait), instead of losing every step
+  // since the last one.
+  double window_end;
+  std::string note;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    window_over_ = true;  // also when rank 0's own renewal learned it (confirm_held, release)
+    window_end = window_end_;
+    note = window_note_;
   }
   const ReservationSection& rc = cfg_.reservation;
-  log_warn(
-      "lease: reservation {}'s window ended at {}, {} before this check: a step, evaluation or "
-      "checkpoint save outlasted the stop margin (1.5 × checkpoint time + "
-      "reservation.stop_margin_s {}; saves took up to {} so far): raise stop_margin_s above the "
-      "longest pause, or reservation.checkpoint_estimate_s ({}) to what a save takes",
-      reservation_, format_utc_iso(window_end), format_duration(std::max(0.0, now - window_end)),
-      format_duration(rc.stop_margin_s), format_duration(ckpt_s_),
-      format_duration(rc.checkpoint_estimate_s));
+  const std::string late = format_duration(std::max(0.0, now - window_end));
+  if (!note.empty()) {
+    log_warn(
+        "lease: reservation {}'s window was cut short (preempted{}) and ended at {}, {} "
+        "before this check",
+        reservation_, note, format_utc_iso(window_end), late);
+  } else {
+    log_warn(
+        "lease: reservation {}'s window ended at {}, {} before this check: a step, evaluation or "
+        "checkpoint save outlasted the stop margin (1.5 × checkpoint time + "
+        "reservation.stop_margin_s {}; saves took {} so far): raise stop_margin_s above the "
+        "longest pause, or reservation.checkpoint_estimate_s ({}) to what a save takes",
+        reservation_, format_utc_iso(window_end), late, format_duration(rc.stop_margin_s),
+        ckpt_s_ <= 0   ? std::string("none")
+        : ckpt_s_ < 60 ? fmt::format("up to {:.2f} s", ckpt_s_)
+                       : "up to " + format_duration(ckpt_s_),
+        format_duration(rc.checkpoint_estimate_s));
+  }
   reason_ = fmt::format(
       "reservation {}'s window ended at {} before the run could stop; the checkpoint is saved "
       "after it",
@@ -369,9 +396,13 @@ LeaseResult LeaseKeeper::renew_here(std::string* failed) {
     *failed = e.what();
     return l;
   }
-  if (l.ok) {
+  if (l.ok || l.window_over) {
     std::lock_guard<std::mutex> lock(mu_);
-    record_renewal(l.lease);
+    if (l.ok) {
+      record_renewal(l.lease);
+    } else {
+      note_window_over(l.lease);
+    }
   }
   return l;
 }
@@ -395,8 +426,7 @@ LeaseKeeper::Decision LeaseKeeper::confirm_held() {
       std::string failed;
       const LeaseResult l = renew_here(&failed);
       if (!l.ok && l.window_over) {
-        std::lock_guard<std::mutex> lock(mu_);
-        window_over_ = true;
+        // renew_here recorded it: the run ends as at its window's end
       } else if (!l.ok && failed.empty()) {
         lost = true;
         reason_ = l.reason;

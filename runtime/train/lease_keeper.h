@@ -56,6 +56,9 @@ class LeaseKeeper {
   // lease is still this run's (one renewal on rank 0), kLost (with reason()) when it is gone.
   Decision confirm_held();
   const std::string& reason() const { return reason_; }  // of the last stop decision
+  // Rank 0: the lease ended with its window (not taken, cancelled or lapsed), so the run still
+  // ends under it; the run directory is its own unless a later booking's launch claimed it.
+  bool window_over() const;
   // Rank 0; idempotent (an on-demand booking is cancelled too). Gives nothing back once the
   // lease is lost: it is another holder's, or nobody's.
   void release();
@@ -65,12 +68,13 @@ class LeaseKeeper {
   void heartbeat_loop();
   void stop_heartbeat();
   void record_renewal(const Lease& lease);  // a successful renewal; mu_ held
+  void note_window_over(const Lease& lease);  // a renewal refused as window_over; mu_ held
   // One renewal on the calling thread (rank 0), recorded when it succeeds; `failed` gets the
   // ledger's error (the result is then not ok and has no reason).
   LeaseResult renew_here(std::string* failed);
   // Rank 0, mu_ not held: the lease ended with its window before the run stopped (window_over):
   // kStopWindow, with a warning and reason_ saying the checkpoint is saved after the end.
-  int32_t window_overrun(double window_end, double now);
+  int32_t window_overrun(double now);
   // Collective: rank 0's decision `d` to every rank (a lost lease: the heartbeat stops, nothing
   // is given back), with a reason on the ranks that did not decide.
   Decision share(int32_t d);
@@ -91,7 +95,7 @@ class LeaseKeeper {
   // window_over_: lost_ only because the window ended (LeaseResult::window_over), not taken.
   bool stop_ = false, lost_ = false, window_over_ = false;
   double window_end_ = 0, local_expiry_ = 0, last_renew_ = 0;
-  std::string lost_reason_;
+  std::string lost_reason_, window_note_;
 };
 
 }  // namespace berth

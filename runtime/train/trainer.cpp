@@ -838,6 +838,7 @@ std::vector<StepStats> Trainer::run() {
   int64_t saved_at = -1;  // step of the newest checkpoint this session
   double last_wall = 0;
   for (int64_t step = start_step_; step < steps; step++) {
+    if (step == cfg_.debug.stall_step && world_.rank() == 0) sleep_seconds(cfg_.debug.stall_s);
     // Rank 0 decides for everyone whether this step may start (lease, end of window).
     const LeaseKeeper::Decision decision =
         lease.before_step(2 * (all.empty() ? 0.0 : all.back().seconds), 2 * last_wall);
@@ -909,6 +910,26 @@ std::vector<StepStats> Trainer::run() {
     outcome_ = Outcome::kLeaseLost;
     if (world_.rank() == 0) outcome_reason_ = lease.reason();
     log_warn("the lease was lost before the run could end ({})", lease.reason());
+  }
+  // Past the window's end (a pause outlasted the stop margin) the lease is still this run's, but
+  // a launch of a later booking may have resumed in this run directory meanwhile: its token in
+  // checkpoint.dir's FENCE says so, and then its files are not this run's to commit.
+  int32_t fenced_out = 0;
+  std::string fence_why;
+  if (writer && outcome_ != Outcome::kLeaseLost && lease.window_over() && fencing_token_) {
+    try {
+      claim_checkpoint_fence(checkpoint_dir_, *fencing_token_);
+    } catch (const Error& e) {
+      fenced_out = 1;
+      fence_why = e.what();
+    }
+  }
+  world_.broadcast(&fenced_out, 1, DType::I32, 0);
+  if (fenced_out != 0) {
+    outcome_ = Outcome::kLeaseLost;
+    if (writer) outcome_reason_ = fence_why;
+    log_warn("the window ended and a later launch took this run directory over ({})",
+             writer ? fence_why : "rank 0's log says why");
   }
   if (outcome_ == Outcome::kLeaseLost) {
     // Another launch may hold the lease now and write this run directory (a holder paused past

@@ -3,7 +3,8 @@
 # under the lease; the window ends mid-run (checkpoint, exit 3) and the run resumes in the next
 # window with the same losses as an uninterrupted run; a run extended while it trains, as its
 # window warning says, finishes and stops warning; a second launch fails fast naming the
-# holder; a save that outlasts the window still stops the run with its checkpoint; a SIGKILLed
+# holder; a save that outlasts the window still stops the run with its checkpoint, unless a later
+# booking's launch took its run directory over meanwhile; a SIGKILLed
 # holder's lease lapses and a relaunch gets a higher token; a holder SIGSTOPped
 # inside a checkpoint save past its TTL has its late commit refused, and one stopped between steps
 # leaves the new holder's run directory alone; bad requests exit 1, a booking that cannot start
@@ -286,11 +287,36 @@ timeout 60 "$berth" train "$cfg" "${small[@]}" --reservation "$ido" --set "run.o
     --set train.steps=100000 --set checkpoint.interval=100 --set debug.checkpoint_pause_s=10 \
     > "$tmp/over.log" 2>&1
 rc=$?
-[ $rc -eq 3 ] && grep -q "outlasted the stop margin .*saves took up to 10s so far" "$tmp/over.log" &&
+[ $rc -eq 3 ] && grep -q "outlasted the stop margin .*saves took up to 10.0[0-9] s so far" "$tmp/over.log" &&
     grep -q "stopping before step 101: reservation $ido's window ended at .* before the run could stop" "$tmp/over.log" &&
     [ -e "$tmp/over/tiny/checkpoints/step-00000100" ] && [ -e "$tmp/over/tiny/metrics.jsonl" ] &&
     "$berth" reservation show "$ido" | grep -q "released"
 check "a save that outlasts the window still ends the run with its checkpoint (rc $rc)" $?
+
+# ---- ... unless a later booking's launch took its run directory over meanwhile -------------------
+# A saves step 40 and stalls 10 s before step 41 (debug.stall_step: its heartbeat keeps renewing)
+# in an 8 s window. Meanwhile B, under another booking, resumes from step 40 in the same run
+# directory and finishes step 60. A then stops as at its window's end, finds B's token in FENCE,
+# and leaves B's files: exit 4 (it committed its metrics over B's before).
+ida=$("$berth" reserve --gpus 1 --duration 8s --json | booked_id)
+idb=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
+frun=(train "$cfg" "${small[@]}" --set "run.out_dir=$tmp/fo" --set run.name=fo
+      --set checkpoint.interval=40)
+"$berth" "${frun[@]}" --reservation "$ida" --set train.steps=100000 --set debug.stall_step=40 \
+    --set debug.stall_s=10 > "$tmp/fo1.log" 2>&1 &
+stalled=$!; pids+=("$stalled")
+for _ in $(seq 200); do [ -e "$tmp/fo/fo/checkpoints/step-00000040/meta.json" ] && break; sleep 0.05; done
+timeout 60 "$berth" "${frun[@]}" --reservation "$idb" --set train.steps=60 --resume auto \
+    > "$tmp/fo2.log" 2>&1
+check "a later booking's launch resumes in the stalled run's directory" $?
+sums=$(md5sum "$tmp/fo/fo/metrics.jsonl" "$tmp/fo/fo/trace.csv" 2>&1)
+wait "$stalled"; rc=$?
+[ $rc -eq 4 ] && grep -q "the window ended and a later launch took this run directory over" \
+    "$tmp/fo1.log" && grep -q "is left as it is" "$tmp/fo1.log" &&
+    [ "$(md5sum "$tmp/fo/fo/metrics.jsonl" "$tmp/fo/fo/trace.csv" 2>&1)" = "$sums" ] &&
+    [ "$(wc -l < "$tmp/fo/fo/metrics.jsonl")" -eq 60 ]
+check "past its window, the stalled run leaves the later launch's files alone (rc $rc)" $?
+"$berth" cancel "$idb" > /dev/null 2>&1
 
 # ---- a window too short for one step before the clean stop is refused at start -------------------
 id7=$("$berth" reserve --gpus 1 --duration 1m --json | booked_id)
