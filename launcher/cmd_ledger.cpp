@@ -147,13 +147,9 @@ void add_ledger_option(CLI::App* cmd, LedgerArgs* a, bool json = true) {
   // An empty --ledger ("--ledger \"$UNSET\"" in a script) would fall back to the default ledger.
   cmd->add_option("--ledger", a->ledger,
                   "Ledger file (default: $BERTH_LEDGER, else ~/.local/share/berth/ledger.db)")
-      ->check(CLI::Validator(
-          [](const std::string& v) -> std::string {
-            return v.empty() ? "empty: give a ledger file, or leave --ledger out for "
-                               "$BERTH_LEDGER or the default ledger"
-                             : "";
-          },
-          "FILE"));
+      ->check(non_empty("give a ledger file, or leave --ledger out for $BERTH_LEDGER or the "
+                        "default ledger",
+                        "FILE"));
   if (json) cmd->add_flag("--json", a->json, "Print JSON");
 }
 

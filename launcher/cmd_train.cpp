@@ -56,6 +56,14 @@ CLI::Validator whole_number_in(int64_t lo, int64_t hi) {
       lo == 1 && hi == kAny ? "POSITIVE_INTEGER" : "WHOLE_NUMBER");
 }
 
+CLI::Validator non_empty(const std::string& if_empty, const std::string& type_name) {
+  return CLI::Validator(
+      [if_empty](const std::string& v) -> std::string {
+        return v.empty() ? "empty: " + if_empty : "";
+      },
+      type_name);
+}
+
 CLI::Validator whole_number_at_least(int64_t lo) {
   return whole_number_in(lo, std::numeric_limits<int64_t>::max());
 }
@@ -134,13 +142,9 @@ void register_train_command(CLI::App& app) {
                   "complete one in checkpoint.dir")
       ->type_name("auto|PATH")
       // "--resume \"$CKPT\"" with CKPT unset trained from step 0 without a word.
-      ->check(CLI::Validator(
-          [](const std::string& v) -> std::string {
-            return v.empty() ? "empty: give a step-N checkpoint directory or 'auto', or leave "
-                               "--resume out to start from step 0"
-                             : "";
-          },
-          "auto|PATH"));
+      ->check(non_empty("give a step-N checkpoint directory or 'auto', or leave --resume out to "
+                        "start from step 0",
+                        "auto|PATH"));
   cmd->add_option("--reservation", args->reservation,
                   "Train under this reservation's lease (sets reservation.id)")
       ->check(positive_integer());

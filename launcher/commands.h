@@ -22,6 +22,9 @@ CLI::Validator positive_integer();
 CLI::Validator whole_number_at_least(int64_t lo);
 // A whole number in [lo, hi] ("--gpus: 4294967297 is not a whole number in [1, 65536]").
 CLI::Validator whole_number_in(int64_t lo, int64_t hi);
+// A value that must not be empty ("--ledger: empty: <if_empty>"): an option given an unset
+// variable ("--ledger \"$UNSET\"") would otherwise mean its default.
+CLI::Validator non_empty(const std::string& if_empty, const std::string& type_name);
 // A number in [lo, hi] ("--hours: nan is not a number in [1, 8784]"). CLI::Range lets NaN through
 // (every comparison with it is false), and "inf" past an open bound.
 CLI::Validator number_in(double lo, double hi);
