@@ -230,9 +230,8 @@ void LeaseKeeper::heartbeat_loop() {
     } else if (!l.ok) {
       lost_ = true;
       lost_reason_ = l.reason;
-      if (l.window_over)
-        note_window_over(l.lease);  // never cleared: a later refusal (a cancel
-                                    // after the end) does not undo it
+      // Never cleared: a later refusal (a cancel after the end) does not undo it.
+      if (l.window_over) note_window_over(l.lease);
     } else {
       record_renewal(l.lease);
     }
