@@ -395,8 +395,32 @@ TEST(ProgressFiles, ReadsATrace) {
   EXPECT_EQ(rows[1].tokens, 4194304);
 }
 
+// A trace replays only against the facts of its own session: it begins at start_step + 1 and
+// has no more rows than session_steps.
+TEST(ProgressFiles, TraceMustBeTheSessionOfItsFacts) {
+  RunFacts f;
+  f.max_steps = 100;
+  f.start_step = 10;
+  f.session_steps = 3;
+  std::vector<StepRecord> rows(4);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i].step = 11 + int64_t(i);
+  EXPECT_NE(error_of([&] { check_trace_in_session(rows, f, "t.csv", "m.json"); })
+                .find("trace t.csv has 4 rows, more than the 3 steps of the session m.json "
+                      "describes (global steps 11..13)"),
+            std::string::npos);
+  rows.pop_back();
+  EXPECT_EQ(error_of([&] { check_trace_in_session(rows, f, "t.csv", "m.json"); }), "(no error)");
+  for (StepRecord& r : rows) r.step += 1;
+  EXPECT_NE(error_of([&] { check_trace_in_session(rows, f, "t.csv", "m.json"); })
+                .find("trace t.csv begins at step 12, but the session m.json describes begins at "
+                      "global step 11"),
+            std::string::npos);
+}
+
 TEST(ProgressFiles, CsvErrorsAreSpecific) {
-  EXPECT_NE(error_of([] { read_trace_csv("/nonexistent/t.csv"); }).find("cannot open trace"),
+  EXPECT_NE(error_of([] {
+              read_trace_csv("/nonexistent/t.csv");
+            }).find("cannot read /nonexistent/t.csv: No such file or directory"),
             std::string::npos);
   EXPECT_NE(error_of([] {
               read_trace_csv(write_tmp("h.csv", "step,dur\n1,2\n"));

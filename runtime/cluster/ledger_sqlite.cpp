@@ -30,9 +30,10 @@ namespace {
 // An SQLite error of `db` while doing `what`. A damaged file (cut short by a full disk, a partial
 // copy) gets what to do, not only SQLite's "database disk image is malformed".
 [[noreturn]] void fail_sqlite(sqlite3* db, const std::string& what, const std::string& detail) {
-  if ((sqlite3_errcode(db) & 0xff) == SQLITE_CORRUPT) {
-    const char* file = sqlite3_db_filename(db, "main");
-    const std::string path = file != nullptr && *file != '\0' ? file : "(in memory)";
+  const char* file = sqlite3_db_filename(db, "main");
+  const std::string path = file != nullptr && *file != '\0' ? file : "(in memory)";
+  const int code = sqlite3_extended_errcode(db);
+  if ((code & 0xff) == SQLITE_CORRUPT) {
     BERTH_FAIL(
         "ledger {} is damaged ({}: {}): it holds every booking, so berth will not read or "
         "book on it. Stop the berth processes that use it, then put back a backup taken "
@@ -41,20 +42,18 @@ namespace {
         ".recover | sqlite3 '{}.recovered'`",
         path, what, detail, path, path);
   }
-  if (sqlite3_extended_errcode(db) == SQLITE_READONLY_DBMOVED) {
-    const char* file = sqlite3_db_filename(db, "main");
+  if (code == SQLITE_READONLY_DBMOVED) {
     BERTH_FAIL(
         "ledger {} was moved or deleted while berth had it open ({}: {}): put it back "
         "where it was, then run the command again",
-        file != nullptr && *file != '\0' ? file : "(in memory)", what, detail);
+        path, what, detail);
   }
-  if ((sqlite3_errcode(db) & 0xff) == SQLITE_READONLY) {
-    const char* file = sqlite3_db_filename(db, "main");
+  if ((code & 0xff) == SQLITE_READONLY) {
     BERTH_FAIL(
         "ledger {} cannot be written by this process (uid {}): {}. Bookings, leases and "
         "device registrations write to it: ask its owner for write access to the file and "
         "its directory, or use a ledger of your own (--ledger, $BERTH_LEDGER)",
-        file != nullptr && *file != '\0' ? file : "(in memory)", geteuid(), detail);
+        path, geteuid(), detail);
   }
   BERTH_FAIL("ledger: {}: {}", what, detail);
 }

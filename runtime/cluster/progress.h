@@ -120,8 +120,9 @@ double moving_average_total_s(const std::vector<StepRecord>& rows, int64_t sessi
 // Trace CSV with header
 // step,duration_s,tokens,seq_len,compute_s,comm_s,data_wait_s,overhead_s,mem_gib,event
 std::vector<StepRecord> read_trace_csv(const std::string& path);
-// Throws a specific Error unless every row's step lies in the session `facts` describe (global
-// steps start_step + 1 .. start_step + session_steps), naming `trace`, the row and `facts_where`.
+// Trace rows as read_trace_csv returns them (one per step, in order). Throws a specific Error
+// unless they begin at the session's first step and end within it (global steps start_step + 1 ..
+// start_step + session_steps), naming `trace` and `facts_where`.
 void check_trace_in_session(const std::vector<StepRecord>& rows, const RunFacts& facts,
                             const std::string& trace, const std::string& facts_where);
 std::string trace_csv_header();                  // the header line, with '\n'

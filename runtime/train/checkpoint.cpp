@@ -16,7 +16,6 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -473,9 +472,11 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
               "that wrote it",
               dir, version, kCheckpointFormatVersion);
   // Counts are whole numbers of 64 bits: nlohmann's get<int64_t> truncates 10.5 and wraps 1e30.
-  for (const char* key : {"step", "rows_consumed", "seed", "rows_per_step", "fencing_token"}) {
-    const bool optional =
-        std::string_view(key) == "rows_per_step" || std::string_view(key) == "fencing_token";
+  for (const auto& [key, optional] : {std::pair{"step", false},
+                                      {"rows_consumed", false},
+                                      {"seed", false},
+                                      {"rows_per_step", true},
+                                      {"fencing_token", true}}) {
     if (optional && (!meta.contains(key) || meta[key].is_null())) continue;
     BERTH_CHECK(meta.contains(key) && meta[key].is_number_integer(),
                 "'{}': '{}' must be a whole number, got {}: the checkpoint is corrupt",

@@ -518,7 +518,7 @@ echo "[{\"file\": \"z.csv\", \"true_total_s\": 0, \"max_steps\": 20, ${facts/\"s
 expect_error "eta_bench_truth_not_positive" "true_total_s must be > 0, got 0" "" "$BERTH" eta bench "$tmp/bench"
 expect_error "eta_replay_number_overflow" "invalid JSON" "" "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp/ovf.json"
 # Directories read as nothing: "empty trace", "invalid JSON".
-expect_error "eta_replay_trace_is_a_directory" "trace $tmp is a directory; give its CSV file" "" \
+expect_error "eta_replay_trace_is_a_directory" "$tmp is a directory; give a file" "" \
   "$BERTH" eta replay "$tmp" --meta "$tmp/z.json"
 expect_error "eta_replay_meta_is_a_directory" "$tmp is a directory; give a file" "" \
   "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp"
