@@ -22,7 +22,6 @@ struct ReplayArgs {
 };
 
 void run_replay(const ReplayArgs& a) {
-  BERTH_CHECK(a.every >= 0, "--every must be >= 0, got {}", a.every);
   const auto rows = read_trace_csv(a.trace);
   const RunFacts facts = read_run_facts_json(a.meta);
   check_trace_in_session(rows, facts, a.trace, a.meta);
@@ -81,8 +80,8 @@ void register_eta_commands(CLI::App& app) {
       ->required();
   replay->add_option("--meta", replay_args->meta, "Run facts JSON (one object, as in index.json)")
       ->required();
-  replay->add_option("--every", replay_args->every,
-                     "Print a CSV of predictions after every N rows");
+  replay->add_option("--every", replay_args->every, "Print a CSV of predictions after every N rows")
+      ->check(whole_number_at_least(0));
   replay->callback([replay_args]() { run_replay(*replay_args); });
 
   auto dir = std::make_shared<std::string>();

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -371,8 +372,10 @@ void register_ledger_commands(CLI::App& app) {
     add_ledger_option(reg, &a->l, false);
     reg->add_option("--from", a->from, "Cluster inventory (TOML: [[hosts]] name, model, "
                                        "memory_gib, gpus)");
-    reg->add_option("--cpu-slots", a->cpu_slots, "Register N CPU slots of this host (model "
-                                                 "'cpu')")->check(CLI::Range(int64_t(1), int64_t(4096)));
+    reg->add_option("--cpu-slots", a->cpu_slots,
+                    "Register N CPU slots of this host (model "
+                    "'cpu')")
+        ->check(whole_number_in(1, 4096));
     reg->add_option("--slot-memory-gib", a->cpu_slot_gib,
                     "Memory per CPU slot (default: host memory / N)")
         ->check(number_in(1.0 / 1024, 1e6));
@@ -438,7 +441,8 @@ void register_ledger_commands(CLI::App& app) {
         "--print-id", a->print_id, "On success print only the reservation id (for batch scripts)");
     add_ledger_option(cmd, &a->l);
     print_id->excludes("--json");  // two different stdout formats
-    cmd->add_option("--gpus", a->gpus, "Number of devices (with --config: from the plan)");
+    cmd->add_option("--gpus", a->gpus, "Number of devices (with --config: from the plan)")
+        ->check(whole_number_at_least(std::numeric_limits<int64_t>::min()));  // the ledger judges
     cmd->add_option("--config", a->config,
                     "Size the booking from this run config's plan (berth plan): devices, minimum "
                     "free memory (peak + 10 %) and duration (predicted time × --margin)");

@@ -13,6 +13,7 @@
 #include "runtime/comm/watchdog.h"
 #include "runtime/config/config.h"
 #include "runtime/core/check.h"
+#include "runtime/core/decimal.h"
 #include "runtime/core/log.h"
 #include "runtime/train/lease_keeper.h"
 #include "runtime/train/trainer.h"
@@ -37,14 +38,8 @@ CLI::Validator whole_number_in(int64_t lo, int64_t hi) {
   constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
   return CLI::Validator(
       [lo, hi](std::string& value) -> std::string {
-        size_t used = 0;
-        long long v = 0;
-        try {
-          v = std::stoll(value, &used);  // out of range of 64 bits: refused, not saturated
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == value.size() && used > 0 && v >= lo && v <= hi) return "";
+        int64_t v = 0;  // out of range of 64 bits: refused, not saturated
+        if (parse_whole_number(value, &v) && v >= lo && v <= hi) return "";
         if (hi != kAny) return fmt::format("{} is not a whole number in [{}, {}]", value, lo, hi);
         return lo == std::numeric_limits<int64_t>::min()
                    ? value + " is not a whole number of 64 bits"
@@ -73,14 +68,10 @@ CLI::Validator positive_integer() { return whole_number_at_least(1); }
 CLI::Validator number_in(double lo, double hi) {
   return CLI::Validator(
       [lo, hi](std::string& value) -> std::string {
-        size_t used = 0;
         double v = 0;
-        try {
-          v = std::stod(value, &used);
-        } catch (const std::exception&) {
-          used = 0;
+        if (read_decimal(value, &v) == value.size() && !value.empty() && v >= lo && v <= hi) {
+          return "";
         }
-        if (used == value.size() && used > 0 && std::isfinite(v) && v >= lo && v <= hi) return "";
         return fmt::format("{} is not a number in [{}, {}]", value, lo, hi);
       },
       fmt::format("NUMBER in [{}, {}]", lo, hi), "NUMBER_IN");

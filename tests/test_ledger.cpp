@@ -309,6 +309,12 @@ TEST_F(LedgerTest, LongerThanSevenDaysIsSplitOnlyWhenAllowed) {
   ASSERT_EQ(r.proposed_split.size(), 2u);
   EXPECT_DOUBLE_EQ(r.proposed_split[0].second - r.proposed_split[0].first, kMaxSegmentS);
   EXPECT_EQ(rows("reservations"), 0);
+  // One second over: the rounded "7d00h" alone read as if the limit were wrong.
+  ReserveRequest over = q;
+  over.duration_s = kMaxSegmentS + 1;
+  EXPECT_NE(l->reserve(over).reason.find(
+                "7d00h (604801 s) is longer than the 7-day limit of one booking (604800 s)"),
+            std::string::npos);
   q.allow_split = true;
   r = l->reserve(q);
   ASSERT_TRUE(r.booked);
@@ -375,6 +381,16 @@ TEST_F(LedgerTest, MalformedRequestsGetSpecificErrorsAndNoRows) {
   test::expect_error([] { parse_duration("30m1h"); }, {"repeats a unit"});
   test::expect_error([] { parse_duration("99999999999999999999h"); }, {"longer than 10 years"});
   test::expect_error([] { parse_bytes("1e30GiB"); }, {"larger than an exabyte"});
+  // Only plain decimal: stod read hexadecimal (0x10h = 16 h), "inf" and a leading blank.
+  test::expect_error([] { parse_duration("0x10h"); }, {"unknown unit 'x' in the duration '0x10h'"});
+  test::expect_error([] { parse_duration("infh"); }, {"cannot read the duration 'infh'"});
+  test::expect_error([] { parse_duration(" 1h"); }, {"cannot read the duration ' 1h'"});
+  test::expect_error([] { parse_duration("1e400h"); }, {"cannot read the duration '1e400h'"});
+  test::expect_error([] { parse_bytes("0x1GiB"); }, {"unknown unit 'x1GiB' in the size '0x1GiB'"});
+  test::expect_error([] { parse_bytes("+1GiB"); }, {"cannot read the size '+1GiB'"});
+  EXPECT_DOUBLE_EQ(parse_duration(".5h"), 1800);
+  EXPECT_DOUBLE_EQ(parse_duration("1.5e1m"), 900);
+  EXPECT_EQ(parse_bytes("2e0GiB"), 2147483648);
   EXPECT_DOUBLE_EQ(parse_duration("1d12h30m15s"), 131415);
   EXPECT_DOUBLE_EQ(parse_duration("1h30m"), 5400);
   EXPECT_DOUBLE_EQ(parse_duration("2d"), 172800);

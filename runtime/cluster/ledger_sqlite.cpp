@@ -20,6 +20,7 @@
 #include "runtime/cluster/ledger.h"
 #include "runtime/core/check.h"
 #include "runtime/core/clock.h"
+#include "runtime/core/decimal.h"
 #include "runtime/core/fs.h"
 
 namespace berth {
@@ -341,9 +342,10 @@ class SqliteLedger : public LedgerStore {
       for (double s = start; s < start + req.duration_s - 1e-9; s += kMaxSegmentS) {
         out.proposed_split.push_back({s, std::min(s + kMaxSegmentS, start + req.duration_s)});
       }
-      out.reason = fmt::format("{} is longer than the 7-day limit of one booking; book it as {} "
-                               "chained segments with --allow-split",
-                               format_duration(req.duration_s), out.proposed_split.size());
+      out.reason = fmt::format(
+          "{} ({} s) is longer than the 7-day limit of one booking ({} s); "
+          "book it as {} chained segments with --allow-split",
+          format_duration(req.duration_s), req.duration_s, kMaxSegmentS, out.proposed_split.size());
       return out;
     }
     const std::vector<Busy> busy = active_busy(now);
@@ -833,14 +835,9 @@ double parse_duration(const std::string& text) {
   size_t i = 0;
   bool any = false;
   while (i < text.size()) {
-    size_t used = 0;
     double v = 0;
-    try {
-      v = std::stod(text.substr(i), &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    BERTH_CHECK(used > 0 && std::isfinite(v) && v >= 0 && i + used < text.size(),
+    const size_t used = read_decimal(std::string_view(text).substr(i), &v);
+    BERTH_CHECK(used > 0 && i + used < text.size(),
                 "cannot read the duration '{}': use a number with a unit, e.g. 72h, 90m, 1h30m, "
                 "2d, 45s",
                 text);
@@ -865,15 +862,9 @@ double parse_duration(const std::string& text) {
 }
 
 int64_t parse_bytes(const std::string& text) {
-  size_t used = 0;
   double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  BERTH_CHECK(used > 0 && std::isfinite(v) && v >= 0,
-              "cannot read the size '{}': use e.g. 75GiB, 80GB, 512MiB", text);
+  const size_t used = read_decimal(text, &v);
+  BERTH_CHECK(used > 0, "cannot read the size '{}': use e.g. 75GiB, 80GB, 512MiB", text);
   const std::string unit = text.substr(used);
   // A bare number is almost always meant in GiB or GB ("--min-free-mem 80"), not in bytes.
   BERTH_CHECK(!unit.empty() || v == 0,

@@ -492,6 +492,17 @@ expect_error "reserve_margin_nan" "--margin: nan is not a number in [1, 10]" "" 
   "$BERTH" reserve --config "$TINY_TOML" --gpu cpu --margin nan --ledger "$tmp/l.db"
 expect_error "reserve_memory_without_unit" "the size '80' has no unit: say 80GiB or 80GB" "" \
   "$BERTH" reserve --gpus 1 --duration 1h --min-free-mem 80 --ledger "$tmp/l.db"
+# Hexadecimal, inf and a '+' passed stod/stoll or CLI11's own conversion (0x2 devices, 0x10h).
+expect_error "reserve_gpus_in_hex" "--gpus: 0x2 is not a whole number" "" \
+  "$BERTH" reserve --gpus 0x2 --duration 1h --ledger "$tmp/l.db"
+expect_error "reserve_duration_in_hex" "unknown unit 'x' in the duration '0x10h'" "" \
+  "$BERTH" reserve --gpus 1 --duration 0x10h --ledger "$tmp/l.db"
+expect_error "register_slots_in_hex" "--cpu-slots: 0x4 is not a whole number in [1, 4096]" \
+  "$tmp/hex.db" "$BERTH" devices register --cpu-slots 0x4 --ledger "$tmp/hex.db"
+expect_error "timeline_hours_in_hex" "--hours: 0x20 is not a number in [1, 8784]" "" \
+  "$BERTH" timeline --hours 0x20 --ledger "$tmp/l.db"
+expect_error "eta_every_plus_sign" "--every: +5 is not a whole number >= 0" "" \
+  "$BERTH" eta replay "$tmp/none.csv" --meta "$tmp/none.json" --every +5
 expect_error "cancel_empty_id" "is not a whole number >= 1" "" "$BERTH" cancel "" --ledger "$tmp/l.db"
 expect_error "cancel_id_beyond_int64" "99999999999999999999 is not a whole number >= 1" "" \
   "$BERTH" cancel 99999999999999999999 --ledger "$tmp/l.db"
