@@ -352,6 +352,25 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   save_checkpoint((work / "other_adam").string(), other);
   test::expect_error([&] { load_checkpoint((work / "other_adam").string(), true); },
                      {"has adam_step 7, but meta.json says step 10", "not this checkpoint's"});
+  // One file copied from a checkpoint of a deeper model: a model.h5 is named as the stranger
+  // (optimizer.h5 was blamed for not matching it), an optimizer.h5 still is.
+  CheckpointData deeper = load_checkpoint(good, true);
+  deeper.model =
+      make_gpt_config(3, deeper.model.NH, deeper.model.C, deeper.model.V, deeper.model.maxT);
+  const int64_t deeper_total = gpt_param_layout(deeper.model).total;
+  for (std::vector<float>* t : {&deeper.params, &deeper.adam_m, &deeper.adam_v})
+    t->assign(size_t(deeper_total), 0.01f);
+  save_checkpoint((work / "deeper").string(), deeper);
+  for (const char* file : {"model.h5", "optimizer.h5"}) {
+    const fs::path swapped = work / (std::string("swapped_") + file);
+    fs::copy(good, swapped, fs::copy_options::recursive);
+    fs::copy_file(work / "deeper" / file, swapped / file, fs::copy_options::overwrite_existing);
+  }
+  test::expect_error([&] { load_checkpoint((work / "swapped_model.h5").string(), true); },
+                     {"model.h5' holds another model than the config in meta.json",
+                      "n_layer: checkpoint 3, config 2", "copied from another checkpoint"});
+  test::expect_error([&] { load_checkpoint((work / "swapped_optimizer.h5").string(), true); },
+                     {"optimizer.h5' holds", "h.2."});
   // HDF5 files edited in place: another `format`, a tensor saved as a slice of a bigger one, a
   // tensor the model of the attributes does not have (in model.h5, and in a moment group).
   auto edit_h5 = [&](const std::string& name, const char* file, auto&& edit) {

@@ -19,6 +19,7 @@
 #include <system_error>
 #include <thread>
 
+#include "runtime/config/config.h"
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
@@ -535,6 +536,26 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   const int64_t vp = read_i64_attr(f, "padded_vocab_size", model_path);
   BERTH_CHECK(vp == d.model.Vp, "'{}': padded_vocab_size {} but vocab_size {} pads to {}",
               model_path, vp, d.model.V, d.model.Vp);
+  // model.h5 holds the model of the run whose config meta.json recorded; one copied in from
+  // another checkpoint is named here, before optimizer.h5 is blamed for not matching it.
+  if (!d.meta.config_toml.empty()) {
+    std::optional<RunConfig> saved;
+    try {
+      saved = parse_config(d.meta.config_toml, meta_path.string());
+    } catch (const Error&) {  // an older or edited config: nothing to compare with
+    }
+    if (saved) {
+      const GPTConfig recorded =
+          make_gpt_config(saved->model.n_layer, saved->model.n_head, saved->model.d_model,
+                          saved->model.vocab_size, saved->model.max_seq_len);
+      const std::string diff = describe_shape_mismatch(d.model, recorded);
+      BERTH_CHECK(diff.empty(),
+                  "'{}' holds another model than the config in meta.json ({}; \"checkpoint\" is "
+                  "model.h5, \"config\" meta.json's): model.h5 was copied from another checkpoint; "
+                  "the checkpoint is corrupt",
+                  model_path, diff);
+    }
+  }
   const ParamLayout layout = gpt_param_layout(d.model);
   d.params.assign(size_t(layout.total), 0.f);
   std::vector<std::string> names;
