@@ -354,7 +354,9 @@ TEST_F(LedgerTest, MalformedRequestsGetSpecificErrorsAndNoRows) {
   // Invalid UTF-8 was stored, then broke every --json listing of the ledger.
   for (const char* text : {"x\xff", "\xc3", "\xc0\xaf", "\xed\xa0\x80",
                            "a\xc2\x85"
-                           "b"}) {
+                           "b",
+                           // right-to-left override, first-strong isolate, line separator
+                           "evil\xe2\x80\xaetxt.exe", "\xe2\x81\xa8x", "a\xe2\x80\xa8"}) {
     q = req(1, kT0, 1);
     q.name = text;
     bad(q, "--name must be printable UTF-8 text");

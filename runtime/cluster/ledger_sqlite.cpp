@@ -59,8 +59,10 @@ namespace {
   BERTH_FAIL("ledger: {}: {}", what, detail);
 }
 
-// The number of characters of `s` if it is valid UTF-8 and printable (no control characters),
-// else -1: names end up in terminals, JSON and HTML.
+// The number of characters of `s` if it is valid UTF-8 and printable (no control characters,
+// no bidirectional formatting characters, no line or paragraph separators), else -1: names end up
+// in terminals, JSON and HTML, where a right-to-left override makes a listing read other than it
+// is (CVE-2021-42574, "Trojan Source").
 int64_t printable_utf8_length(const std::string& s) {
   int64_t n = 0;
   for (size_t i = 0; i < s.size(); ++n) {
@@ -80,8 +82,10 @@ int64_t printable_utf8_length(const std::string& s) {
     }
     // Overlong forms, surrogates, beyond U+10FFFF, and C1 controls.
     static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    const bool bidi_or_separator = cp == 0x061c || cp == 0x200e || cp == 0x200f ||
+                                   (cp >= 0x2028 && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069);
     if (cp < kMin[extra] || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff ||
-        (cp >= 0x80 && cp < 0xa0)) {
+        (cp >= 0x80 && cp < 0xa0) || bidi_or_separator) {
       return -1;
     }
     i += 1 + extra;
@@ -651,8 +655,9 @@ class SqliteLedger : public LedgerStore {
                                            std::tuple{"--model", &q.model, 64}}) {
       const int64_t chars = printable_utf8_length(*text);
       BERTH_CHECK(chars >= 0,
-                  "{} must be printable UTF-8 text (no control characters or invalid bytes): it "
-                  "is shown in terminals, JSON and HTML",
+                  "{} must be printable UTF-8 text (no control characters, bidirectional "
+                  "overrides, line separators or invalid bytes): it is shown in terminals, JSON "
+                  "and HTML",
                   flag);
       BERTH_CHECK(chars <= most, "{} is {} characters; at most {}", flag, chars, most);
     }
