@@ -32,8 +32,8 @@ void run_import(const ImportArgs& a) {
               "--out and --val-out are the same file ({}): the validation split would replace "
               "the training data; give --val-out another path",
               a.out);
-  check_output_file(a.out, "--out");  // before reading the inputs, which can take long
-  if (!a.val_out.empty()) check_output_file(a.val_out, "--val-out");
+  check_output_file(a.out, "--out", "train.h5");  // before reading the inputs, which can take long
+  if (!a.val_out.empty()) check_output_file(a.val_out, "--val-out", "val.h5");
   for (const std::string& in : a.inputs) {
     BERTH_CHECK(!same_file_path(a.out, in) && (a.val_out.empty() || !same_file_path(a.val_out, in)),
                 "--out or --val-out names the input '{}': the import would replace it; give "

@@ -110,7 +110,7 @@ constexpr const char* kTimelineTitle = "<title>berth timeline</title>";
 // The timeline page replaces nothing but an earlier page: `--html ledger.db` replaced the ledger,
 // and the rename replaced FIFOs, device nodes and links alike.
 void check_timeline_destination(const std::string& path) {
-  check_output_file(path, "--html");
+  check_output_file(path, "--html", "timeline.html");
   std::error_code ec;
   const std::filesystem::file_status st = std::filesystem::symlink_status(path, ec);
   if (!std::filesystem::exists(st)) return;

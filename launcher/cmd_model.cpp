@@ -34,7 +34,7 @@ void run_import(const ModelArgs& a) {
               "--out '{}' already exists; a checkpoint is written to a new directory: choose "
               "another path or remove it",
               a.out);
-  check_output_file(a.out, "--out");  // its directory exists and is writable
+  check_output_file(a.out, "--out", "model");  // its directory exists and is writable
   const CheckpointData data = a.format == "llmc" ? read_llmc_model(a.input) : read_hf_gpt2(a.input);
   save_checkpoint(a.out, data);
   log_info("wrote checkpoint {}: {} parameters, {} (from {} '{}')", a.out, data.params.size(),

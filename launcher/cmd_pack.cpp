@@ -38,7 +38,7 @@ void run_pack(const PackArgs& a) {
   o.long_docs = a.drop_long ? LongDocs::DROP : LongDocs::SPLIT;
   o.align = a.align;
   require_plan_destination(a.out);  // before the packing: --out naming the dataset is refused
-  check_output_file(a.out, "--out");
+  check_output_file(a.out, "--out", "plan.h5");
   const TokenDataset ds = read_token_dataset(a.data);
   const std::vector<int64_t> lengths = doc_lengths_from_offsets(ds.doc_offsets);
   const auto t0 = std::chrono::steady_clock::now();

@@ -72,11 +72,12 @@ void sync_to_disk(const std::string& path) {
   if (rc != 0) BERTH_FAIL("cannot sync {} to disk: {}", path, std::strerror(err));
 }
 
-void check_output_file(const std::string& path, const char* what) {
+void check_output_file(const std::string& path, const char* what, const char* example_name) {
   BERTH_CHECK(!path.empty(), "{} is empty: give a file name", what);
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
-    BERTH_FAIL("{} '{}' is a directory; give a file name, e.g. {}/out.h5", what, path, path);
+    BERTH_FAIL("{} '{}' is a directory; give a file name, e.g. {}", what, path,
+               (std::filesystem::path(path) / example_name).string());
   }
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   const std::string dir = parent.empty() ? std::string(".") : parent.string();

@@ -47,7 +47,8 @@ void ensure_writable_dir(const std::string& dir, const char* what);
 void sync_to_disk(const std::string& path);
 
 // Checks, before any work, that a command can write its output file `path` (`what`: "--out"):
-// not a directory, and its directory exists and is writable. Throws Error naming the directory.
-void check_output_file(const std::string& path, const char* what);
+// not a directory, and its directory exists and is writable. Throws Error naming the directory;
+// for a directory given, it suggests the file `example_name` in it.
+void check_output_file(const std::string& path, const char* what, const char* example_name);
 
 }  // namespace berth

@@ -306,7 +306,7 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
       std::error_code ec;
       if (path == cfg_.data.train && !cfg_.data.pack_plan.empty() &&
           !std::filesystem::exists(cache, ec)) {
-        check_output_file(cache, "data.pack_plan");
+        check_output_file(cache, "data.pack_plan", "pack_plan.h5");
       }
       try {
         plan = load_or_build_plan(cache, ds->doc_offsets, o, &reused);

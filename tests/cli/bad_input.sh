@@ -406,7 +406,7 @@ expect_error "import_val_into_missing_directory" "cannot write --val-out '$tmp/n
   "$tmp/nodir" "$BERTH" data import --format text "$tmp/doc1.txt" "$tmp/doc2.txt" \
   --out "$tmp/d_ok.h5" --val-out "$tmp/nodir/v.h5" --val-fraction 0.5
 report "import_refused_pair_left_nothing" "$([ -e "$tmp/d_ok.h5" ] && echo " wrote --out")"
-expect_error "import_out_is_a_directory" "is a directory; give a file name" "" \
+expect_error "import_out_is_a_directory" "is a directory; give a file name, e.g. $tmp/runs/train.h5" "" \
   "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/runs"
 expect_error "pack_into_missing_directory" "the directory '$tmp/nodir' does not exist" \
   "$tmp/nodir" "$BERTH" pack --data "$tmp/d.h5" --seq-len 16 --out "$tmp/nodir/p.h5"
@@ -452,6 +452,8 @@ expect_error "export_over_another_file" "exists and is not an llm.c model file" 
 report "export_other_file_kept" "$(cmp -s "$tmp/d.h5" "$tmp/data_copy.h5" || echo " the dataset was replaced")"
 expect_error "model_import_into_missing_directory" "the directory '$tmp/nodir2' does not exist" \
   "$tmp/nodir2" "$BERTH" model import --format llmc "$tmp/m.bin" --out "$tmp/nodir2/ck"
+expect_error "timeline_html_is_a_directory" "give a file name, e.g. $tmp/runs/timeline.html" "" \
+  "$BERTH" timeline --html "$tmp/runs" --ledger "$tmp/l.db"
 expect_error "timeline_html_empty" "--html is empty: give a file name" "" \
   "$BERTH" timeline --html "" --ledger "$tmp/l.db"
 "$BERTH" devices register --cpu-slots 2 --ledger "$tmp/led.db" >/dev/null 2>&1
