@@ -682,8 +682,9 @@ std::vector<EtaBenchRow> run_eta_bench(const std::string& dir) {
   std::vector<Acc> acc(ps.size());
   for (size_t t = 0; t < index.size(); ++t) {
     const auto& j = index[t];
-    const std::string where = fmt::format("{} entry {}", index_path, t);
-    BERTH_CHECK(j.contains("file") && j["file"].is_string(), "{}: lacks 'file'", where);
+    BERTH_CHECK(j.contains("file") && j["file"].is_string(), "{} entry {}: lacks 'file'",
+                index_path, t);
+    const std::string where = fmt::format("{} entry {} ({})", index_path, t, j["file"].dump());
     BERTH_CHECK(j.contains("true_total_s") && j["true_total_s"].is_number(),
                 "{}: lacks 'true_total_s'", where);
     const RunFacts facts = facts_from_json(j, where);

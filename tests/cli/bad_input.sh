@@ -528,7 +528,12 @@ expect_error "eta_replay_steps_beyond_the_predictor" "max_steps 1000000000000000
 echo "{\"max_steps\": 100, $facts, \"x\": 1e400}" >"$tmp/ovf.json"
 mkdir -p "$tmp/bench" && cp "$tmp/z.csv" "$tmp/bench/z.csv"
 echo "[{\"file\": \"z.csv\", \"true_total_s\": 0, \"max_steps\": 20, ${facts/\"session_steps\": 100/\"session_steps\": 20}}]" >"$tmp/bench/index.json"
-expect_error "eta_bench_truth_not_positive" "true_total_s must be > 0, got 0" "" "$BERTH" eta bench "$tmp/bench"
+expect_error "eta_bench_truth_not_positive" "entry 0 (\"z.csv\"): true_total_s must be > 0, got 0" "" \
+  "$BERTH" eta bench "$tmp/bench"
+# A session_steps that is not the trace's length named the entry's number, not its file.
+echo "[{\"file\": \"z.csv\", \"true_total_s\": 50, \"max_steps\": 20, ${facts/\"session_steps\": 100/\"session_steps\": 1}}]" >"$tmp/bench/index.json"
+expect_error "eta_bench_session_not_the_trace" "entry 0 (\"z.csv\"): trace has 20 rows, session_steps is 1" "" \
+  "$BERTH" eta bench "$tmp/bench"
 expect_error "eta_replay_number_overflow" "invalid JSON" "" "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp/ovf.json"
 # Directories read as nothing: "empty trace", "invalid JSON".
 expect_error "eta_replay_trace_is_a_directory" "$tmp is a directory; give a file" "" \
