@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -139,6 +140,12 @@ struct LedgerArgs {
 // not an empty new ledger that would answer "no reservations" or "no devices".
 std::unique_ptr<LedgerStore> open_ledger(const LedgerArgs& a, bool create = false) {
   const std::string path = resolve_ledger_path(a.ledger, "");
+  // A ledger named by the user goes into a directory that exists (a typo's directories were
+  // made); only the default one's (~/.local/share/berth) is created.
+  const char* env = std::getenv("BERTH_LEDGER");
+  if (create && (!a.ledger.empty() || (env != nullptr && *env != '\0'))) {
+    check_output_file(path, a.ledger.empty() ? "$BERTH_LEDGER" : "--ledger", "ledger.db");
+  }
   LedgerOptions o = ledger_options_for(path);
   o.create = create;
   return open_sqlite_ledger(path, o);

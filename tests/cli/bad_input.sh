@@ -392,6 +392,12 @@ expect_error "timeline_on_a_missing_ledger" "does not exist" "$tmp/typo/ledger.d
 # Booking too: only `berth devices register` starts a ledger (the typo's directory is not made).
 expect_error "reserve_on_a_missing_ledger" "start one with \`berth devices register\`" "$tmp/typo" \
   "$BERTH" reserve --gpus 1 --duration 1h --ledger "$tmp/typo/ledger.db"
+# Registering starts a ledger, but not in a directory a typo named (it was created).
+expect_error "register_into_a_missing_directory" "cannot write --ledger '$tmp/typo/ledger.db': the directory '$tmp/typo' does not exist" \
+  "$tmp/typo" "$BERTH" devices register --cpu-slots 2 --ledger "$tmp/typo/ledger.db"
+BERTH_LEDGER="$tmp/typo/ledger.db" expect_error "register_env_into_a_missing_directory" \
+  "cannot write \$BERTH_LEDGER '$tmp/typo/ledger.db'" "$tmp/typo" \
+  "$BERTH" devices register --cpu-slots 2
 # An empty file (touch, a failed copy) is not taken for an empty ledger, and stays empty.
 : > "$tmp/empty.db"
 expect_error "reservations_on_an_empty_file" "is an empty file, not a ledger" "" \
