@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "runtime/core/check.h"
@@ -202,6 +203,61 @@ PackPlan pack_documents(const std::vector<int64_t>& doc_lengths, const PackOptio
     }
   }
   return plan;
+}
+
+// ---- validation ---------------------------------------------------------------------------------
+
+std::string plan_mismatch(const PackPlan& plan, const std::vector<int64_t>& doc_lengths) {
+  const PackOptions& o = plan.options;
+  const int64_t n_docs = int64_t(doc_lengths.size());
+  for (int64_t r = 0; r < plan.n_rows(); ++r) {
+    int64_t used = 0;
+    for (int64_t k = plan.row_offsets[size_t(r)]; k < plan.row_offsets[size_t(r) + 1]; ++k) {
+      const Piece& p = plan.pieces[size_t(k)];
+      if (p.doc < 0 || p.doc >= n_docs) {
+        return fmt::format("piece {} names document {}, the dataset has {}", k, p.doc, n_docs);
+      }
+      if (p.start < 0 || p.length <= 0 || p.start > doc_lengths[size_t(p.doc)] - p.length) {
+        return fmt::format(
+            "piece {} (tokens {}..{} of document {}) is not inside the document's "
+            "{} tokens",
+            k, p.start, p.start + p.length, p.doc, doc_lengths[size_t(p.doc)]);
+      }
+      used += (p.length + o.align - 1) / o.align * o.align;
+    }
+    if (used > o.seq_len) {
+      return fmt::format("row {} holds {} tokens, more than seq_len {}", r, used, o.seq_len);
+    }
+  }
+  // Coverage: the pieces of each document, in order of their start, tile it.
+  std::vector<int64_t> order(plan.pieces.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    const Piece &x = plan.pieces[size_t(a)], &y = plan.pieces[size_t(b)];
+    return std::tie(x.doc, x.start) < std::tie(y.doc, y.start);
+  });
+  std::vector<int64_t> covered(size_t(n_docs), 0);
+  for (const int64_t k : order) {
+    const Piece& p = plan.pieces[size_t(k)];
+    const int64_t next = covered[size_t(p.doc)];
+    if (p.start < next) {
+      return fmt::format("document {}: two pieces hold token {}", p.doc, p.start);
+    }
+    if (p.start > next) {
+      return fmt::format("document {}: no piece holds tokens {}..{}", p.doc, next, p.start);
+    }
+    covered[size_t(p.doc)] += p.length;
+  }
+  for (int64_t d = 0; d < n_docs; ++d) {
+    const int64_t len = doc_lengths[size_t(d)];
+    const bool dropped =
+        covered[size_t(d)] == 0 && o.long_docs == LongDocs::DROP && len > o.seq_len;
+    if (covered[size_t(d)] != len && !dropped) {
+      return fmt::format("document {} has {} of its {} tokens in the plan", d, covered[size_t(d)],
+                         len);
+    }
+  }
+  return "";
 }
 
 // ---- statistics ---------------------------------------------------------------------------------

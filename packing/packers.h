@@ -64,6 +64,13 @@ struct PackStats {
   double mean_sum_sq = 0, max_sum_sq = 0;  // Σ L² of the pieces of a row
 };
 PackStats pack_stats(const PackPlan& plan, const std::vector<int64_t>& doc_lengths);
+
+// Why `plan` is not a plan of documents of these lengths under its own options ("" when it is):
+// every piece inside its document, every row within seq_len (pieces padded to `align`), and every
+// document's tokens in exactly one piece each, in consecutive pieces from its first token to its
+// last, except documents longer than seq_len under LongDocs::DROP, which have none. A plan whose
+// key matches its dataset can still be edited or damaged; the loader trusts what this passed.
+std::string plan_mismatch(const PackPlan& plan, const std::vector<int64_t>& doc_lengths);
 std::string format_pack_stats(const PackStats& s, double seconds);
 
 }  // namespace berth

@@ -284,41 +284,12 @@ std::string plan_key(const std::vector<uint64_t>& doc_offsets, const PackOptions
   return fmt::format("{:016x}", h.h);
 }
 
-namespace {
-
-// Why `path` must not be replaced by a plan ("" when it may: absent, a packing plan of any
-// version, or an unreadable file under a plan's default name, <data>.plan-….h5). A cache rebuilds
-// its own stale or broken plans; anything else at the path (a token dataset named by mistake,
-// another HDF5 file, a text file) is the user's and stays.
-std::string foreign_file_reason(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (!fs::exists(st)) return "";
-  if (fs::is_directory(st)) return "it is a directory";
-  const std::string name = fs::path(path).filename().string();
-  const bool plan_name = name.find(".plan-") != std::string::npos && name.ends_with(".h5");
-  H5QuietErrors quiet;
-  if (H5Fis_hdf5(path.c_str()) <= 0) return plan_name ? "" : "it is not an HDF5 file";
-  H5Id fapl(file_access_plist(), H5Pclose);
-  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
-  if (!file.valid()) return plan_name ? "" : "it is an HDF5 file that cannot be opened";
-  if (H5Aexists(file.get(), "format") <= 0) return "it is an HDF5 file without berth's 'format'";
-  H5Id attr(H5Aopen(file.get(), "format", H5P_DEFAULT), H5Aclose);
-  H5Id type(attr.valid() ? H5Aget_type(attr.get()) : H5I_INVALID_HID, H5Tclose);
-  std::string format;
-  if (!type.valid() || H5Tget_class(type.get()) != H5T_STRING ||
-      !read_string_attr_value(attr.get(), type.get(), &format)) {
-    return "it is an HDF5 file whose 'format' is not a string";
-  }
-  if (format == kPlanFormatName) return "";
-  return fmt::format("it is a '{}' file", format);
-}
-
-}  // namespace
-
 void require_plan_destination(const std::string& path) {
-  if (const std::string why = foreign_file_reason(path); !why.empty()) {
+  // An unreadable file under a plan's default name (<data>.plan-….h5) is a broken cache.
+  const std::string name = std::filesystem::path(path).filename().string();
+  const bool plan_name = name.find(".plan-") != std::string::npos && name.ends_with(".h5");
+  if (const std::string why = h5::foreign_file_reason(path, kPlanFormatName, plan_name);
+      !why.empty()) {
     BERTH_FAIL(
         "refusing to write a packing plan to '{}': {}, and berth replaces only its own "
         "packing plans; choose another plan path (data.pack_plan, or berth pack --out)",
@@ -352,6 +323,7 @@ std::vector<int64_t> doc_lengths_from_offsets(const std::vector<uint64_t>& doc_o
 PackPlan load_or_build_plan(const std::string& cache_path, const std::vector<uint64_t>& doc_offsets,
                             const PackOptions& options, bool* reused) {
   const std::string key = plan_key(doc_offsets, options);
+  const std::vector<int64_t> doc_lengths = doc_lengths_from_offsets(doc_offsets);
   if (reused != nullptr) *reused = false;
   std::error_code ec;
   if (std::filesystem::exists(cache_path, ec)) {
@@ -359,18 +331,28 @@ PackPlan load_or_build_plan(const std::string& cache_path, const std::vector<uin
     try {
       PackPlan cached = read_plan(cache_path, &old_key);
       if (old_key == key) {
-        if (reused != nullptr) *reused = true;
-        return cached;
+        // The key names the dataset and the options; the pieces can still have been damaged or
+        // edited since (they trained on a slice of the data, or failed hundreds of steps in).
+        const std::string why = plan_mismatch(cached, doc_lengths);
+        if (why.empty()) {
+          if (reused != nullptr) *reused = true;
+          return cached;
+        }
+        log_warn(
+            "packing plan {} has this dataset's key but not its documents ({}): damaged "
+            "or edited; rebuilding",
+            cache_path, why);
+      } else {
+        log_info("packing plan {} is stale (key {}, expected {}), rebuilding", cache_path, old_key,
+                 key);
       }
-      log_info("packing plan {} is stale (key {}, expected {}), rebuilding", cache_path, old_key,
-               key);
     } catch (const Error& e) {
       // A cache: an unreadable or old-format plan is rebuilt, not fatal; any other file stays.
       require_plan_destination(cache_path);
       log_info("packing plan {} is unreadable (key {}), rebuilding: {}", cache_path, key, e.what());
     }
   }
-  PackPlan plan = pack_documents(doc_lengths_from_offsets(doc_offsets), options);
+  PackPlan plan = pack_documents(doc_lengths, options);
   write_plan(cache_path, plan, key);
   return plan;
 }

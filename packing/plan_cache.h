@@ -44,7 +44,8 @@ PackPlan read_plan(const std::string& path, std::string* key);
 std::vector<int64_t> doc_lengths_from_offsets(const std::vector<uint64_t>& doc_offsets);
 
 // Reuses the plan at `cache_path` when its key equals plan_key(doc_offsets, options) (*reused =
-// true); otherwise (absent, stale, unreadable) packs, writes the plan there and sets *reused =
+// true) and its pieces match the documents (plan_mismatch); otherwise (absent, stale,
+// unreadable, damaged) packs, writes the plan there and sets *reused =
 // false. `reused` may be null. A file at `cache_path` that is not a packing plan is refused
 // (require_plan_destination), never rebuilt over.
 PackPlan load_or_build_plan(const std::string& cache_path, const std::vector<uint64_t>& doc_offsets,

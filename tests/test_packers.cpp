@@ -91,12 +91,17 @@ void expect_valid(const PackPlan& plan, const std::vector<int64_t>& lengths) {
     }
     ASSERT_EQ(next, lengths[d]) << "doc " << d;
   }
+  EXPECT_EQ(plan_mismatch(plan, lengths), "");  // the loader's check agrees
 }
 
 std::vector<uint64_t> offsets_of(const std::vector<int64_t>& lengths) {
   std::vector<uint64_t> off(1, 0);
   for (const int64_t l : lengths) off.push_back(off.back() + uint64_t(l));
   return off;
+}
+
+void expect_contains(const std::string& text, const std::vector<std::string>& parts) {
+  for (const std::string& part : parts) EXPECT_NE(text.find(part), std::string::npos) << text;
 }
 
 bool same_plan(const PackPlan& a, const PackPlan& b) {
@@ -381,6 +386,67 @@ TEST_F(PlanFileTest, StaleKeyRebuildsMatchingKeyReuses) {
   load_or_build_plan(p, off2, opts(PackAlgorithm::BFD, kT, 3), &reused);
   EXPECT_FALSE(reused);
   load_or_build_plan(p, off2, opts(PackAlgorithm::BFD, kT, 3), &reused);
+  EXPECT_TRUE(reused);
+}
+
+TEST(Packers, PlanMismatchNamesEachKindOfDamage) {
+  const std::vector<int64_t> lengths = {100, 0, 300, 50, 20};  // T = 128: doc 2 is cut in three
+  PackOptions o = opts(PackAlgorithm::BFD, 128);
+  const PackPlan good = pack_documents(lengths, o);
+  ASSERT_EQ(plan_mismatch(good, lengths), "");
+  auto damaged = [&](auto&& edit) {
+    PackPlan p = good;
+    edit(p);
+    return plan_mismatch(p, lengths);
+  };
+  auto piece_of = [](PackPlan& p, int64_t doc, int64_t start) -> Piece& {
+    for (Piece& x : p.pieces)
+      if (x.doc == doc && x.start == start) return x;
+    throw std::runtime_error("no such piece");
+  };
+  expect_contains(
+      damaged([&](PackPlan& p) { piece_of(p, 3, 0).start = 10; }),
+      {"piece", "(tokens 10..60 of document 3) is not inside the document's 50 tokens"});
+  expect_contains(damaged([&](PackPlan& p) { piece_of(p, 0, 0).doc = 9; }),
+                  {"names document 9, the dataset has 5"});
+  expect_contains(damaged([&](PackPlan& p) { piece_of(p, 2, 128).start = 100; }),
+                  {"document 2: two pieces hold token 100"});
+  expect_contains(damaged([&](PackPlan& p) { piece_of(p, 2, 0).length = 100; }),
+                  {"document 2: no piece holds tokens 100..128"});
+  expect_contains(damaged([&](PackPlan& p) {  // the first rows only, as a truncated file
+                    p.row_offsets.resize(2);
+                    p.pieces.resize(size_t(p.row_offsets.back()));
+                  }),
+                  {"of its", "tokens in the plan"});
+  expect_contains(damaged([&](PackPlan& p) {  // every piece in one row
+                    p.row_offsets = {0, int64_t(p.pieces.size())};
+                  }),
+                  {"row 0 holds", "more than seq_len 128"});
+  // Dropped long documents are no damage under DROP, and are under SPLIT.
+  o.long_docs = LongDocs::DROP;
+  const PackPlan dropped = pack_documents(lengths, o);
+  EXPECT_EQ(plan_mismatch(dropped, lengths), "");
+  PackPlan claimed_split = dropped;
+  claimed_split.options.long_docs = LongDocs::SPLIT;
+  EXPECT_EQ(plan_mismatch(claimed_split, lengths),
+            "document 2 has 0 of its 300 tokens in the plan");
+}
+
+TEST_F(PlanFileTest, ADamagedPlanWithTheRightKeyIsRebuilt) {
+  const std::vector<int64_t> lengths = lognormal_lengths(500, 4);
+  const std::vector<uint64_t> off = offsets_of(lengths);
+  const PackOptions o = opts(PackAlgorithm::BFD, 128);
+  const std::string p = path("data.h5.plan-bfd-T128.h5");
+  bool reused = true;
+  const PackPlan first = load_or_build_plan(p, off, o, &reused);
+  PackPlan cut = first;  // its first 10 rows: it trained on 2 % of the data, without a word
+  cut.row_offsets.resize(11);
+  cut.pieces.resize(size_t(cut.row_offsets.back()));
+  write_plan(p, cut, plan_key(off, o));
+  const PackPlan again = load_or_build_plan(p, off, o, &reused);
+  EXPECT_FALSE(reused);
+  EXPECT_TRUE(same_plan(first, again));
+  load_or_build_plan(p, off, o, &reused);
   EXPECT_TRUE(reused);
 }
 

@@ -162,6 +162,34 @@ inline bool read_string_attr_value(hid_t attr, hid_t type, std::string* out) {
   return true;
 }
 
+// Why `path` must not be replaced by a file of berth's format `format` ("" when it may: absent, a
+// file of that format (any version), or, with `unreadable_ok`, a file that is not a readable HDF5
+// file). A berth command replaces only its own kind of output; anything else at the path (a
+// checkpoint's model.h5, another HDF5 file, a text file) is the user's and stays.
+inline std::string foreign_file_reason(const std::string& path, const char* format,
+                                       bool unreadable_ok) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) return "";
+  if (fs::is_directory(st)) return "it is a directory";
+  H5QuietErrors quiet;
+  if (H5Fis_hdf5(path.c_str()) <= 0) return unreadable_ok ? "" : "it is not an HDF5 file";
+  H5Id fapl(file_access_plist(), H5Pclose);
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (!file.valid()) return unreadable_ok ? "" : "it is an HDF5 file that cannot be opened";
+  if (H5Aexists(file.get(), "format") <= 0) return "it is an HDF5 file without berth's 'format'";
+  H5Id attr(H5Aopen(file.get(), "format", H5P_DEFAULT), H5Aclose);
+  H5Id type(attr.valid() ? H5Aget_type(attr.get()) : H5I_INVALID_HID, H5Tclose);
+  std::string found;
+  if (!type.valid() || H5Tget_class(type.get()) != H5T_STRING ||
+      !read_string_attr_value(attr.get(), type.get(), &found)) {
+    return "it is an HDF5 file whose 'format' is not a string";
+  }
+  if (found == format) return "";
+  return fmt::format("it is a '{}' file", found);
+}
+
 // Throws a specific Error unless `path` is an existing file with an HDF5 signature:
 //   "<what> '<path>' does not exist; <hint>", "<what> path '<path>' is a directory; ...",
 //   "'<path>' is not a readable HDF5 file (corrupt or truncated?): ...; <hint>".
