@@ -40,6 +40,9 @@ void run_import(const ImportArgs& a) {
                 "another path",
                 in);
   }
+  // A file there that is not a token dataset (notes, a checkpoint's model.h5) stays.
+  require_dataset_destination(a.out, "--out");
+  if (!a.val_out.empty()) require_dataset_destination(a.val_out, "--val-out");
   TokenDataset all;
   if (a.format == "text") {
     all = import_text_files(a.inputs);

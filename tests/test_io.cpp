@@ -404,6 +404,46 @@ TEST_F(IoTest, ReadHeaderDeclaringMoreTokensThanStoredIsRefusedBeforeAllocating)
   }
 }
 
+TEST_F(IoTest, ReadCompressedTokensWithUnwrittenChunksIsRefused) {
+  // Compressed, the stored size cannot be compared with the declared one; a chunk never written
+  // read back as zeros (a 10 KB file trained on 3 M zero tokens).
+  write_token_dataset(path("gz.h5"), small_dataset(257, false));
+  constexpr hsize_t kChunk = 1024, kN = 4 * kChunk;
+  {
+    H5File f(path("gz.h5"));
+    ASSERT_GE(H5Ldelete(f.id, "tokens", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Ldelete(f.id, "doc_offsets", H5P_DEFAULT), 0);
+    const hsize_t dims[1] = {kN}, chunk[1] = {kChunk};
+    const hid_t space = H5Screate_simple(1, dims, nullptr);
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    ASSERT_GE(H5Pset_chunk(dcpl, 1, chunk), 0);
+    ASSERT_GE(H5Pset_deflate(dcpl, 6), 0);
+    const hid_t d =
+        H5Dcreate2(f.id, "tokens", H5T_STD_U16LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    const std::vector<uint16_t> first(kChunk, 1);  // the first chunk only
+    const hsize_t start[1] = {0};
+    const hid_t mem = H5Screate_simple(1, chunk, nullptr);
+    ASSERT_GE(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, chunk, nullptr), 0);
+    ASSERT_GE(H5Dwrite(d, H5T_NATIVE_UINT16, mem, space, H5P_DEFAULT, first.data()), 0);
+    H5Sclose(mem);
+    H5Dclose(d);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    const hsize_t two[1] = {2};
+    const uint64_t offsets[2] = {0, kN};
+    const hid_t os = H5Screate_simple(1, two, nullptr);
+    const hid_t od =
+        H5Dcreate2(f.id, "doc_offsets", H5T_STD_U64LE, os, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Dwrite(od, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets), 0);
+    H5Dclose(od);
+    H5Sclose(os);
+  }
+  expect_error([&] { read_token_dataset(path("gz.h5")); },
+               {"/tokens declares 4096 values but only part of its storage was written",
+                "truncated or corrupt"});
+}
+
 TEST_F(IoTest, ReadValidatesContents) {
   write_token_dataset(path("a.h5"), small_dataset(50257, false));
   {

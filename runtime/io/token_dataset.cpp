@@ -2,6 +2,7 @@
 #include "runtime/io/token_dataset.h"
 
 #include <hdf5.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -197,6 +198,26 @@ IntShape check_int_1d(hid_t dset, const char* name, const char* expected,
         "it: truncated or corrupt; {}",
         path, name, shape.n, declared, stored, kImportHint);
   }
+  // Compressed, the stored size says nothing; a chunk never written is read back as zeros (a
+  // 10 KB file trained on 3 M zero tokens), so every chunk must have been written.
+  H5D_space_status_t status = H5D_SPACE_STATUS_ERROR;
+  if (shape.n > 0 &&
+      (H5Dget_space_status(dset, &status) < 0 || status != H5D_SPACE_STATUS_ALLOCATED)) {
+    BERTH_FAIL(
+        "'{}': /{} declares {} values but {} of its storage was written: truncated or "
+        "corrupt; {}",
+        path, name, shape.n, status == H5D_SPACE_STATUS_PART_ALLOCATED ? "only part" : "none",
+        kImportHint);
+  }
+  // Reading allocates the declared size: more than this machine holds is a damaged header (or a
+  // dataset for a bigger machine), said before the allocation fails.
+  const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  if (memory > 0 && declared > memory) {
+    BERTH_FAIL(
+        "'{}': /{} declares {} values ({:.1f} GiB), more than this machine's memory "
+        "({:.1f} GiB): a damaged header, or a dataset for a bigger machine",
+        path, name, shape.n, declared / 1073741824.0, memory / 1073741824.0);
+  }
   return shape;
 }
 
@@ -341,6 +362,16 @@ void write_token_dataset(const std::string& path, const TokenDataset& ds) {
   validate_dataset(ds, path);
   H5QuietErrors quiet;
   write_via_temp(path, [&](const std::string& tmp) { write_hdf5(tmp, path, ds); });
+}
+
+void require_dataset_destination(const std::string& path, const char* what) {
+  if (const std::string why = h5::foreign_file_reason(path, kTokenFormatName, false);
+      !why.empty()) {
+    BERTH_FAIL(
+        "refusing to replace {} '{}': {}, and berth replaces only a token dataset there; "
+        "choose another path",
+        what, path, why);
+  }
 }
 
 TokenDataset read_token_dataset(const std::string& path) {

@@ -36,6 +36,10 @@ constexpr int64_t kTokenFormatVersion = 1;
 // mask length); throws Error naming `what` (usually the file) and the first offending index.
 void validate_dataset(const TokenDataset& ds, const std::string& what);
 
+// Throws Error unless `path` may receive a token dataset: absent, or a token dataset already
+// (`what`: the option naming it, e.g. "--out"). Anything else there stays the user's.
+void require_dataset_destination(const std::string& path, const char* what);
+
 // Writes atomically (temporary + rename). Validates first.
 void write_token_dataset(const std::string& path, const TokenDataset& ds);
 
