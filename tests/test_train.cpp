@@ -279,5 +279,83 @@ TEST_F(TrainTest, DatasetVocabLargerThanModelIsRejected) {
   test::expect_error([&] { Trainer t(cfg, *world()); }, {"raise model.vocab_size"});
 }
 
+// SFT: a global batch whose targets are all masked took the run down ("the global batch has no
+// target tokens"). It is skipped: no update (the validation loss does not move), loss null in
+// metrics.jsonl, and the run goes on.
+TEST_F(TrainTest, ABatchWithNoTargetsIsSkippedWithoutAnUpdate) {
+  TokenDataset ds = rule_dataset(200, 40, 1);
+  ds.loss_mask.assign(ds.tokens.size(), 0);
+  for (uint64_t i = ds.doc_offsets[0]; i < ds.doc_offsets[1]; ++i) ds.loss_mask[i] = 1;  // doc 0
+  write_token_dataset((dir_ / "sft.h5").string(), ds);
+  RunConfig cfg = config(6);
+  cfg.data.train = (dir_ / "sft.h5").string();
+  cfg.data.mode = "padded";  // one document per row
+  cfg.train.micro_batch_size = 1;
+  cfg.eval.batches = 2;
+  Trainer t(cfg, *world());
+  int skipped = 0;
+  for (int64_t s = 0; s < cfg.train.steps; ++s) {
+    const double before = t.evaluate();
+    const StepStats st = t.train_step(s);
+    if (st.no_targets) {
+      ++skipped;
+      EXPECT_TRUE(std::isnan(st.loss));
+      EXPECT_EQ(t.evaluate(), before) << "step " << s << " had no targets and changed the model";
+    } else {
+      EXPECT_TRUE(std::isfinite(st.loss));
+    }
+  }
+  EXPECT_GE(skipped, 5);  // one row of the 200 holds targets
+  cfg.run.name = "whole";
+  Trainer whole(cfg, *world());
+  whole.run();
+  std::ifstream metrics(whole.run_dir() + "/metrics.jsonl");
+  int null_losses = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    null_losses += line.find("\"loss\":null") != std::string::npos &&
+                   line.find("\"no_targets\":true") != std::string::npos;
+  }
+  EXPECT_GE(null_losses, 5);
+}
+
+// Datasets that cannot train or evaluate are refused before anything runs, naming the config key
+// (and no packing plan is left behind).
+TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
+  TokenDataset masked = rule_dataset(20, 40, 1);
+  masked.loss_mask.assign(masked.tokens.size(), 0);
+  write_token_dataset((dir_ / "masked.h5").string(), masked);
+  RunConfig cfg = config(1);
+  cfg.data.train = (dir_ / "masked.h5").string();
+  cfg.data.mode = "packed";
+  test::expect_error([&] { Trainer t(cfg, *world()); },
+                     {"data.train '", "masked.h5': its /loss_mask is 0 for every target token"});
+
+  TokenDataset other = rule_dataset(20, 40, 2);
+  other.tokenizer = "gpt2";
+  write_token_dataset((dir_ / "other_val.h5").string(), other);
+  cfg = config(1);
+  cfg.data.val = (dir_ / "other_val.h5").string();
+  test::expect_error([&] { Trainer t(cfg, *world()); },
+                     {"data.val '", "other_val.h5' is tokenized as 'gpt2'", "as 'synthetic'"});
+
+  cfg = config(1);
+  cfg.data.mode = "packed";
+  cfg.data.long_docs = "drop";
+  cfg.data.seq_len = 16;  // every document has 40 tokens
+  test::expect_error([&] { Trainer t(cfg, *world()); },
+                     {"every document of data.train '", "is longer than data.seq_len (16)"});
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    EXPECT_EQ(e.path().filename().string().find(".plan-"), std::string::npos)
+        << "a plan of no rows was left: " << e.path();
+  }
+
+  write_token_dataset((dir_ / "one_row.h5").string(), rule_dataset(1, 40, 3));
+  cfg = config(1);
+  cfg.data.val = (dir_ / "one_row.h5").string();
+  cfg.eval.interval = 1;
+  test::expect_error([&] { Trainer t(cfg, *world()); },
+                     {"holds 1 rows, fewer than one global batch of 8"});
+}
+
 }  // namespace
 }  // namespace berth

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -116,15 +117,66 @@ double unique_sum_squares(Backend& be, const ParamLayout& layout, const float* g
 
 }  // namespace
 
-void check_dataset_fits(const TokenDataset& ds, const std::string& path, const RunConfig& cfg) {
+void check_dataset_fits(const TokenDataset& ds, const char* key, const RunConfig& cfg) {
+  const std::string& path = std::string(key) == "data.val" ? cfg.data.val : cfg.data.train;
   BERTH_CHECK(ds.vocab_size <= cfg.model.vocab_size,
-              "dataset '{}' has vocab_size {} but model.vocab_size is {}: raise model.vocab_size "
+              "{} '{}' has vocab_size {} but model.vocab_size is {}: raise model.vocab_size "
               "to at least {}",
-              path, ds.vocab_size, cfg.model.vocab_size, ds.vocab_size);
+              key, path, ds.vocab_size, cfg.model.vocab_size, ds.vocab_size);
   BERTH_CHECK(ds.n_tokens() >= cfg.data.seq_len + 1,
-              "dataset '{}' has {} tokens, fewer than data.seq_len + 1 = {}: lower data.seq_len",
-              path, ds.n_tokens(), cfg.data.seq_len + 1);
+              "{} '{}' has {} tokens, fewer than data.seq_len + 1 = {}: lower data.seq_len or "
+              "give a bigger {}",
+              key, path, ds.n_tokens(), cfg.data.seq_len + 1, key);
+  if (!ds.loss_mask.empty()) {
+    // The mask applies to a document's targets (its first token is never one).
+    bool any_target = false;
+    for (int64_t d = 0; d < ds.n_docs() && !any_target; ++d) {
+      for (uint64_t i = ds.doc_offsets[size_t(d)] + 1; i < ds.doc_offsets[size_t(d) + 1]; ++i) {
+        if (ds.loss_mask[i] != 0) {
+          any_target = true;
+          break;
+        }
+      }
+    }
+    BERTH_CHECK(cfg.data.mode == "stream" || any_target,
+                "{} '{}': its /loss_mask is 0 for every target token, so there is nothing to "
+                "train or evaluate on; check how the dataset was made (1 = train on the token)",
+                key, path);
+    if (cfg.data.mode == "stream") {
+      log_warn(
+          "{} '{}' has a /loss_mask, which data.mode = \"stream\" does not apply (it trains "
+          "on every token); use data.mode = \"packed\" or \"padded\" for prompt masking",
+          key, path);
+    }
+  }
+  if (cfg.data.mode != "stream" && cfg.data.long_docs == "drop") {
+    bool any_kept = false;
+    for (int64_t d = 0; d < ds.n_docs() && !any_kept; ++d) {
+      const uint64_t len = ds.doc_offsets[size_t(d) + 1] - ds.doc_offsets[size_t(d)];
+      any_kept = len > 0 && int64_t(len) <= cfg.data.seq_len;
+    }
+    BERTH_CHECK(any_kept,
+                "every document of {} '{}' is longer than data.seq_len ({}) and data.long_docs "
+                "= \"drop\" drops them: nothing would be left; use \"split\" or a larger seq_len",
+                key, path, cfg.data.seq_len);
+  }
 }
+
+namespace {
+
+// A validation set tokenized otherwise than the training set gives losses of another problem.
+void check_same_tokenizer(const TokenDataset& train, const TokenDataset& val,
+                          const RunConfig& cfg) {
+  BERTH_CHECK(train.tokenizer == val.tokenizer && train.eot_token == val.eot_token &&
+                  train.vocab_size == val.vocab_size,
+              "data.val '{}' is tokenized as '{}' (eot {}, vocab_size {}), data.train '{}' as "
+              "'{}' (eot {}, vocab_size {}): its losses would not measure this model; give a "
+              "data.val made with the same tokenizer",
+              cfg.data.val, val.tokenizer, val.eot_token, val.vocab_size, cfg.data.train,
+              train.tokenizer, train.eot_token, train.vocab_size);
+}
+
+}  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
     : cfg_(cfg), world_(world) {
@@ -216,17 +268,23 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
                 where, cfg_.data.pack_align, cp, 2 * cp);
   }
   train_ds_ = read_token_dataset(cfg_.data.train);
-  check_dataset_fits(train_ds_, cfg_.data.train, cfg_);
+  check_dataset_fits(train_ds_, "data.train", cfg_);
   loader_ = make_loader(&train_ds_, cfg_.data.train, cfg_.data.shuffle, uint64_t(cfg_.run.seed));
   if (!cfg_.data.val.empty()) {
     val_ds_ = read_token_dataset(cfg_.data.val);
-    check_dataset_fits(val_ds_, cfg_.data.val, cfg_);
+    check_dataset_fits(val_ds_, "data.val", cfg_);
+    check_same_tokenizer(train_ds_, val_ds_, cfg_);
     val_loader_ = make_loader(&val_ds_, cfg_.data.val, false, 0);
     // An evaluation holds its batches in memory and reads the validation windows from the start:
     // more batches than one pass over data.val takes only repeat windows (weighting them twice)
     // and grow memory (eval.batches = 20000000 took 14 GB before evaluating anything).
     const int64_t rows = grid_->shape().dp * cfg_.train.micro_batch_size;
-    const int64_t one_pass = (val_loader_->rows_per_epoch() + rows - 1) / rows;
+    const int64_t one_pass = val_loader_->rows_per_epoch() / rows;  // whole batches only
+    BERTH_CHECK(cfg_.eval.interval == 0 || one_pass > 0,
+                "data.val '{}' holds {} rows, fewer than one global batch of {} (dp {} × "
+                "micro_batch_size {}): give a bigger data.val, or lower train.micro_batch_size",
+                cfg_.data.val, val_loader_->rows_per_epoch(), rows, grid_->shape().dp,
+                cfg_.train.micro_batch_size);
     BERTH_CHECK(cfg_.eval.interval == 0 || cfg_.eval.batches <= one_pass,
                 "eval.batches = {} asks for {} validation rows ({} global batches of dp {} × "
                 "micro_batch_size {}), but data.val '{}' holds {} rows: windows would repeat. "
@@ -621,7 +679,25 @@ StepStats Trainer::train_step(int64_t step) {
   st.data_wait_s = seconds_since(t_data);
   st.tokens = local_tokens;
   const int64_t n_targets = g.all_reduce_value(local_targets, ReduceOp::SUM);
-  BERTH_CHECK(n_targets > 0, "step {}: the global batch has no target tokens", step);
+  const double tokens = double(local_tokens) * double(grid_->shape().dp * grid_->shape().cp);
+  if (n_targets == 0) {
+    // A loss_mask can mask every token of a global batch (documents that are all prompt): a mean
+    // over no tokens is no loss, and an update from zero gradients would still move the weights
+    // (AdamW's momentum, weight decay). Every rank knows it from the same sum, so all skip alike;
+    // the schedule goes on. It stopped the run, hundreds of steps in.
+    if (world_.rank() == 0) {
+      log_warn(
+          "step {}: the global batch has no target tokens (data.train's loss_mask masks all "
+          "of them): no update at this step; larger batches (train.micro_batch_size, "
+          "parallel.microbatches) make it rarer",
+          step + 1);
+    }
+    st.no_targets = true;
+    st.loss = std::numeric_limits<double>::quiet_NaN();
+    st.seconds = seconds_since(t0);
+    st.tokens_per_s = tokens / st.seconds;
+    return st;
+  }
   model_->zero_grad();
   // Forward and backward of every micro-batch in the order of this stage's schedule (with one
   // stage: F0 B0 F1 B1 ...), activations and gradients passed between stages by the executor.
@@ -648,7 +724,6 @@ StepStats Trainer::train_step(int64_t step) {
   if (cfg_.debug.leak_mib_per_step > 0) {  // a deliberate leak, touched so it is resident
     leaked_.emplace_back(size_t(cfg_.debug.leak_mib_per_step * 1024 * 1024), char(1));
   }
-  const double tokens = double(local_tokens) * double(grid_->shape().dp * grid_->shape().cp);
   st.tokens_per_s = tokens / st.seconds;
   st.model_flops_per_s = flops_per_token_ * tokens / st.seconds;
   return st;
@@ -874,11 +949,13 @@ std::vector<StepStats> Trainer::run() {
     // every log_interval-th step from the first, the last, and every step that evaluated (whose
     // validation loss would otherwise reach only metrics.jsonl)
     if (step % cfg_.train.log_interval == 0 || last || eval) {
-      log_info("step {:>5}/{} | loss {:.4f} | lr {:.3e} | norm {:.4f} | {:.1f} ms | {:.0f} tok/s | "
-               "{:.2f} GFLOP/s{}",
-               step + 1, steps, st.loss, st.lr, st.grad_norm, st.seconds * 1e3, st.tokens_per_s,
-               st.model_flops_per_s / 1e9,
-               val_loss >= 0 ? fmt::format(" | val loss {:.4f}", val_loss) : std::string());
+      log_info(
+          "step {:>5}/{} | loss {} | lr {:.3e} | norm {:.4f} | {:.1f} ms | {:.0f} tok/s | "
+          "{:.2f} GFLOP/s{}",
+          step + 1, steps,
+          st.no_targets ? std::string("n/a (no targets)") : fmt::format("{:.4f}", st.loss), st.lr,
+          st.grad_norm, st.seconds * 1e3, st.tokens_per_s, st.model_flops_per_s / 1e9,
+          val_loss >= 0 ? fmt::format(" | val loss {:.4f}", val_loss) : std::string());
     }
     const bool ckpt =
         (cfg_.checkpoint.interval > 0 && done % cfg_.checkpoint.interval == 0 && done < steps) ||
@@ -891,6 +968,7 @@ std::vector<StepStats> Trainer::run() {
                         {"lr", st.lr},                 {"grad_norm", st.grad_norm},
                         {"seconds", st.seconds},       {"tokens_per_s", st.tokens_per_s},
                         {"model_flops_per_s", st.model_flops_per_s}};
+    if (st.no_targets) j["no_targets"] = true;  // (and "loss": null)
     if (val_loss >= 0) j["val_loss"] = val_loss;
     if (initial_val_loss >= 0) j["initial_val_loss"] = initial_val_loss;
     const bool new_epoch = loader_->rows_consumed() / loader_->rows_per_epoch() != epoch_before;

@@ -42,6 +42,7 @@ struct StepStats {
   double data_wait_s = 0;    // this rank's time loading the step's batches
   double bubble_s = 0;       // this rank's time blocked in pipeline transfers (pp > 1)
   int64_t tokens = 0;        // this rank's tokens in the step
+  bool no_targets = false;   // every target of the global batch was masked: no update, loss NaN
 };
 
 class Trainer {
@@ -148,7 +149,9 @@ class Trainer {
   std::string outcome_reason_;
 };
 
-// The dataset must fit the model: vocab_size <= model.vocab_size and enough tokens for one window.
-void check_dataset_fits(const TokenDataset& ds, const std::string& path, const RunConfig& cfg);
+// The dataset `key` ("data.train" or "data.val") must fit the model and the config: vocab_size <=
+// model.vocab_size, enough tokens for one window, a /loss_mask with some targets (and a warning
+// that stream mode does not apply it), some document kept under data.long_docs = "drop".
+void check_dataset_fits(const TokenDataset& ds, const char* key, const RunConfig& cfg);
 
 }  // namespace berth

@@ -414,6 +414,11 @@ expect_error "import_val_into_missing_directory" "cannot write --val-out '$tmp/n
 report "import_refused_pair_left_nothing" "$([ -e "$tmp/d_ok.h5" ] && echo " wrote --out")"
 expect_error "import_out_is_a_directory" "is a directory; give a file name, e.g. $tmp/runs/train.h5" "" \
   "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/runs"
+# An --out that is not a token dataset (notes, a checkpoint's model.h5) was replaced.
+echo "my notes" >"$tmp/notes.md"
+expect_error "import_over_a_foreign_file" "refusing to replace --out '$tmp/notes.md': it is not an HDF5 file" \
+  "" "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/notes.md"
+report "import_foreign_file_kept" "$(grep -q '^my notes$' "$tmp/notes.md" || echo " the notes were replaced")"
 expect_error "pack_into_missing_directory" "the directory '$tmp/nodir' does not exist" \
   "$tmp/nodir" "$BERTH" pack --data "$tmp/d.h5" --seq-len 16 --out "$tmp/nodir/p.h5"
 # A failed check says what to do; its source line is shown only with BERTH_DEBUG=1.
