@@ -259,6 +259,15 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   fs::create_directories(work);
 
   test::expect_error([&] { load_checkpoint((work / "nope").string(), true); }, {"does not exist"});
+  // model.init_from given what `berth model import` reads: said so, with the command.
+  std::ofstream((work / "gpt2.bin").string()) << "llm.c";
+  test::expect_error(
+      [&] { load_checkpoint((work / "gpt2.bin").string(), false); },
+      {"is a file, and a berth checkpoint is a directory", "berth model import --format llmc"});
+  fs::create_directories(work / "hf");
+  std::ofstream((work / "hf" / "config.json").string()) << "{}";
+  test::expect_error([&] { load_checkpoint((work / "hf").string(), false); },
+                     {"a Hugging Face model directory", "berth model import --format hf-gpt2"});
 
   fs::copy(good, work / "no_meta", fs::copy_options::recursive);
   fs::remove(work / "no_meta" / "meta.json");

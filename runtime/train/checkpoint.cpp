@@ -435,8 +435,19 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
 
 CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   h5::H5QuietErrors quiet;
-  BERTH_CHECK(fs::is_directory(dir), "checkpoint '{}' does not exist (or is not a directory)", dir);
+  std::error_code ec;
+  BERTH_CHECK(!fs::is_regular_file(dir, ec),
+              "checkpoint '{}' is a file, and a berth checkpoint is a directory; an llm.c model "
+              "file is imported first: berth model import --format llmc {} --out DIR, then give "
+              "DIR",
+              dir, dir);
+  BERTH_CHECK(fs::is_directory(dir, ec), "checkpoint '{}' does not exist", dir);
   const fs::path meta_path = fs::path(dir) / "meta.json";
+  BERTH_CHECK(fs::exists(meta_path, ec) || !fs::exists(fs::path(dir) / "config.json", ec),
+              "'{}' holds config.json and no meta.json: a Hugging Face model directory, not a "
+              "berth checkpoint; import it first: berth model import --format hf-gpt2 {} --out "
+              "DIR, then give DIR",
+              dir, dir);
   if (!fs::exists(meta_path)) {
     // A run directory or a checkpoint.dir given instead of one of its checkpoints.
     for (const fs::path& inside : {fs::path(dir), fs::path(dir) / "checkpoints"}) {

@@ -164,6 +164,22 @@ void check_dataset_fits(const TokenDataset& ds, const char* key, const RunConfig
 
 namespace {
 
+// A missing dataset named by its key; a relative path is read from the current directory (a
+// batch script's, not the config's), which the message says.
+void require_data_file(const std::string& path, const char* key) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) return;
+  const bool relative = std::filesystem::path(path).is_relative();
+  BERTH_FAIL(
+      "{} '{}' does not exist{}; fix the path, or create the dataset with `berth data "
+      "import`",
+      key, path,
+      relative ? fmt::format(" (a relative path is read from the current directory, {}, "
+                             "not from the config's)",
+                             std::filesystem::current_path(ec).string())
+               : "");
+}
+
 // A validation set tokenized otherwise than the training set gives losses of another problem.
 void check_same_tokenizer(const TokenDataset& train, const TokenDataset& val,
                           const RunConfig& cfg) {
@@ -267,6 +283,8 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
                 "{} (or 0 for automatic)",
                 where, cfg_.data.pack_align, cp, 2 * cp);
   }
+  require_data_file(cfg_.data.train, "data.train");
+  if (!cfg_.data.val.empty()) require_data_file(cfg_.data.val, "data.val");
   train_ds_ = read_token_dataset(cfg_.data.train);
   check_dataset_fits(train_ds_, "data.train", cfg_);
   loader_ = make_loader(&train_ds_, cfg_.data.train, cfg_.data.shuffle, uint64_t(cfg_.run.seed));

@@ -9,6 +9,7 @@
 set -u
 
 BERTH=${1:?usage: bad_input.sh PATH_TO_BERTH}
+BERTH="$(cd "$(dirname "$BERTH")" && pwd)/$(basename "$BERTH")"  # absolute: some checks cd
 SRC_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 TINY_TOML="$SRC_DIR/configs/tiny.toml"
 
@@ -81,6 +82,11 @@ train_tiny() {
   shift
   "$BERTH" train "$TINY_TOML" "${TINY_SETS[@]}" --set "data.train=$tmp/d.h5" \
     --set "run.name=$run_name" "$@"
+}
+
+# in_dir DIR CMD...: CMD (a function too) run from DIR.
+in_dir() {
+  (cd "$1" && shift && "$@")
 }
 
 # ---- fixtures ------------------------------------------------------------------------------------
@@ -215,7 +221,7 @@ expect_error "steps_zero" "train.steps must be > 0, got 0" "$tmp/runs/steps_zero
 
 # ---- dataset errors at train time ----------------------------------------------------------------
 
-expect_error "train_file_missing" "dataset file '$tmp/missing.h5' does not exist" \
+expect_error "train_file_missing" "data.train '$tmp/missing.h5' does not exist; fix the path" \
   "$tmp/runs/train_missing" train_tiny train_missing --set "data.train=$tmp/missing.h5"
 
 head -c 4096 /dev/urandom >"$tmp/garbage.h5"
@@ -226,8 +232,11 @@ head -c 2000 "$tmp/d.h5" >"$tmp/truncated.h5"
 expect_error "train_file_truncated_hdf5" "is not a readable HDF5 file" \
   "$tmp/runs/train_truncated" train_tiny train_truncated --set "data.train=$tmp/truncated.h5"
 
-expect_error "val_file_missing" "dataset file '$tmp/missing_val.h5' does not exist" \
+expect_error "val_file_missing" "data.val '$tmp/missing_val.h5' does not exist" \
   "$tmp/runs/val_missing" train_tiny val_missing --set "data.val=$tmp/missing_val.h5"
+# A relative path is read from the current directory, not the config's: the message says which.
+expect_error "train_file_relative_elsewhere" "data.train 'data/nowhere.h5' does not exist (a relative path is read from the current directory, $tmp, not from the config's)" \
+  "$tmp/runs/relative" in_dir "$tmp" train_tiny relative --set "data.train=data/nowhere.h5"
 
 expect_error "dataset_vocab_above_model_vocab" "raise model.vocab_size to at least 257" \
   "$tmp/runs/vocab_small" train_tiny vocab_small --set model.vocab_size=100
