@@ -626,13 +626,21 @@ TEST_F(IoTest, LlmcMalformed) {
 
   write_bytes(path("count.bin"), llmc_bytes(20240520, 1, 5, {1, 2, 3}));
   expect_error([&] { import_llmc_tokens(path("count.bin")); },
-               {"header says 5 tokens", "1030 bytes", "1034"});
+               {"header says 5 tokens", "1030 bytes", "1034", "truncated"});
+  // Longer than the header says: not "truncated".
+  write_bytes(path("long.bin"), llmc_bytes(20240520, 1, 2, {1, 2, 3}));
+  expect_error([&] { import_llmc_tokens(path("long.bin")); },
+               {"header says 2 tokens", "data past the last token"});
 
   write_bytes(path("big.bin"), llmc_bytes(20240520, 1, 3, {1, 50300, 2}));
   expect_error([&] { import_llmc_tokens(path("big.bin")); },
                {"token 50300 at index 1 is >= the GPT-2 vocab size 50257"});
 
   expect_error([&] { import_llmc_tokens(path("missing.bin")); }, {"does not exist"});
+  // Given where a token dataset goes (data info, data.train): the command that converts it.
+  expect_error(
+      [&] { read_token_dataset_shape(path("count.bin")); },
+      {"is an llm.c token file, not a berth token dataset", "berth data import --format llmc"});
 }
 
 TEST_F(IoTest, LlmcWriteRejectsWideTokens) {

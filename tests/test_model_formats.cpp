@@ -481,6 +481,25 @@ TEST_F(ModelFormats, HfBadInput) {
     write_bytes(st, bytes);
     expect_error([&] { read_hf_gpt2(dir_.string()); }, parts);
   };
+  // A config.json of a model larger than this machine (4096 layers of 8192): named before the
+  // weights are allocated (it was the generic out-of-memory message).
+  GPTConfig huge = m;
+  huge.L = 4096;
+  huge.NH = 64;
+  huge.C = 8192;
+  write_config(dir_.string(), huge);
+  write_bytes(st, good);
+  expect_error([&] { read_hf_gpt2(dir_.string()); },
+               {"config.json' describes a model of", "n_layer=4096",
+                "more than this machine's "
+                "memory"});
+  write_config(dir_.string(), m);
+  // A sharded checkpoint: "model.safetensors does not exist" said nothing of the shards.
+  fs::create_directories(path("sharded"));
+  write_config(path("sharded"), m);
+  write_bytes(path("sharded/model.safetensors.index.json"), "{}");
+  expect_error([&] { read_hf_gpt2(path("sharded")); },
+               {"holds a sharded checkpoint", "max_shard_size"});
   fails_with(good.substr(0, 5), {"shorter than the 8-byte header length", "truncated"});
   fails_with(good.substr(0, 200), {"header length", "runs past the end of the file"});
   uint64_t n;

@@ -147,9 +147,12 @@ TokenDataset import_llmc_tokens(const std::string& path) {
   if (count < 0) BERTH_FAIL("'{}': llm.c header has a negative token count {}", path, count);
   const uint64_t expected = kLlmcHeaderBytes + uint64_t{2} * static_cast<uint64_t>(count);
   if (bytes.size() != expected) {
-    BERTH_FAIL("'{}': header says {} tokens ({} bytes with the header) but the file has {} bytes "
-               "(truncated or not an llm.c token file)",
-               path, count, expected, bytes.size());
+    BERTH_FAIL(
+        "'{}': header says {} tokens ({} bytes with the header) but the file has {} bytes "
+        "({})",
+        path, count, expected, bytes.size(),
+        bytes.size() < expected ? "truncated, or not an llm.c token file"
+                                : "data past the last token: the header disagrees with it");
   }
 
   TokenDataset ds;

@@ -9,12 +9,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <utility>
 
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
 #include "runtime/io/hdf5_util.h"
+#include "runtime/io/importers.h"
 
 namespace berth {
 namespace {
@@ -350,8 +352,29 @@ void validate_dataset(const TokenDataset& ds, const std::string& what) {
 
 // ---- write / read -------------------------------------------------------------------------------
 
-TokenDatasetShape read_token_dataset_shape(const std::string& path) {
+namespace {
+
+// An HDF5 file, or a specific error; an llm.c token file (what `data import --format llmc`
+// reads) is named as such, with the command that converts it.
+void require_dataset_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) {
+    int32_t magic = 0;
+    std::ifstream in(path, std::ios::binary);
+    if (in.read(reinterpret_cast<char*>(&magic), sizeof magic) && magic == kLlmcTokenMagic) {
+      BERTH_FAIL(
+          "'{}' is an llm.c token file, not a berth token dataset: convert it with "
+          "`berth data import --format llmc {} --out DATA.h5`",
+          path, path);
+    }
+  }
   h5::require_hdf5_file(path, "dataset file", "create one with `berth data import`");
+}
+
+}  // namespace
+
+TokenDatasetShape read_token_dataset_shape(const std::string& path) {
+  require_dataset_file(path);
   H5QuietErrors quiet;
   TokenDatasetShape shape;
   read_hdf5(path, false, &shape);
@@ -375,7 +398,7 @@ void require_dataset_destination(const std::string& path, const char* what) {
 }
 
 TokenDataset read_token_dataset(const std::string& path) {
-  h5::require_hdf5_file(path, "dataset file", "create one with `berth data import`");
+  require_dataset_file(path);
   H5QuietErrors quiet;
   TokenDataset ds = read_hdf5(path, true, nullptr);
   validate_dataset(ds, path);

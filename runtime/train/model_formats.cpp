@@ -21,6 +21,7 @@
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
+#include "runtime/train/step_metrics.h"
 
 namespace berth {
 
@@ -30,6 +31,18 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 
 namespace fs = std::filesystem;
+
+// The fp32 weights are read whole: a model larger than this host's memory (a sparse file whose
+// size matches its header, a config.json of another model) is said before the allocation fails.
+void require_weights_fit_memory(const std::string& path, const std::string& dims, int64_t numel) {
+  constexpr double kGiB = 1073741824.0;
+  const double bytes = double(numel) * double(sizeof(float));
+  const double memory = host_capacity_gib_per_rank(1) * kGiB;
+  BERTH_CHECK(memory <= 0 || bytes <= memory,
+              "'{}' describes a model of {} parameters ({}), {:.1f} GiB in fp32: more than this "
+              "machine's memory ({:.1f} GiB); import it on a larger machine, or check the file",
+              path, numel, dims, bytes / kGiB, memory / kGiB);
+}
 
 constexpr int32_t kLlmcTokenMagic = 20240520;  // llm.c token files, a common mix-up
 constexpr size_t kLlmcHeaderInts = 256;
@@ -281,6 +294,7 @@ CheckpointData read_llmc_model(const std::string& path) {
         path, Vp_file, cfg.Vp, V, V);
   }
 
+  require_weights_fit_memory(path, dims, layout.total);
   data.params.assign(size_t(layout.total), 0.0f);
   uint64_t offset = kLlmcHeaderBytes;
   for (const ParamSpec* s : llmc_order(layout, L)) {
@@ -500,6 +514,14 @@ std::pair<std::string, std::string> hf_paths(const std::string& dir_or_file) {
           "only: re-save with transformers' save_pretrained(..., safe_serialization=True)",
           dir_or_file);
     }
+    if (!fs::exists(dir / "model.safetensors") &&
+        fs::exists(dir / "model.safetensors.index.json")) {
+      BERTH_FAIL(
+          "'{}' holds a sharded checkpoint (model.safetensors.index.json and its shards); berth "
+          "reads one model.safetensors: re-save it unsharded with transformers' "
+          "save_pretrained(..., max_shard_size=\"100GB\")",
+          dir_or_file);
+    }
     return {(dir / "model.safetensors").string(), (dir / "config.json").string()};
   }
   return {dir_or_file, (fs::path(dir_or_file).parent_path() / "config.json").string()};
@@ -555,6 +577,10 @@ CheckpointData read_hf_gpt2(const std::string& dir_or_file) {
     return {name, nullptr};
   };
 
+  require_weights_fit_memory(
+      config_path,
+      fmt::format("n_layer={} n_head={} n_embd={} vocab_size={}", cfg.L, cfg.NH, cfg.C, cfg.V),
+      layout.total);
   data.params.assign(size_t(layout.total), 0.0f);
   for (const ParamSpec& s : layout.specs) {
     const auto [name, t] = lookup(hf_name(s));
