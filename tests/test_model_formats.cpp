@@ -528,6 +528,15 @@ TEST_F(ModelFormats, HfBadInput) {
              {"'wte.weight' (F32 [2147483648, 2147483648]) needs more than 2^64 bytes"});
   fails_with(with_header("\"data_offsets\":[0,", "\"data_offsets\":[-1,"),
              {"is malformed", "data_offsets must hold whole numbers >= 0"});
+  // Offsets that overlap (wpe read from the first tensor's bytes) or leave bytes over: the format
+  // says the tensors tile the data.
+  const std::string header = good.substr(8, n);
+  const size_t wpe_at = header.find("\"data_offsets\":[", header.find("\"wpe.weight\"")) + 16;
+  const std::string wpe_offsets =
+      "\"data_offsets\":[" + header.substr(wpe_at, header.find(']', wpe_at) - wpe_at) + "]";
+  fails_with(with_header(wpe_offsets, "\"data_offsets\":[0,2048]"),
+             {"starts at data byte 0, inside the tensor before it", "overlap in the data"});
+  fails_with(good + "tail", {"4 bytes follow the last tensor's data", "corrupt"});
 
   write_safetensors(st, without(hf_tensors(a, "F32"), "h.1.mlp.c_fc.weight"));
   expect_error([&] { read_hf_gpt2(st); }, {"'h.1.mlp.c_fc.weight' is missing", "transformer."});

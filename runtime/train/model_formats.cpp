@@ -453,6 +453,30 @@ std::map<std::string, StTensor> read_safetensors_header(InputFile& f) {
     t.nbytes = e - b;
     tensors.emplace(name, std::move(t));
   }
+  // The format's rule: the tensors tile the data bytes, without overlap or holes. Overlapping
+  // offsets read one tensor's bytes as another's (wpe from wte's), silently.
+  std::vector<std::pair<uint64_t, const std::string*>> starts;
+  for (const auto& [name, t] : tensors) starts.push_back({t.begin, &name});
+  std::sort(starts.begin(), starts.end());
+  uint64_t next = data_start;
+  for (const auto& [begin, name] : starts) {
+    const StTensor& t = tensors.at(*name);
+    if (begin != next) {
+      BERTH_FAIL(
+          "'{}': tensor '{}' starts at data byte {}, {} {}: the safetensors header's "
+          "data_offsets {} the data; the file is corrupt",
+          path, *name, begin - data_start,
+          begin < next ? "inside the tensor before it, which ends at" : "after a hole from",
+          next - data_start, begin < next ? "overlap in" : "leave holes in");
+    }
+    next = begin + t.nbytes;
+  }
+  if (next != f.size()) {
+    BERTH_FAIL(
+        "'{}': {} bytes follow the last tensor's data: the header does not describe the "
+        "whole file; the file is corrupt",
+        path, f.size() - next);
+  }
   return tensors;
 }
 
