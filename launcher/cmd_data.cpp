@@ -1,15 +1,15 @@
 // `berth data import --format text|llmc INPUTS... --out D.h5 [--val-out V.h5 --val-fraction F]`
 // `berth data info D.h5 [--seq-len T]` (with T: BFD vs padded packing statistics)
 #include <CLI/CLI.hpp>
-
-#include "launcher/commands.h"
 #include <chrono>
 #include <cstdio>
 
+#include "launcher/commands.h"
 #include "packing/packers.h"
 #include "packing/plan_cache.h"
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/limits.h"
 #include "runtime/core/log.h"
 #include "runtime/io/importers.h"
 #include "runtime/io/token_dataset.h"
@@ -127,7 +127,7 @@ void register_data_commands(CLI::App& app) {
   CLI::App* info = data->add_subcommand("info", "Summarize a token dataset");
   info->add_option("dataset", *path, "Dataset (.h5)")->required();
   info->add_option("--seq-len", *info_seq_len, "Also show what packing into T-token rows achieves")
-      ->check(positive_integer());
+      ->check(whole_number_in(1, limits::kMaxSeqLen - 1));  // as model.max_seq_len
   info->callback([path, info_seq_len]() {
     const TokenDataset ds = read_token_dataset(*path);
     log_info("{}", format_dataset_info(*path, dataset_info(ds)));

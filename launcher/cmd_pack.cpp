@@ -72,8 +72,7 @@ void register_pack_command(CLI::App& app) {
   pack->add_option("--data", args->data, "Token dataset (.h5)")->required()->check(CLI::ExistingFile);
   pack->add_option("--seq-len", args->seq_len, "Row length T in tokens")
       ->required()
-      ->check(positive_integer())
-      ->check(number_in(1, double(limits::kMaxSeqLen - 1)));  // as model.max_seq_len
+      ->check(whole_number_in(1, limits::kMaxSeqLen - 1));  // as model.max_seq_len
   pack->add_option("--algorithm", args->algorithm, "bfd, next_fit, padded or balanced")
       ->check(CLI::IsMember({"bfd", "next_fit", "padded", "balanced"}))
       ->capture_default_str();

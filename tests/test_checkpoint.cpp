@@ -401,6 +401,12 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   });
   test::expect_error([&] { load_checkpoint((work / "int_format").string(), true); },
                      {"model.h5': attribute 'format' is int64, not a string"});
+  edit_h5("zero_heads", "model.h5", [](hid_t f) {
+    ASSERT_GE(H5Adelete(f, "n_head"), 0);
+    ASSERT_TRUE(h5::write_i64_attr(f, "n_head", 0));
+  });
+  test::expect_error([&] { load_checkpoint((work / "zero_heads").string(), true); },
+                     {"zero_heads/model.h5': its attributes (n_layer 2, n_head 0", "corrupt"});
   edit_h5("no_format", "optimizer.h5", [](hid_t f) { ASSERT_GE(H5Adelete(f, "format"), 0); });
   test::expect_error([&] { load_checkpoint((work / "no_format").string(), true); },
                      {"optimizer.h5' has no attribute 'format'"});

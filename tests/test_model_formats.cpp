@@ -576,10 +576,15 @@ TEST_F(ModelFormats, HfWarnings) {
   head.bytes[0] ^= 1;
   ts.push_back(head);
   write_config(dir_.string(), a.model);
+  std::string config = read_bytes(path("config.json"));
+  config.insert(config.size() - 1, ", \"layer_norm_epsilon\": 1e-6");
+  write_bytes(path("config.json"), config);
   write_safetensors(path("model.safetensors"), ts);
   ::testing::internal::CaptureStderr();
   read_hf_gpt2(dir_.string());
   const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("layer_norm_epsilon is 1e-06; berth's LayerNorm uses 1e-5"), std::string::npos)
+      << err;
   EXPECT_NE(err.find("lm_head.weight differs from wte.weight"), std::string::npos) << err;
   EXPECT_NE(err.find("tensor wpe holds 1 NaN/Inf"), std::string::npos) << err;
 }

@@ -247,9 +247,10 @@ void check_no_extra_tensors(hid_t loc, const std::vector<std::string>& expected,
 void read_tensor(hid_t loc, const std::string& name, float* out, const std::vector<int64_t>& shape,
                  const std::string& path) {
   if (H5Lexists(loc, name.c_str(), H5P_DEFAULT) <= 0) {
-    BERTH_FAIL("checkpoint file '{}' has no tensor '{}': it was written for another model; "
-               "check model.* against the checkpoint",
-               path, name);
+    BERTH_FAIL(
+        "checkpoint file '{}' has no tensor '{}': the file is corrupt (its attributes "
+        "describe a model whose tensors it does not hold)",
+        path, name);
   }
   H5Id dset(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!dset.valid()) fail_read(path, fmt::format("opening '{}'", name));
@@ -539,11 +540,19 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   const int64_t file_version = read_i64_attr(f, "format_version", model_path);
   BERTH_CHECK(file_version == kCheckpointFormatVersion, "'{}' has format_version {}, expected {}",
               model_path, file_version, kCheckpointFormatVersion);
-  d.model = make_gpt_config(read_i64_attr(f, "n_layer", model_path),
-                            read_i64_attr(f, "n_head", model_path),
-                            read_i64_attr(f, "d_model", model_path),
-                            read_i64_attr(f, "vocab_size", model_path),
-                            read_i64_attr(f, "max_seq_len", model_path));
+  const int64_t L = read_i64_attr(f, "n_layer", model_path),
+                NH = read_i64_attr(f, "n_head", model_path),
+                C = read_i64_attr(f, "d_model", model_path),
+                V = read_i64_attr(f, "vocab_size", model_path),
+                maxT = read_i64_attr(f, "max_seq_len", model_path);
+  try {
+    d.model = make_gpt_config(L, NH, C, V, maxT);
+  } catch (const Error& e) {  // it names no file
+    BERTH_FAIL(
+        "'{}': its attributes (n_layer {}, n_head {}, d_model {}, vocab_size {}, "
+        "max_seq_len {}) are no model: {}; the checkpoint is corrupt",
+        model_path, L, NH, C, V, maxT, e.what());
+  }
   const int64_t vp = read_i64_attr(f, "padded_vocab_size", model_path);
   BERTH_CHECK(vp == d.model.Vp, "'{}': padded_vocab_size {} but vocab_size {} pads to {}",
               model_path, vp, d.model.V, d.model.Vp);

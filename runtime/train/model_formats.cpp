@@ -578,6 +578,11 @@ CheckpointData read_hf_gpt2(const std::string& dir_or_file) {
         "outputs will differ",
         config_path, hc["activation_function"].dump());
   }
+  if (hc.contains("layer_norm_epsilon") && hc["layer_norm_epsilon"].is_number() &&
+      std::fabs(hc["layer_norm_epsilon"].get<double>() - 1e-5) > 1e-12) {
+    log_warn("'{}': layer_norm_epsilon is {}; berth's LayerNorm uses 1e-5, so outputs will differ",
+             config_path, hc["layer_norm_epsilon"].dump());
+  }
   CheckpointData data;
   try {
     data.model = make_gpt_config(

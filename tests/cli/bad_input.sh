@@ -446,8 +446,10 @@ expect_error "pack_drops_every_document" "nothing to pack" "$tmp/p_empty.h5" \
 # beyond model.max_seq_len's bound made a plan no run can use.
 expect_error "pack_seed_beyond_64_bits" "--seed: 18446744073709551616 is not a whole number of 64 bits" \
   "$tmp/p_seed.h5" "$BERTH" pack --data "$tmp/d.h5" --seq-len 16 --seed 18446744073709551616 --out "$tmp/p_seed.h5"
-expect_error "pack_seq_len_beyond_the_model_bound" "--seq-len: 4294967312 is not a number in [1, 16777215]" \
+expect_error "pack_seq_len_beyond_the_model_bound" "--seq-len: 4294967312 is not a whole number in [1, 16777215]" \
   "$tmp/p_long.h5" "$BERTH" pack --data "$tmp/d.h5" --seq-len 4294967312 --out "$tmp/p_long.h5"
+expect_error "data_info_seq_len_beyond_the_model_bound" "--seq-len: 16777216 is not a whole number in [1, 16777215]" \
+  "" "$BERTH" data info "$tmp/d.h5" --seq-len 16777216
 
 # ---- outputs that would replace an input; numbers, units and names the checks let through ------
 cp "$tmp/d.h5" "$tmp/self.h5"
