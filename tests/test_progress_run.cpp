@@ -35,7 +35,7 @@ class ProgressRunTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
     write_token_dataset((dir_ / "train.h5").string(), test::rule_dataset(200, 40, 1));
-    write_token_dataset((dir_ / "val.h5").string(), test::rule_dataset(20, 40, 2));
+    write_token_dataset((dir_ / "val.h5").string(), test::rule_dataset(30, 40, 2));
   }
   void TearDown() override {
     cpu::set_num_threads(2);

@@ -329,6 +329,16 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
   cfg.data.mode = "packed";
   test::expect_error([&] { Trainer t(cfg, *world()); },
                      {"data.train '", "masked.h5': its /loss_mask is 0 for every target token"});
+  // In stream mode the mask is not applied: said, not silently trained through.
+  masked.loss_mask.assign(masked.tokens.size(), 1);
+  write_token_dataset((dir_ / "masked.h5").string(), masked);
+  cfg.data.mode = "stream";
+  ::testing::internal::CaptureStderr();
+  { Trainer t(cfg, *world()); }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("masked.h5' has a /loss_mask, which data.mode = \"stream\" does not apply"),
+            std::string::npos)
+      << err;
 
   TokenDataset other = rule_dataset(20, 40, 2);
   other.tokenizer = "gpt2";

@@ -142,7 +142,7 @@ void check_dataset_fits(const TokenDataset& ds, const char* key, const RunConfig
                 "{} '{}': its /loss_mask is 0 for every target token, so there is nothing to "
                 "train or evaluate on; check how the dataset was made (1 = train on the token)",
                 key, path);
-    if (cfg.data.mode == "stream") {
+    if (cfg.data.mode == "stream" && identity_rank() <= 0) {  // once, not from every rank
       log_warn(
           "{} '{}' has a /loss_mask, which data.mode = \"stream\" does not apply (it trains "
           "on every token); use data.mode = \"packed\" or \"padded\" for prompt masking",
