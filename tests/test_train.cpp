@@ -359,6 +359,14 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
         << "a plan of no rows was left: " << e.path();
   }
 
+  // A config beyond this host (2e9 micro-batches held at once: 11 TiB) is refused with the plan's
+  // figure, before the allocator fails naming nothing.
+  cfg = config(1);
+  cfg.parallel.microbatches = 2000000000;
+  test::expect_error(
+      [&] { Trainer t(cfg, *world()); },
+      {"berth plan predicts", "more than this whole host has", "smaller parallel.microbatches"});
+
   write_token_dataset((dir_ / "one_row.h5").string(), rule_dataset(1, 40, 3));
   cfg = config(1);
   cfg.data.val = (dir_ / "one_row.h5").string();

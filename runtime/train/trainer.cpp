@@ -180,6 +180,28 @@ void require_data_file(const std::string& path, const char* key) {
                : "");
 }
 
+// Before anything big is allocated on the host: a config whose plan (berth plan) needs more memory
+// per rank than this whole host has ends in the allocator's out-of-memory naming nothing
+// (parallel.microbatches = 2e9 asked for 11 TiB of batches). The plan is an estimate, so only a
+// need beyond the host itself is refused; a config the plan cannot describe is left to run().
+void require_plan_fits_host(const RunConfig& cfg, int64_t world, const std::string& where) {
+  std::optional<Plan> p;
+  try {
+    p = make_plan(plan_input_from_config(cfg, world), resolve_hardware_profile("cpu"));
+  } catch (const Error&) {
+    return;
+  }
+  constexpr double kGiB = 1073741824.0;
+  const double host = host_capacity_gib_per_rank(1) * kGiB;
+  BERTH_CHECK(host <= 0 || p->peak.total() <= host,
+              "{}: berth plan predicts {} per rank at peak (stage {}), more than this whole host "
+              "has ({}): the run would fail allocating it. See `berth plan {}` for where it goes "
+              "and for layouts that fit (smaller parallel.microbatches or train.micro_batch_size, "
+              "more ranks, pp or tp)",
+              where, format_bytes(p->peak.total()), p->peak_stage, format_bytes(host),
+              cfg.source.empty() ? "CONFIG" : cfg.source);
+}
+
 // A validation set tokenized otherwise than the training set gives losses of another problem.
 void check_same_tokenizer(const TokenDataset& train, const TokenDataset& val,
                           const RunConfig& cfg) {
@@ -210,6 +232,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
   const GridShape shape = resolve_grid(
       GridRequest{cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.cp, cfg_.parallel.dp},
       world.size(), cfg_.model.n_head, cfg_.model.n_layer);
+  if (cfg_.run.device == "cpu") require_plan_fits_host(cfg_, world.size(), where);
   // The device (run.device): every rank the same kind. A GPU is picked by the rank's place on
   // its host (a collective over MPI_COMM_WORLD: a trainer on a GPU spans the world). With CUDA
   // the grid's groups are NCCL communicators over the same ranks (the model's buffers are on the
