@@ -313,6 +313,9 @@ void size_from_plan(const std::string& config, std::string gpu, double margin, s
               "or --gpus {}", p.input.layout.world(), devices, p.input.layout.world());
   BERTH_CHECK(p.fits, "reserve --config: {} does not fit {} x {}: {} (see berth plan {})", config,
               devices, hw.name, p.why_not, config);
+  BERTH_CHECK(std::isfinite(p.total_s) && p.total_s > 0,
+              "reserve --config: the plan of {} on {} predicts no time ({} s); give --duration",
+              config, hw.name, p.total_s);
   std::fprintf(out, "sized from %s on %s (%s):\n", config.c_str(), hw.name.c_str(), hw.source.c_str());
   if (model->empty()) {  // the profile sizes the booking; the model decides which devices
     std::fprintf(out, "  model          any (the plan assumed %s: add --model to book only that)\n",

@@ -29,12 +29,15 @@ struct PlanArgs {
 };
 
 void calibrate(const PlanArgs& a) {
+  // An --out of the user's goes into a directory that exists (a typo's were made); only the
+  // default's (~/.local/share/berth/profiles) is created. Checked before the measuring.
+  if (!a.out.empty()) check_output_file(a.out, "--out", "profile.json");
   std::unique_ptr<Communicator> world = make_mpi_world();
   const HardwareProfile h = calibrate_profile(*world);
   if (world->rank() != 0) return;
   const std::string path = a.out.empty() ? default_profile_path() : a.out;
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (a.out.empty())
+    ensure_writable_dir(std::filesystem::path(path).parent_path().string(), "profile directory");
   write_file_atomic(path, hardware_profile_json(h));
   std::printf("calibrated %s: sgemm", h.source.c_str());
   for (const auto& [size, rate] : h.gemm_rates) std::printf(" %.0f³ %.1f GFLOP/s", size, rate / 1e9);
@@ -67,6 +70,14 @@ void plan(const PlanArgs& a) {
               "multiple of {} devices, or set parallel.tp, pp and cp (e.g. --set parallel.tp=1) "
               "to a product that divides {}",
               in.layout.tp, in.layout.pp, in.layout.cp, inner, devices, inner, devices);
+  // A layout berth train refuses is an error here too (it printed every figure, then "does not
+  // fit", and exited 0); other layouts of the devices are ranked by `berth plan` with a valid one.
+  if (const std::string why = layout_invalid_reason(in); !why.empty()) {
+    BERTH_FAIL(
+        "{}: the config's layout tp={} pp={} cp={} cannot run this model: {}; change "
+        "parallel.tp, pp or cp (berth train refuses it too)",
+        a.config, in.layout.tp, in.layout.pp, in.layout.cp, why);
+  }
   const Plan p = make_plan(in, hw);
   const std::vector<LayoutChoice> ranked = rank_layouts(in, hw, devices);
   const int64_t smallest = smallest_fitting_devices(in, hw);
@@ -130,7 +141,10 @@ void register_plan_command(CLI::App& app) {
                 "with the ranks per host you will train with) and save a profile");
   CLI::Option* out = cmd->add_option("--out", a->out,
                                      "Where --calibrate saves the profile (default: "
-                                     "~/.local/share/berth/profiles/<host>.json)");
+                                     "~/.local/share/berth/profiles/<host>.json)")
+                         ->check(non_empty("give a file, or leave --out out for the default "
+                                           "profile",
+                                           "FILE"));
   cmd->callback([a, plan_options, out]() {
     if (a->calibrate) {
       // A config given here would be ignored silently: measuring the machine does not read one.

@@ -383,6 +383,12 @@ TEST(Config, ValidationSizes) {
       // A watchdog under a second would end healthy jobs (every multi-rank run exited 5).
       {"[parallel]\ncomm_timeout_s = 1e-9\n",
        "parallel.comm_timeout_s must be 0 (no timeout) or a number of seconds >= 1, got 1e-09"},
+      // Faults that cannot fire: a fault test would pass without testing anything.
+      {"[debug]\nfail_rank = 0\n", "debug.fail_rank = 0 and debug.fail_step = -1: set both"},
+      {"[debug]\nslow_rank = 1\n", "debug.slow_rank = 1 and debug.slow_rank_s = 0: set both"},
+      {"[debug]\nstall_s = 2\n", "debug.stall_step = -1 and debug.stall_s = 2: set both"},
+      {"[train]\nsteps = 10\n[debug]\nfail_rank = 0\nfail_step = 10\n",
+       "debug.fail_step = 10 is past the last step (9 of train.steps = 10, 0-based)"},
   };
   for (const auto& c : cases) {
     const std::string msg = parse_error(c.toml);

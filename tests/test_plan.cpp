@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "runtime/cluster/plan.h"
@@ -200,10 +201,28 @@ TEST(Plan, ProfileFilesRoundTripAndBadOnesAreNamed) {
   EXPECT_DOUBLE_EQ(r.mem_bandwidth, h.mem_bandwidth);
   std::ofstream(dir + "/bad.json") << "{\"format\": \"berth-hardware-profile\", \"peak_flops\": -1}";
   test::expect_error([&] { read_hardware_profile(dir + "/bad.json"); },
-                     {"'peak_flops' must be > 0, got -1"});
+                     {"'peak_flops' is -1, outside [1000000, 1e+18]"});
   std::ofstream(dir + "/other.json") << "{\"a\": 1}";
   test::expect_error([&] { read_hardware_profile(dir + "/other.json"); },
                      {"is not a hardware profile"});
+  // Figures no hardware has printed NaN and infinite step times (and reserve --config booked a
+  // minute); wrong types were an "internal error" naming no key.
+  auto bad = [&](const std::string& key, const std::string& value) {
+    nlohmann::json j = nlohmann::json::parse(hardware_profile_json(h));
+    j[key] = nlohmann::json::parse(value);
+    std::ofstream(dir + "/edited.json") << j.dump();
+    return [&dir] { read_hardware_profile(dir + "/edited.json"); };
+  };
+  test::expect_error(bad("peak_flops", "1e-300"), {"'peak_flops' is 1e-300, outside"});
+  test::expect_error(bad("latency_s", "1e300"), {"'latency_s' is 1e+300, outside [0, 10]"});
+  test::expect_error(bad("matmul_efficiency", "50"), {"'matmul_efficiency' is 50, outside"});
+  test::expect_error(bad("devices_per_node", "0.5"), {"'devices_per_node' is 0.5, outside"});
+  test::expect_error(bad("devices_per_node", "2.5"), {"'devices_per_node' must be a whole"});
+  test::expect_error(bad("cpu", "\"yes\""), {"'cpu' must be true or false, got \"yes\""});
+  test::expect_error(bad("name", "5"), {"'name' must be a string, got 5"});
+  test::expect_error(bad("gemm_rates", "[[64, 1e-300]]"), {"every 'gemm_rates' entry"});
+  std::ofstream(dir + "/nan.json") << "{\"format\": NaN}";
+  test::expect_error([&] { read_hardware_profile(dir + "/nan.json"); }, {"is not valid JSON"});
   std::filesystem::remove_all(dir);
 }
 

@@ -359,6 +359,13 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
         << "a plan of no rows was left: " << e.path();
   }
 
+  // A fault on a rank the job does not have never fires (a fault test that tests nothing).
+  cfg = config(1);
+  cfg.debug.fail_rank = 1;
+  cfg.debug.fail_step = 0;
+  test::expect_error([&] { Trainer t(cfg, *world()); },
+                     {"debug.fail_rank = 1 is not a rank of this job (1 ranks)"});
+
   // A config beyond this host (2e9 micro-batches held at once: 11 TiB) is refused with the plan's
   // figure, before the allocator fails naming nothing.
   cfg = config(1);

@@ -103,9 +103,14 @@ std::string hardware_profile_json(const HardwareProfile& h) {
 }
 
 HardwareProfile read_hardware_profile(const std::string& path) {
-  const nlohmann::json j = nlohmann::json::parse(read_text_file(path), nullptr, false);
-  BERTH_CHECK(!j.is_discarded() && j.is_object() &&
-                  j.value("format", std::string()) == "berth-hardware-profile",
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    BERTH_FAIL("hardware profile '{}' is not valid JSON ({})", path, e.what());
+  }
+  BERTH_CHECK(j.is_object() && j.contains("format") && j["format"].is_string() &&
+                  j["format"].get<std::string>() == "berth-hardware-profile",
               "'{}' is not a hardware profile (a JSON object with format "
               "\"berth-hardware-profile\", as `berth plan --calibrate` writes)",
               path);
@@ -125,48 +130,74 @@ HardwareProfile read_hardware_profile(const std::string& path) {
                 "'{}': unknown key '{}'", path, key);
   }
   HardwareProfile h;
-  auto number = [&](const char* key, double* out, bool positive) {
+  // Every figure within what hardware can be (a rate of 1e-300 FLOP/s or a latency of 1e300 s
+  // printed NaN and infinite step times, and `reserve --config` booked a one-minute window).
+  auto number = [&](const char* key, double* out, double lo, double hi) {
     BERTH_CHECK(j.contains(key) && j[key].is_number(), "'{}': '{}' must be a number", path, key);
     *out = j[key].get<double>();
-    BERTH_CHECK(std::isfinite(*out) && (positive ? *out > 0 : *out >= 0),
-                "'{}': '{}' must be {} 0, got {}", path, key, positive ? ">" : ">=", *out);
+    BERTH_CHECK(*out >= lo && *out <= hi, "'{}': '{}' is {}, outside [{}, {}]", path, key, *out, lo,
+                hi);
   };
-  h.name = j.value("name", std::string("profile"));
-  h.source = j.value("source", path);
-  h.cpu = j.value("cpu", false);
-  number("peak_flops", &h.peak_flops, true);
-  if (j.contains("fp32_flops")) number("fp32_flops", &h.fp32_flops, false);
-  number("matmul_efficiency", &h.matmul_efficiency, true);
-  number("mem_bandwidth", &h.mem_bandwidth, true);
-  number("mem_capacity", &h.mem_capacity, true);
-  number("intra_bandwidth", &h.intra_bandwidth, true);
-  number("inter_bandwidth", &h.inter_bandwidth, true);
-  number("latency_s", &h.latency_s, false);
+  auto text = [&](const char* key, const std::string& otherwise) {
+    if (!j.contains(key)) return otherwise;
+    BERTH_CHECK(j[key].is_string(), "'{}': '{}' must be a string, got {}", path, key,
+                j[key].dump());
+    return j[key].get<std::string>();
+  };
+  constexpr double kMaxRate = 1e18, kMinRate = 1e3;  // FLOP/s and bytes/s
+  h.name = text("name", "profile");
+  h.source = text("source", path);
+  if (j.contains("cpu")) {
+    BERTH_CHECK(j["cpu"].is_boolean(), "'{}': 'cpu' must be true or false, got {}", path,
+                j["cpu"].dump());
+    h.cpu = j["cpu"].get<bool>();
+  }
+  number("peak_flops", &h.peak_flops, 1e6, kMaxRate);
+  if (j.contains("fp32_flops")) number("fp32_flops", &h.fp32_flops, 0, kMaxRate);
+  number("matmul_efficiency", &h.matmul_efficiency, 1e-3, 1);
+  number("mem_bandwidth", &h.mem_bandwidth, kMinRate, kMaxRate);
+  number("mem_capacity", &h.mem_capacity, 1 << 20, 1e15);
+  number("intra_bandwidth", &h.intra_bandwidth, kMinRate, kMaxRate);
+  number("inter_bandwidth", &h.inter_bandwidth, kMinRate, kMaxRate);
+  number("latency_s", &h.latency_s, 0, 10);
   double per_node = 0;
-  number("devices_per_node", &per_node, true);
+  number("devices_per_node", &per_node, 1, 1024);
+  BERTH_CHECK(per_node == std::floor(per_node),
+              "'{}': 'devices_per_node' must be a whole number, "
+              "got {}",
+              path, per_node);
   h.devices_per_node = int(per_node);
   auto table = [&](const char* key, std::vector<std::pair<double, double>>* out) {
     if (!j.contains(key)) return;
     BERTH_CHECK(j[key].is_array(), "'{}': '{}' must be a list of [size, FLOP/s]", path, key);
     for (const auto& r : j[key]) {
       BERTH_CHECK(r.is_array() && r.size() == 2 && r[0].is_number() && r[1].is_number() &&
-                      r[0].get<double>() > 0 && r[1].get<double>() > 0,
-                  "'{}': every '{}' entry must be [size > 0, FLOP/s > 0]", path, key);
+                      r[0].get<double>() > 0 && r[1].get<double>() >= kMinRate &&
+                      r[1].get<double>() <= kMaxRate,
+                  "'{}': every '{}' entry must be [size > 0, FLOP/s in [{}, {}]], got {}", path,
+                  key, kMinRate, kMaxRate, r.dump());
       out->emplace_back(r[0].get<double>(), r[1].get<double>());
     }
     std::sort(out->begin(), out->end());
   };
   table("gemm_rates", &h.gemm_rates);
   table("attention_rates", &h.attention_rates);
-  for (auto [key, field] : {std::pair{"block_attention_rate", &h.block_attention_rate},
-                            {"layernorm_s", &h.layernorm_s},
+  if (j.contains("block_attention_rate")) {  // 0: not measured
+    number("block_attention_rate", &h.block_attention_rate, 0, kMaxRate);
+    BERTH_CHECK(h.block_attention_rate == 0 || h.block_attention_rate >= kMinRate,
+                "'{}': 'block_attention_rate' is {}: 0 (not measured) or at least {}", path,
+                h.block_attention_rate, kMinRate);
+  }
+  for (auto [key, field] : {std::pair{"layernorm_s", &h.layernorm_s},
                             {"gelu_s", &h.gelu_s},
                             {"residual_s", &h.residual_s},
                             {"crossentropy_s", &h.crossentropy_s},
                             {"adamw_s", &h.adamw_s},
-                            {"grad_pass_s", &h.grad_pass_s},
-                            {"block_shared_bytes", &h.block_shared_bytes}}) {
-    if (j.contains(key)) number(key, field, false);
+                            {"grad_pass_s", &h.grad_pass_s}}) {
+    if (j.contains(key)) number(key, field, 0, 1e3);
+  }
+  if (j.contains("block_shared_bytes")) {
+    number("block_shared_bytes", &h.block_shared_bytes, 0, 1 << 30);
   }
   return h;
 }
@@ -321,6 +352,17 @@ double all_reduce_s(double bytes, double g, double bw, double latency) {
 
 }  // namespace
 
+std::string layout_invalid_reason(const PlanInput& in) {
+  const PlanModel& m = in.model;
+  const PlanLayout& l = in.layout;
+  if (m.NH % l.tp != 0) return fmt::format("n_head ({}) is not divisible by tp ({})", m.NH, l.tp);
+  if (l.pp > m.L) return fmt::format("pp ({}) > n_layer ({})", l.pp, m.L);
+  if (in.seq_len % (2 * l.cp) != 0 && l.cp > 1) {
+    return fmt::format("seq_len ({}) is not divisible by 2·cp ({})", in.seq_len, 2 * l.cp);
+  }
+  return "";
+}
+
 Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   const PlanModel& m = in.model;
   const PlanLayout& l = in.layout;
@@ -338,12 +380,7 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   p.flops_per_step = p.flops_per_token * p.tokens_per_step;
   p.flops_total = p.flops_per_step * double(in.steps);
 
-  // Feasibility of the layout itself.
-  std::string why;
-  if (m.NH % l.tp != 0) why = fmt::format("n_head ({}) is not divisible by tp ({})", m.NH, l.tp);
-  else if (l.pp > m.L) why = fmt::format("pp ({}) > n_layer ({})", l.pp, m.L);
-  else if (in.seq_len % (2 * l.cp) != 0 && l.cp > 1)
-    why = fmt::format("seq_len ({}) is not divisible by 2·cp ({})", in.seq_len, 2 * l.cp);
+  std::string why = layout_invalid_reason(in);
 
   // Memory per stage; the peak is the largest.
   for (int64_t s = 0; s < l.pp; ++s) {

@@ -128,6 +128,10 @@ struct Plan {
 
 Plan make_plan(const PlanInput& in, const HardwareProfile& hw);
 
+// Why the layout cannot run the model at all ("" when it can): heads not divisible by tp, more
+// stages than layers, seq_len not divisible by 2·cp. make_plan reports it as why_not.
+std::string layout_invalid_reason(const PlanInput& in);
+
 // Every layout (tp ≤ devices per node dividing NH, pp ≤ L, cp dividing seq_len/2, dp, ZeRO 0/1,
 // micro-batches) of `devices` that keeps the config's global batch (dp × microbatches ×
 // micro_batch_size rows; micro_batch_size may shrink to fit), ranked by predicted tokens/s;

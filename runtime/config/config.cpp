@@ -656,6 +656,34 @@ void validate_config(const RunConfig& cfg) {
   if (cfg.debug.fail_rank < -1 || cfg.debug.fail_step < -1) {
     BERTH_FAIL("{}: debug.fail_rank and debug.fail_step must be >= -1 (-1 = off)", w);
   }
+  // A fault that cannot fire makes a fault test pass without testing anything.
+  if ((d.fail_rank >= 0) != (d.fail_step >= 0)) {
+    BERTH_FAIL(
+        "{}: debug.fail_rank = {} and debug.fail_step = {}: set both (a rank and a 0-based "
+        "step) or neither",
+        w, d.fail_rank, d.fail_step);
+  }
+  if ((d.slow_rank >= 0) != (d.slow_rank_s > 0)) {
+    BERTH_FAIL(
+        "{}: debug.slow_rank = {} and debug.slow_rank_s = {}: set both (a rank and the "
+        "seconds it sleeps per step) or neither",
+        w, d.slow_rank, d.slow_rank_s);
+  }
+  if ((d.stall_step >= 0) != (d.stall_s > 0)) {
+    BERTH_FAIL(
+        "{}: debug.stall_step = {} and debug.stall_s = {}: set both (a 0-based step and "
+        "the seconds rank 0 stops) or neither",
+        w, d.stall_step, d.stall_s);
+  }
+  for (const auto& [name, step] :
+       {std::pair{"debug.fail_step", d.fail_step}, {"debug.stall_step", d.stall_step}}) {
+    if (step >= cfg.train.steps) {
+      BERTH_FAIL(
+          "{}: {} = {} is past the last step ({} of train.steps = {}, 0-based): it would "
+          "never fire",
+          w, name, step, cfg.train.steps - 1, cfg.train.steps);
+    }
+  }
 }
 
 std::string config_to_toml(const RunConfig& cfg) {

@@ -95,6 +95,11 @@ HardwareProfile resolve_hardware_profile(const std::string& spec) {
   }
   if (spec == "a100" || spec == "h100" || spec == "h200") return builtin_profile(spec);
   std::error_code ec;
+  const bool looks_like_a_path = spec.find('/') != std::string::npos || spec.ends_with(".json");
+  BERTH_CHECK(std::filesystem::exists(spec, ec) || !looks_like_a_path,
+              "hardware profile file '{}' does not exist: check the path, or make one with "
+              "`berth plan --calibrate --out {}`",
+              spec, spec);
   BERTH_CHECK(std::filesystem::exists(spec, ec),
               "unknown hardware profile '{}': use a100, h100, h200, cpu or the path of a profile "
               "file written by `berth plan --calibrate`",

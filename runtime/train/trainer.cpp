@@ -232,6 +232,12 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
   const GridShape shape = resolve_grid(
       GridRequest{cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.cp, cfg_.parallel.dp},
       world.size(), cfg_.model.n_head, cfg_.model.n_layer);
+  for (const auto& [name, rank] : {std::pair{"debug.fail_rank", cfg_.debug.fail_rank},
+                                   {"debug.slow_rank", cfg_.debug.slow_rank}}) {
+    BERTH_CHECK(rank < world.size(),
+                "{}: {} = {} is not a rank of this job ({} ranks): the fault would never fire",
+                where, name, rank, world.size());
+  }
   if (cfg_.run.device == "cpu") require_plan_fits_host(cfg_, world.size(), where);
   // The device (run.device): every rank the same kind. A GPU is picked by the rank's place on
   // its host (a collective over MPI_COMM_WORLD: a trainer on a GPU spans the world). With CUDA

@@ -367,6 +367,15 @@ expect_error "plan_layout_not_matching_gpus" "does not use --gpus 3" "" \
   "$BERTH" plan "$TINY_TOML" --gpus 3 --set parallel.dp=2
 expect_error "plan_inner_layout_not_dividing_gpus" "tp·pp·cp = 2·1·1 = 2 does not divide --gpus 3" \
   "" "$BERTH" plan "$TINY_TOML" --gpus 3 --set parallel.tp=2
+expect_error "plan_profile_file_missing" "hardware profile file '$tmp/nowhere/p.json' does not exist" "" \
+  "$BERTH" plan "$TINY_TOML" --gpu "$tmp/nowhere/p.json"
+# A layout berth train refuses printed every figure, "does not fit", and exited 0.
+expect_error "plan_layout_that_cannot_run" "the config's layout tp=1 pp=1 cp=3 cannot run this model: seq_len (128) is not divisible by 2·cp (6)" "" \
+  "$BERTH" plan "$TINY_TOML" --set parallel.cp=3
+expect_error "plan_calibrate_out_empty" "--out: empty: give a file" "" \
+  "$BERTH" plan --calibrate --out ""
+expect_error "plan_calibrate_out_in_missing_directory" "the directory '$tmp/nowhere' does not exist" "$tmp/nowhere" \
+  "$BERTH" plan --calibrate --out "$tmp/nowhere/p.json"
 expect_error "plan_zero_gpus" "--gpus: 0 is not a whole number in [1, 65536]" "" \
   "$BERTH" plan "$TINY_TOML" --gpus 0
 # Beyond the layout search, and 2^32 + 1 (taken before).
