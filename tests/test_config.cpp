@@ -383,6 +383,12 @@ TEST(Config, ValidationSizes) {
       // A watchdog under a second would end healthy jobs (every multi-rank run exited 5).
       {"[parallel]\ncomm_timeout_s = 1e-9\n",
        "parallel.comm_timeout_s must be 0 (no timeout) or a number of seconds >= 1, got 1e-09"},
+      // Figures no device has: MFU 1780991509 %, a capacity printed as 0.0 GiB.
+      {"[progress]\npeak_tflops = 1e-9\n",
+       "progress.peak_tflops = 1e-09 must be 0 (unknown) or in [0.001, 1e6]"},
+      {"[progress]\nmem_capacity_gib = 1e-9\n",
+       "progress.mem_capacity_gib = 1e-09 must be 0 (detect) or in [1/1024, 1e6]"},
+      {"[progress]\npeak_tflops = nan\n", "progress.peak_tflops = nan must be 0"},
       // Faults that cannot fire: a fault test would pass without testing anything.
       {"[debug]\nfail_rank = 0\n", "debug.fail_rank = 0 and debug.fail_step = -1: set both"},
       {"[debug]\nslow_rank = 1\n", "debug.slow_rank = 1 and debug.slow_rank_s = 0: set both"},

@@ -279,6 +279,28 @@ TEST_F(TrainTest, DatasetVocabLargerThanModelIsRejected) {
   test::expect_error([&] { Trainer t(cfg, *world()); }, {"raise model.vocab_size"});
 }
 
+// Divergence names the step as the log counts it (1-based; it said "step 1" after the log's step
+// 1 had passed) and advice that fits: grad_clip was advised when it was already on.
+TEST_F(TrainTest, DivergenceNamesTheStepAndFittingAdvice) {
+  RunConfig cfg = config(20);
+  cfg.train.lr = 1e10;
+  cfg.train.warmup_steps = 0;
+  cfg.train.grad_clip = 1.0;
+  test::expect_error([&] { Trainer(cfg, *world()).run(); },
+                     {"training diverged; lower train.lr (10000000000; train.grad_clip = 1 "
+                      "already clips)"});
+  cfg.train.grad_clip = 0;
+  cfg.run.name = "unclipped";
+  try {
+    Trainer(cfg, *world()).run();
+    ADD_FAILURE() << "lr 1e10 did not diverge";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("or set train.grad_clip (e.g. 1.0)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(" (of 20)"), std::string::npos) << msg;
+  }
+}
+
 // SFT: a global batch whose targets are all masked took the run down ("the global batch has no
 // target tokens"). It is skipped: no update (the validation loss does not move), loss null in
 // metrics.jsonl, and the run goes on.

@@ -592,11 +592,16 @@ void validate_config(const RunConfig& cfg) {
     BERTH_FAIL("{}: progress.interval must be > 0 and progress.warmup_steps >= 0, got {} and {}",
                w, pr.interval, pr.warmup_steps);
   }
-  if (!(std::isfinite(pr.peak_tflops) && pr.peak_tflops >= 0) ||
-      !(std::isfinite(pr.mem_capacity_gib) && pr.mem_capacity_gib >= 0)) {
-    BERTH_FAIL("{}: progress.peak_tflops and progress.mem_capacity_gib must be >= 0 (0 = "
-               "unknown / detect), got {} and {}",
-               w, pr.peak_tflops, pr.mem_capacity_gib);
+  // 0 = unknown / detect; otherwise what a device can be (1e-9 TFLOP/s printed an MFU of
+  // 1780991509 %, 1e-9 GiB a capacity of 0.0 GiB).
+  if (!(pr.peak_tflops == 0 || (pr.peak_tflops >= 1e-3 && pr.peak_tflops <= 1e6))) {
+    BERTH_FAIL("{}: progress.peak_tflops = {} must be 0 (unknown) or in [0.001, 1e6] TFLOP/s", w,
+               pr.peak_tflops);
+  }
+  if (!(pr.mem_capacity_gib == 0 ||
+        (pr.mem_capacity_gib >= 1.0 / 1024 && pr.mem_capacity_gib <= 1e6))) {
+    BERTH_FAIL("{}: progress.mem_capacity_gib = {} must be 0 (detect) or in [1/1024, 1e6] GiB", w,
+               pr.mem_capacity_gib);
   }
   if (!pr.window_end.empty()) {
     try {

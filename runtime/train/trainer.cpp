@@ -758,9 +758,13 @@ StepStats Trainer::train_step(int64_t step) {
   if (grid_->shape().pp > 1) loss_sum = grid_->pp().all_reduce_value(loss_sum, ReduceOp::SUM);
   if (world_.rank() == cfg_.debug.slow_rank) sleep_seconds(cfg_.debug.slow_rank_s);
   st.loss = g.all_reduce_value(loss_sum, ReduceOp::SUM) / double(n_targets);
-  BERTH_CHECK(std::isfinite(st.loss),
-              "loss is {} at step {}: training diverged; lower train.lr or enable train.grad_clip",
-              st.loss, step);
+  BERTH_CHECK(
+      std::isfinite(st.loss), "loss is {} at step {} (of {}): training diverged; {}", st.loss,
+      step + 1, cfg_.train.steps,
+      cfg_.train.grad_clip > 0
+          ? fmt::format("lower train.lr ({}; train.grad_clip = {} already clips)", cfg_.train.lr,
+                        cfg_.train.grad_clip)
+          : fmt::format("lower train.lr ({}) or set train.grad_clip (e.g. 1.0)", cfg_.train.lr));
   sync_and_update(st.lr, &st);
   st.seconds = seconds_since(t0);
   // A step allocates nothing once the first ones have run, so the held heap is sampled (mallinfo2
