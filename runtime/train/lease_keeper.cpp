@@ -89,17 +89,19 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
   std::string refused;
   if (world.rank() == 0) {
     try {
-      const std::string path = resolve_ledger_path("", rc.ledger);
-      LedgerOptions o = ledger_options_for(path);
-      o.create = false;
-      ledger_ = open_sqlite_ledger(path, o);
-      reservation_ = rc.id;
-      if (reservation_ == 0 && rc.without == "refuse") {
+      // Refused before the ledger is opened: refusing needs none (a missing ledger said only
+      // that it does not exist).
+      if (rc.id == 0 && rc.without == "refuse") {
         throw LeaseRefused(fmt::format(
             "no reservation: this config requires one (reservation.without = \"refuse\"); book "
             "with `berth reserve --gpus {} --duration ...` and pass --reservation ID",
             world.size()));
       }
+      const std::string path = resolve_ledger_path("", rc.ledger);
+      LedgerOptions o = ledger_options_for(path);
+      o.create = false;
+      ledger_ = open_sqlite_ledger(path, o);
+      reservation_ = rc.id;
       if (reservation_ == 0) {  // on-demand: a short P3 booking of devices free now
         ReserveRequest q;
         q.count = world.size();

@@ -219,6 +219,15 @@ expect_error "micro_batch_size_negative" "train.micro_batch_size must be > 0, go
 expect_error "steps_zero" "train.steps must be > 0, got 0" "$tmp/runs/steps_zero" \
   train_tiny steps_zero --set train.steps=0
 
+# reservation.without = "refuse" refuses a run with no reservation (exit 4), with or without a
+# ledger (a missing one said only that it does not exist).
+BERTH_LEDGER="$tmp/no_ledger_here/ledger.db" train_tiny refuse_without \
+  --set reservation.without=refuse >"$log" 2>&1
+rc=$?
+report "train_without_reservation_refused" "$([ $rc -eq 4 ] || echo " exit $rc, expected 4")$(
+  grep -q 'no reservation: this config requires one' "$log" || echo " no refusal message")$(
+  [ -e "$tmp/runs/refuse_without" ] && echo " left a run directory")"
+
 # ---- dataset errors at train time ----------------------------------------------------------------
 
 expect_error "train_file_missing" "data.train '$tmp/missing.h5' does not exist; fix the path" \
