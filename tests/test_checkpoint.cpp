@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cluster/progress.h"
 #include "runtime/core/fs.h"
 #include "runtime/io/hdf5_util.h"
 #include "runtime/train/checkpoint.h"
@@ -175,6 +176,27 @@ TEST_F(CheckpointTest, ResumeWithALongerScheduleWarns) {
   Trainer c(first, test::world());
   c.resume(a.checkpoint_dir() + "/" + checkpoint_dir_name(10));
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
+// A killed session leaves trace.csv.partial, its last row possibly cut short. The resumed session
+// archives it with whole rows only and with the killed session's run_facts.json beside it, so it
+// replays (it failed on the cut row, and against the new session's facts).
+TEST_F(CheckpointTest, AResumeArchivesTheKilledSessionsTraceWholeWithItsFacts) {
+  RunConfig cfg = config(14, false);
+  Trainer a(cfg, test::world());
+  a.run();
+  const std::string run = a.run_dir();
+  fs::rename(run + "/trace.csv", run + "/trace.csv.partial");  // as a kill leaves it
+  std::ofstream(run + "/trace.csv.partial", std::ios::app) << "15,0.01";
+  Trainer b(cfg, test::world());
+  b.resume(a.checkpoint_dir() + "/" + checkpoint_dir_name(10));
+  b.run();
+  const std::vector<StepRecord> rows = read_trace_csv(run + "/trace.before-10.csv");
+  ASSERT_EQ(rows.size(), 14u);
+  const RunFacts facts = read_run_facts_json(run + "/run_facts.before-10.json");
+  EXPECT_EQ(facts.start_step, 0);
+  check_trace_in_session(rows, facts, "trace.before-10.csv", "run_facts.before-10.json");
+  EXPECT_EQ(read_run_facts_json(run + "/run_facts.json").start_step, 10);  // the new session's
 }
 
 TEST_F(CheckpointTest, ResumeAutoPicksTheNewestCompleteAndCleansPartials) {

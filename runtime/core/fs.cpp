@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -105,6 +106,21 @@ void ensure_writable_dir(const std::string& dir, const char* what) {
     BERTH_FAIL("{} '{}' is not writable ({}); choose another directory", what, dir,
                std::strerror(errno));
   }
+}
+
+void trim_to_whole_lines(const std::string& path) {
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec || size == 0) return;
+  std::ifstream in(path, std::ios::binary);
+  const uintmax_t tail = std::min<uintmax_t>(size, 1 << 16);  // a last line of up to 64 KiB
+  in.seekg(std::streamoff(size - tail));
+  std::string end(size_t(tail), '\0');
+  if (!in.read(end.data(), std::streamsize(tail)) || end.back() == '\n') return;
+  const size_t last = end.rfind('\n');
+  if (last == std::string::npos) return;
+  in.close();
+  std::filesystem::resize_file(path, size - tail + last + 1, ec);
 }
 
 }  // namespace berth

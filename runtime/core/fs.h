@@ -51,4 +51,8 @@ void sync_to_disk(const std::string& path);
 // for a directory given, it suggests the file `example_name` in it.
 void check_output_file(const std::string& path, const char* what, const char* example_name);
 
+// Cuts a text file after its last newline (a line a killed writer cut short); a file that ends in
+// one, or is empty, is left as it is.
+void trim_to_whole_lines(const std::string& path);
+
 }  // namespace berth

@@ -87,19 +87,29 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
       }
       monitor_->set_window_end(window_end_unix_);  // and the facts' lease_s
     }
-    write_file_atomic(run_dir_ + "/run_facts.json",
-                      run_facts_to_json(monitor_->predictor().facts()));
     const std::string trace = run_dir_ + "/trace.csv";
+    const std::string facts = run_dir_ + "/run_facts.json";
     std::error_code ec;
+    std::string kept_facts;  // the newest archived trace's facts go beside it
     for (const std::string& old : {trace, trace + ".partial"}) {
       if (start_step > 0 && std::filesystem::exists(old, ec)) {
         // A second resume from the same step must not replace the first one's trace.
-        std::string kept = fmt::format("{}/trace.before-{}.csv", run_dir_, start_step);
-        for (int n = 2; std::filesystem::exists(kept, ec); ++n)
-          kept = fmt::format("{}/trace.before-{}.{}.csv", run_dir_, start_step, n);
-        std::filesystem::rename(old, kept, ec);
+        std::string suffix = fmt::format("before-{}", start_step);
+        for (int n = 2; std::filesystem::exists(run_dir_ + "/trace." + suffix + ".csv", ec); ++n)
+          suffix = fmt::format("before-{}.{}", start_step, n);
+        // A killed session's last row can be cut short: the archive keeps whole rows only, so
+        // that it replays (`line 14: 8 fields, expected 10`).
+        trim_to_whole_lines(old);
+        std::filesystem::rename(old, run_dir_ + "/trace." + suffix + ".csv", ec);
+        kept_facts = run_dir_ + "/run_facts." + suffix + ".json";
       }
     }
+    // Its session's facts, which this session's replace (the archived trace could not be
+    // replayed against anything).
+    if (!kept_facts.empty() && std::filesystem::exists(facts, ec)) {
+      std::filesystem::rename(facts, kept_facts, ec);
+    }
+    write_file_atomic(facts, run_facts_to_json(monitor_->predictor().facts()));
     // A new file, not the old one truncated: a holder that lost the lease may still have that one
     // open, and its writes must not land in this run's trace.
     std::filesystem::remove(trace + ".partial", ec);
