@@ -96,12 +96,23 @@ RunConfig load_config_on_every_rank(const std::string& path,
     if (world == 1) throw;
     error = e.what();
   }
-  // [failed, error hash] reduced by min and by max: all failed with one message, or not
+  // [failed, error hash] reduced by min and by max: all failed with one message, or not. The vote
+  // is the run's first collective: a rank that never comes (an MPMD launch whose other program
+  // is not `berth train`) is ended by the watchdog, at this rank's comm_timeout_s (the default
+  // when its config did not load), instead of waiting forever.
+  install_comm_watchdog(cfg ? cfg->parallel.comm_timeout_s : RunConfig().parallel.comm_timeout_s,
+                        kExitCommTimeout);
   const uint64_t mine[2] = {error.empty() ? 0u : 1u,
                             error.empty() ? 0u : std::hash<std::string>{}(error)};
   uint64_t lo[2], hi[2];
-  MPI_Allreduce(mine, lo, 2, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(mine, hi, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  {
+    const WatchedCall call(
+        "all_reduce of the start-up config vote (does every rank run `berth "
+        "train`?)",
+        sizeof mine, world);
+    MPI_Allreduce(mine, lo, 2, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(mine, hi, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  }
   if (hi[0] == 0) return std::move(*cfg);
   const bool alike = lo[0] == 1 && lo[1] == hi[1];
   if (!error.empty() && (!alike || rank == 0)) {
@@ -110,6 +121,7 @@ RunConfig load_config_on_every_rank(const std::string& path,
   if (!alike && rank == 0 && error.empty()) {
     log_error("the config loaded here but not on every rank: each failing rank prints why");
   }
+  install_comm_watchdog(nullptr);
   throw ExitStatus{kExitError};
 }
 

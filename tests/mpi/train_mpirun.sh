@@ -85,6 +85,16 @@ rc=$?
     grep -q "1 of the 2 ranks got another config than rank 0 (rank 1 among them)" "$tmp/mpmd.log"
 check "ranks with different configs are refused at start (rc $rc)" $?
 
+# An MPMD launch whose other program is not `berth train` (it exits at once): the start-up config
+# vote, the first collective, waited forever; the watchdog ends it at comm_timeout_s (exit 5).
+start=$(date +%s)
+timeout 60 "${mpi[@]}" -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=other \
+    --set parallel.comm_timeout_s=2 : -np 1 "$berth" --version > "$tmp/other.log" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+[ $rc -eq 5 ] && [ $elapsed -lt 30 ] && grep -q "start-up config vote" "$tmp/other.log"
+check "a rank that never votes on the config ends the job at comm_timeout_s (rc $rc, ${elapsed}s)" $?
+
 # A bad config fails on every rank alike: rank 0 says so once, for all of them, and the job exits
 # 1 without MPI_Abort. A config that fails on one rank only is reported by that rank.
 timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" \
