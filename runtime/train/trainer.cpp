@@ -834,11 +834,19 @@ std::vector<StepStats> Trainer::run() {
   const bool writer = world_.rank() == 0;
   const std::string resolved = config_to_toml(cfg_);
   if (writer) {
+    std::error_code ec;
+    const bool run_dir_existed = std::filesystem::exists(run_dir_, ec);
     ensure_writable_dir(run_dir_, "run directory (run.out_dir/run.name)");
     // The checkpoint directory is checked now, not at the first save: an unusable checkpoint.dir
     // would otherwise fail only after the steps before it had run (all of them with
-    // checkpoint.interval = 0).
-    ensure_writable_dir(checkpoint_dir_, "checkpoint directory (checkpoint.dir)");
+    // checkpoint.interval = 0). A refusal takes back the run directory it made (it was left
+    // empty).
+    try {
+      ensure_writable_dir(checkpoint_dir_, "checkpoint directory (checkpoint.dir)");
+    } catch (const Error&) {
+      if (!run_dir_existed) std::filesystem::remove(run_dir_, ec);
+      throw;
+    }
     // The lease's token goes into checkpoint.dir's FENCE now, not at the first save: a holder
     // this run took the lease from must not commit in between.
     if (fencing_token_) claim_checkpoint_fence(checkpoint_dir_, *fencing_token_);

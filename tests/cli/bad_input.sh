@@ -262,7 +262,7 @@ expect_error "out_dir_under_a_file" "cannot create run directory" "$tmp/afile/su
   train_tiny unwritable --set "run.out_dir=$tmp/afile/sub"
 # checkpoint.dir likewise, before the first step (not at the first save, after the steps)
 expect_error "checkpoint_dir_under_a_file" "cannot create checkpoint directory" \
-  "$tmp/runs/ckdir/config.toml" \
+  "$tmp/runs/ckdir" \
   train_tiny ckdir --set "checkpoint.dir=$tmp/afile/ck"
 
 # ---- data import / info errors -------------------------------------------------------------------
