@@ -29,10 +29,11 @@ struct PlanArgs {
 };
 
 void calibrate(const PlanArgs& a) {
-  // An --out of the user's goes into a directory that exists (a typo's were made); only the
-  // default's (~/.local/share/berth/profiles) is created. Checked before the measuring.
-  if (!a.out.empty()) check_output_file(a.out, "--out", "profile.json");
   std::unique_ptr<Communicator> world = make_mpi_world();
+  // An --out of the user's goes into a directory that exists (a typo's were made); only the
+  // default's (~/.local/share/berth/profiles) is created. Checked before the measuring, by the
+  // rank that writes it.
+  if (!a.out.empty() && world->rank() == 0) check_output_file(a.out, "--out", "profile.json");
   const HardwareProfile h = calibrate_profile(*world);
   if (world->rank() != 0) return;
   const std::string path = a.out.empty() ? default_profile_path() : a.out;

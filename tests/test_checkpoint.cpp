@@ -286,6 +286,8 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   test::expect_error(
       [&] { load_checkpoint((work / "gpt2.bin").string(), false); },
       {"is a file, and a berth checkpoint is a directory", "berth model import --format llmc"});
+  test::expect_error([&] { load_checkpoint(good + "/model.h5", true); },
+                     {"is a file of the checkpoint '" + good + "': give the directory"});
   fs::create_directories(work / "hf");
   std::ofstream((work / "hf" / "config.json").string()) << "{}";
   test::expect_error([&] { load_checkpoint((work / "hf").string(), false); },

@@ -329,8 +329,17 @@ TEST_F(TrainTest, ABatchWithNoTargetsIsSkippedWithoutAnUpdate) {
   }
   EXPECT_GE(skipped, 5);  // one row of the 200 holds targets
   cfg.run.name = "whole";
+  cfg.checkpoint.interval = 3;
   Trainer whole(cfg, *world());
   whole.run();
+  // AdamW stepped fewer times than the steps: the checkpoint says how many were skipped, and
+  // resumes (it was refused as "adam_step 0, but meta.json says step 3 … corrupt").
+  const CheckpointData ck =
+      load_checkpoint(whole.checkpoint_dir() + "/" + checkpoint_dir_name(3), true);
+  EXPECT_GE(ck.meta.skipped_steps, 2);
+  EXPECT_EQ(ck.adam_step, 3 - ck.meta.skipped_steps);
+  Trainer again(cfg, *world());
+  EXPECT_NO_THROW(again.resume(whole.checkpoint_dir() + "/" + checkpoint_dir_name(3)));
   std::ifstream metrics(whole.run_dir() + "/metrics.jsonl");
   int null_losses = 0;
   for (std::string line; std::getline(metrics, line);) {

@@ -37,6 +37,9 @@ size_t read_decimal(std::string_view text, double* value) {
 bool parse_whole_number(std::string_view text, int64_t* value) {
   const size_t sign = !text.empty() && text[0] == '-' ? 1 : 0;
   if (text.size() == sign || digits_at(text, sign) != text.size() - sign) return false;
+  // No leading zero: CLI11 converts what a validator passed with strtoll(…, 0), which reads
+  // "010" as octal 8.
+  if (text.size() - sign > 1 && text[sign] == '0') return false;
   int64_t v = 0;
   const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (err != std::errc() || end != text.data() + text.size()) return false;

@@ -14,8 +14,8 @@ namespace berth {
 // or 0 when `text` does not start with one or it is out of the range of a double.
 size_t read_decimal(std::string_view text, double* value);
 
-// True when the whole of `text` is a decimal whole number of 64 bits (an optional '-' and digits)
-// and then sets *value.
+// True when the whole of `text` is a decimal whole number of 64 bits (an optional '-' and digits,
+// no leading zero: "010" is octal 8 to strtoll and CLI11) and then sets *value.
 bool parse_whole_number(std::string_view text, int64_t* value);
 
 }  // namespace berth

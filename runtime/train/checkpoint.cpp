@@ -405,6 +405,7 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
         {"lr_schedule_step", d.meta.step},
         {"rows_consumed", d.meta.rows_consumed},
         {"rows_per_step", d.meta.rows_per_step},
+        {"skipped_steps", d.meta.skipped_steps},
         {"seed", d.meta.seed},
         // berth draws no random numbers while training: init and the shuffle
         // order are functions of (seed, tensor name) and (seed, epoch), so
@@ -437,11 +438,20 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
 CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   h5::H5QuietErrors quiet;
   std::error_code ec;
-  BERTH_CHECK(!fs::is_regular_file(dir, ec),
-              "checkpoint '{}' is a file, and a berth checkpoint is a directory; an llm.c model "
-              "file is imported first: berth model import --format llmc {} --out DIR, then give "
-              "DIR",
-              dir, dir);
+  if (fs::is_regular_file(dir, ec)) {
+    // What the file is decides the advice: a file of a checkpoint (model.h5), a Hugging Face
+    // safetensors file, or an llm.c model file.
+    const fs::path parent = fs::path(dir).parent_path();
+    if (fs::exists(parent / "meta.json", ec)) {
+      BERTH_FAIL("checkpoint '{}' is a file of the checkpoint '{}': give the directory", dir,
+                 parent.string());
+    }
+    const bool safetensors = fs::path(dir).extension() == ".safetensors";
+    BERTH_FAIL(
+        "checkpoint '{}' is a file, and a berth checkpoint is a directory; import it "
+        "first: berth model import --format {} {} --out DIR, then give DIR",
+        dir, safetensors ? "hf-gpt2" : "llmc", safetensors ? parent.string() : dir);
+  }
   BERTH_CHECK(fs::is_directory(dir, ec), "checkpoint '{}' does not exist", dir);
   const fs::path meta_path = fs::path(dir) / "meta.json";
   BERTH_CHECK(fs::exists(meta_path, ec) || !fs::exists(fs::path(dir) / "config.json", ec),
@@ -489,6 +499,7 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
                                       {"rows_consumed", false},
                                       {"seed", false},
                                       {"rows_per_step", true},
+                                      {"skipped_steps", true},
                                       {"fencing_token", true}}) {
     if (optional && (!meta.contains(key) || meta[key].is_null())) continue;
     BERTH_CHECK(meta.contains(key) && meta[key].is_number_integer(),
@@ -502,6 +513,7 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     d.meta.rows_consumed = meta.at("rows_consumed").get<int64_t>();
     d.meta.seed = meta.at("seed").get<int64_t>();
     d.meta.rows_per_step = meta.value("rows_per_step", int64_t(0));
+    d.meta.skipped_steps = meta.value("skipped_steps", int64_t(0));
     d.meta.config_toml = meta.at("config").get<std::string>();
     d.meta.layout = meta.value("layout", "");
     d.meta.source = meta.value("source", "");
@@ -515,6 +527,9 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   }
   // (at most 2^62: the loaders add rows to it, which must not overflow)
   constexpr int64_t kMost = int64_t(1) << 62;
+  BERTH_CHECK(d.meta.skipped_steps >= 0 && d.meta.skipped_steps <= d.meta.step,
+              "'{}': skipped_steps {} must be in [0, step {}]: the checkpoint is corrupt",
+              meta_path.string(), d.meta.skipped_steps, d.meta.step);
   BERTH_CHECK(d.meta.step >= 0 && d.meta.rows_consumed >= 0 && d.meta.rows_per_step >= 0 &&
                   d.meta.step < kMost && d.meta.rows_consumed < kMost &&
                   d.meta.rows_per_step < kMost,
@@ -588,12 +603,15 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     H5Id of = open_file(opt_path);
     check_format_attr(of.get(), opt_path);
     d.adam_step = read_i64_attr(of.get(), "adam_step", opt_path);
-    // AdamW steps once per optimizer step: another count is an optimizer.h5 from elsewhere, and
-    // its bias correction would be wrong.
-    BERTH_CHECK(d.adam_step == d.meta.step,
-                "'{}' has adam_step {}, but meta.json says step {}: the optimizer state is not "
+    // AdamW steps once per optimizer step that updated: another count is an optimizer.h5 from
+    // elsewhere, and its bias correction would be wrong.
+    BERTH_CHECK(d.adam_step == d.meta.step - d.meta.skipped_steps,
+                "'{}' has adam_step {}, but meta.json says step {}{}: the optimizer state is not "
                 "this checkpoint's (copied from another one?); the checkpoint is corrupt",
-                opt_path, d.adam_step, d.meta.step);
+                opt_path, d.adam_step, d.meta.step,
+                d.meta.skipped_steps > 0
+                    ? fmt::format(" with {} skipped (no targets)", d.meta.skipped_steps)
+                    : std::string());
     check_no_extra_tensors(of.get(), {"m", "v"}, opt_path, "");
     for (const char* moment : {"m", "v"}) {
       if (H5Lexists(of.get(), moment, H5P_DEFAULT) <= 0) continue;  // read_tensor names it

@@ -41,6 +41,9 @@ struct CheckpointMeta {
   std::string layout;         // e.g. "dp=2 tp=1 pp=1 cp=1 (2 ranks)", informational
   std::optional<int64_t> fencing_token;
   std::string source;         // what produced it: "berth train", "import llmc FILE", ...
+  // Steps taken without an update (a global batch with no targets): AdamW stepped
+  // step − skipped_steps times.
+  int64_t skipped_steps = 0;
 };
 
 struct CheckpointData {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <span>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -455,12 +456,12 @@ std::map<std::string, StTensor> read_safetensors_header(InputFile& f) {
   }
   // The format's rule: the tensors tile the data bytes, without overlap or holes. Overlapping
   // offsets read one tensor's bytes as another's (wpe from wte's), silently.
-  std::vector<std::pair<uint64_t, const std::string*>> starts;
-  for (const auto& [name, t] : tensors) starts.push_back({t.begin, &name});
+  // (Empty tensors, [X, X], first among those starting at X.)
+  std::vector<std::tuple<uint64_t, uint64_t, const std::string*>> starts;
+  for (const auto& [name, t] : tensors) starts.emplace_back(t.begin, t.nbytes, &name);
   std::sort(starts.begin(), starts.end());
   uint64_t next = data_start;
-  for (const auto& [begin, name] : starts) {
-    const StTensor& t = tensors.at(*name);
+  for (const auto& [begin, nbytes, name] : starts) {
     if (begin != next) {
       BERTH_FAIL(
           "'{}': tensor '{}' starts at data byte {}, {} {}: the safetensors header's "
@@ -469,7 +470,7 @@ std::map<std::string, StTensor> read_safetensors_header(InputFile& f) {
           begin < next ? "inside the tensor before it, which ends at" : "after a hole from",
           next - data_start, begin < next ? "overlap in" : "leave holes in");
     }
-    next = begin + t.nbytes;
+    next = begin + nbytes;
   }
   if (next != f.size()) {
     BERTH_FAIL(

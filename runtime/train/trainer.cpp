@@ -501,6 +501,7 @@ void Trainer::resume(const std::string& spec) {
   const std::vector<float> v = local_from_full(ck.adam_v, ck.model);
   opt_->set_moments(m.data() + r.begin, v.data() + r.begin);
   opt_->set_steps_taken(ck.adam_step);
+  skipped_steps_ = ck.meta.skipped_steps;
   loader_->set_rows_consumed(ck.meta.rows_consumed);
   start_step_ = ck.meta.step;
   if (world_.rank() == 0 && !ck.meta.config_toml.empty()) warn_resume_changes(path, ck.meta);
@@ -630,6 +631,7 @@ double Trainer::save(int64_t steps_done) {
   ck.adam_v = gather_full(v);
   if (world_.rank() == 0) {
     ck.meta.step = steps_done;
+    ck.meta.skipped_steps = skipped_steps_;
     ck.meta.rows_consumed = loader_->rows_consumed();
     ck.meta.seed = cfg_.run.seed;
     ck.meta.rows_per_step =
@@ -740,6 +742,7 @@ StepStats Trainer::train_step(int64_t step) {
           step + 1);
     }
     st.no_targets = true;
+    ++skipped_steps_;
     st.loss = std::numeric_limits<double>::quiet_NaN();
     st.seconds = seconds_since(t0);
     st.tokens_per_s = tokens / st.seconds;
@@ -970,12 +973,13 @@ std::vector<StepStats> Trainer::run() {
                            lease.window_end(), lease.reservation(), backend_);
   const auto t_session = std::chrono::steady_clock::now();
   int64_t saved_at = -1;  // step of the newest checkpoint this session
-  double last_wall = 0;
+  // The newest step that trained: a skipped one (no targets) takes milliseconds, and a window's
+  // end judged by it would let a real step start too late.
+  double last_wall = 0, last_step_s = 0;
   for (int64_t step = start_step_; step < steps; step++) {
     if (step == cfg_.debug.stall_step && world_.rank() == 0) sleep_seconds(cfg_.debug.stall_s);
     // Rank 0 decides for everyone whether this step may start (lease, end of window).
-    const LeaseKeeper::Decision decision =
-        lease.before_step(2 * (all.empty() ? 0.0 : all.back().seconds), 2 * last_wall);
+    const LeaseKeeper::Decision decision = lease.before_step(2 * last_step_s, 2 * last_wall);
     if (decision != LeaseKeeper::kContinue) {
       if (world_.rank() == 0) outcome_reason_ = lease.reason();
       if (decision == LeaseKeeper::kStopWindow) {
@@ -1032,7 +1036,10 @@ std::vector<StepStats> Trainer::run() {
     if (initial_val_loss >= 0) j["initial_val_loss"] = initial_val_loss;
     const bool new_epoch = loader_->rows_consumed() / loader_->rows_per_epoch() != epoch_before;
     progress.end_step(done, st, eval || initial_eval, ckpt, new_epoch, &j);
-    last_wall = seconds_since(t_step);
+    if (!st.no_targets) {
+      last_wall = seconds_since(t_step);
+      last_step_s = st.seconds;
+    }
     const std::string line = j.dump() + "\n";
     metrics += line;
     if (writer) {
@@ -1112,7 +1119,12 @@ std::vector<StepStats> Trainer::run() {
       "done: steps {}..{} in {:.2f} s of training steps ({:.2f} s with evaluations and "
       "checkpoints), final loss {:.4f} | metrics in {}",
       start_step_ + 1, start_step_ + int64_t(all.size()), seconds, session_s,
-      all.empty() ? 0.0 : all.back().loss, metrics_path);
+      [&] {  // the newest step that had targets
+        for (auto it = all.rbegin(); it != all.rend(); ++it)
+          if (!it->no_targets) return it->loss;
+        return std::numeric_limits<double>::quiet_NaN();
+      }(),
+      metrics_path);
   return all;
 }
 

@@ -145,6 +145,7 @@ class Trainer {
   std::optional<int64_t> fencing_token_;
   double heap_baseline_ = 0, heap_peak_ = 0;
   int64_t steps_run_ = 0;  // train_step calls of this trainer
+  int64_t skipped_steps_ = 0;  // steps of the run (resumed ones too) with no targets: no update
   Outcome outcome_ = Outcome::kFinished;
   std::string outcome_reason_;
 };

@@ -543,6 +543,8 @@ expect_error "register_slots_in_hex" "--cpu-slots: 0x4 is not a whole number in 
   "$tmp/hex.db" "$BERTH" devices register --cpu-slots 0x4 --ledger "$tmp/hex.db"
 expect_error "timeline_hours_in_hex" "--hours: 0x20 is not a number in [1, 8784]" "" \
   "$BERTH" timeline --hours 0x20 --ledger "$tmp/l.db"
+expect_error "reserve_gpus_leading_zero" "--gpus: 010 is not a whole number" "" \
+  "$BERTH" reserve --gpus 010 --duration 1h --ledger "$tmp/l.db"
 expect_error "eta_every_plus_sign" "--every: +5 is not a whole number >= 0" "" \
   "$BERTH" eta replay "$tmp/none.csv" --meta "$tmp/none.json" --every +5
 expect_error "cancel_empty_id" "is not a whole number >= 1" "" "$BERTH" cancel "" --ledger "$tmp/l.db"
