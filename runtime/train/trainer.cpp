@@ -183,22 +183,16 @@ void require_data_file(const std::string& path, const char* key) {
 // Before anything big is allocated on the host: a config whose plan (berth plan) needs more memory
 // per rank than this whole host has ends in the allocator's out-of-memory naming nothing
 // (parallel.microbatches = 2e9 asked for 11 TiB of batches). The plan is an estimate, so only a
-// need beyond the host itself is refused; a config the plan cannot describe is left to run().
-void require_plan_fits_host(const RunConfig& cfg, int64_t world, const std::string& where) {
-  std::optional<Plan> p;
-  try {
-    p = make_plan(plan_input_from_config(cfg, world), resolve_hardware_profile("cpu"));
-  } catch (const Error&) {
-    return;
-  }
+// need beyond the host itself is refused.
+void require_plan_fits_host(const Plan& p, const RunConfig& cfg, const std::string& where) {
   constexpr double kGiB = 1073741824.0;
   const double host = host_capacity_gib_per_rank(1) * kGiB;
-  BERTH_CHECK(host <= 0 || p->peak.total() <= host,
+  BERTH_CHECK(host <= 0 || p.peak.total() <= host,
               "{}: berth plan predicts {} per rank at peak (stage {}), more than this whole host "
               "has ({}): the run would fail allocating it. See `berth plan {}` for where it goes "
               "and for layouts that fit (smaller parallel.microbatches or train.micro_batch_size, "
               "more ranks, pp or tp)",
-              where, format_bytes(p->peak.total()), p->peak_stage, format_bytes(host),
+              where, format_bytes(p.peak.total()), p.peak_stage, format_bytes(host),
               cfg.source.empty() ? "CONFIG" : cfg.source);
 }
 
@@ -238,7 +232,16 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
                 "{}: {} = {} is not a rank of this job ({} ranks): the fault would never fire",
                 where, name, rank, world.size());
   }
-  if (cfg_.run.device == "cpu") require_plan_fits_host(cfg_, world.size(), where);
+  // The pre-flight plan of this config on this machine (berth plan), made once: checked here
+  // against the host on the CPU, logged by run() and set beside the measured figures at its end.
+  // A plan that cannot be made is a notice only.
+  try {
+    preflight_ =
+        make_plan(plan_input_from_config(cfg_, world.size()), resolve_hardware_profile("cpu"));
+  } catch (const Error& e) {
+    preflight_error_ = e.what();
+  }
+  if (preflight_ && cfg_.run.device == "cpu") require_plan_fits_host(*preflight_, cfg_, where);
   // The device (run.device): every rank the same kind. A GPU is picked by the rank's place on
   // its host (a collective over MPI_COMM_WORLD: a trainer on a GPU spans the world). With CUDA
   // the grid's groups are NCCL communicators over the same ranks (the model's buffers are on the
@@ -905,18 +908,14 @@ std::vector<StepStats> Trainer::run() {
   // The pre-flight plan of this config on this machine (berth plan), made and logged by rank 0
   // (it reads the datasets' headers), to set beside the measured figures at the end. A plan that
   // cannot be made is a notice only.
-  std::optional<Plan> plan;
-  if (writer) {
-    try {
-      plan = make_plan(plan_input_from_config(cfg_, world_.size()),
-                       resolve_hardware_profile("cpu"));
-      log_info("plan ({}): {} per rank on stage 0, peak {} on stage {}, step {:.3f} s",
-               plan->hw.source == "built-in" ? plan->hw.name : plan->hw.source,
-               format_bytes(plan->stage_memory.front().total()), format_bytes(plan->peak.total()),
-               plan->peak_stage, plan->step.total());
-    } catch (const Error& e) {
-      log_warn("no pre-flight plan for this run: {}", e.what());
-    }
+  const std::optional<Plan>& plan = preflight_;
+  if (writer && plan) {
+    log_info("plan ({}): {} per rank on stage 0, peak {} on stage {}, step {:.3f} s",
+             plan->hw.source == "built-in" ? plan->hw.name : plan->hw.source,
+             format_bytes(plan->stage_memory.front().total()), format_bytes(plan->peak.total()),
+             plan->peak_stage, plan->step.total());
+  } else if (writer) {
+    log_warn("no pre-flight plan for this run: {}", preflight_error_);
   }
 
   // metrics.jsonl: one JSON object per step, rewritten whole at the end via temporary + rename;

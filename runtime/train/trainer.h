@@ -18,6 +18,7 @@
 #include "packing/packed_batch.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
+#include "runtime/cluster/plan.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/config/config.h"
 #include "runtime/io/token_dataset.h"
@@ -145,7 +146,10 @@ class Trainer {
   std::optional<int64_t> fencing_token_;
   double heap_baseline_ = 0, heap_peak_ = 0;
   int64_t steps_run_ = 0;  // train_step calls of this trainer
-  int64_t skipped_steps_ = 0;  // steps of the run (resumed ones too) with no targets: no update
+  int64_t skipped_steps_ = 0;
+  std::optional<Plan> preflight_;  // this config's plan on this machine (berth plan), if made
+  std::string preflight_error_;  // why not  // steps of the run (resumed ones too) with no targets:
+                                 // no update
   Outcome outcome_ = Outcome::kFinished;
   std::string outcome_reason_;
 };
