@@ -5,7 +5,6 @@
 #include <CLI/CLI.hpp>
 #include <cctype>
 #include <cmath>
-#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -142,8 +141,7 @@ std::unique_ptr<LedgerStore> open_ledger(const LedgerArgs& a, bool create = fals
   const std::string path = resolve_ledger_path(a.ledger, "");
   // A ledger named by the user goes into a directory that exists (a typo's directories were
   // made); only the default one's (~/.local/share/berth) is created.
-  const char* env = std::getenv("BERTH_LEDGER");
-  if (create && (!a.ledger.empty() || (env != nullptr && *env != '\0'))) {
+  if (create && path != default_ledger_path()) {
     check_output_file(path, a.ledger.empty() ? "$BERTH_LEDGER" : "--ledger", "ledger.db");
   }
   LedgerOptions o = ledger_options_for(path);

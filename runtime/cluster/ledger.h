@@ -146,6 +146,7 @@ std::unique_ptr<LedgerStore> open_sqlite_ledger(const std::string& path, LedgerO
 
 // --ledger, else $BERTH_LEDGER, else `config_value`, else ~/.local/share/berth/ledger.db.
 std::string resolve_ledger_path(const std::string& flag, const std::string& config_value);
+std::string default_ledger_path();  // ~/.local/share/berth/ledger.db ("" without $HOME)
 
 // Name of the network filesystem with statfs magic `f_type`, or "" for a local one.
 std::string network_filesystem_name(int64_t f_type);

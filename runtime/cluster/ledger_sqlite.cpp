@@ -801,9 +801,14 @@ std::string resolve_ledger_path(const std::string& flag, const std::string& conf
   if (!flag.empty()) return flag;
   if (const char* env = std::getenv("BERTH_LEDGER"); env && *env) return env;
   if (!config_value.empty()) return config_value;
+  std::string path = default_ledger_path();
+  BERTH_CHECK(!path.empty(), "no ledger path: pass --ledger, set BERTH_LEDGER or HOME");
+  return path;
+}
+
+std::string default_ledger_path() {
   const char* home = std::getenv("HOME");
-  BERTH_CHECK(home && *home, "no ledger path: pass --ledger, set BERTH_LEDGER or HOME");
-  return std::string(home) + "/.local/share/berth/ledger.db";
+  return home && *home ? std::string(home) + "/.local/share/berth/ledger.db" : "";
 }
 
 std::string network_filesystem_name(int64_t f_type) {
