@@ -483,6 +483,36 @@ TEST_F(IoTest, ReadChunkedAndCompressedTokensWithAPartialLastChunk) {
   }
 }
 
+// A dataset whose stored size matches a header larger than the machine's memory (space allocated,
+// never written: a sparse file) is refused before the allocation fails, when its values are to be
+// read; its shape alone (berth plan, which reads headers) still reads.
+TEST_F(IoTest, ReadTokensLargerThanMemoryIsRefusedButItsShapeReads) {
+  write_token_dataset(path("big.h5"), small_dataset(257, false));
+  const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  const hsize_t n = hsize_t(memory / 4) + (hsize_t(1) << 30);  // uint32: more bytes than memory
+  {
+    H5File f(path("big.h5"));
+    ASSERT_GE(H5Ldelete(f.id, "tokens", H5P_DEFAULT), 0);
+    const hsize_t dims[1] = {n};
+    const hid_t space = H5Screate_simple(1, dims, nullptr);
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    ASSERT_GE(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY), 0);
+    ASSERT_GE(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), 0);
+    const hid_t d =
+        H5Dcreate2(f.id, "tokens", H5T_STD_U32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    H5Dclose(d);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+  }
+  expect_error([&] { read_token_dataset(path("big.h5")); },
+               {"/tokens declares " + std::to_string(n) + " values",
+                "more than this machine's "
+                "memory"});
+  EXPECT_EQ(read_token_dataset_shape(path("big.h5")).n_tokens, int64_t(n));
+  std::filesystem::remove(path("big.h5"));
+}
+
 TEST_F(IoTest, ReadValidatesContents) {
   write_token_dataset(path("a.h5"), small_dataset(50257, false));
   {

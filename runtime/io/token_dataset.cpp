@@ -167,8 +167,9 @@ struct IntShape {
   bool is_signed = false;
   size_t nbytes = 0;
 };
-IntShape check_int_1d(hid_t dset, const char* name, const char* expected,
-                      const std::string& path) {
+// `to_read`: the values are about to be read into memory (not only the shape, as for a plan).
+IntShape check_int_1d(hid_t dset, const char* name, const char* expected, const std::string& path,
+                      bool to_read) {
   H5Id type(H5Dget_type(dset), H5Tclose);
   if (!type.valid()) fail_corrupt(path, fmt::format("reading the type of /{}", name));
   if (H5Tget_class(type.get()) != H5T_INTEGER) {
@@ -218,7 +219,7 @@ IntShape check_int_1d(hid_t dset, const char* name, const char* expected,
   // Reading allocates the declared size: more than this machine holds is a damaged header (or a
   // dataset for a bigger machine), said before the allocation fails.
   const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
-  if (memory > 0 && declared > memory) {
+  if (to_read && memory > 0 && declared > memory) {
     BERTH_FAIL(
         "'{}': /{} declares {} values ({:.1f} GiB), more than this machine's memory "
         "({:.1f} GiB): a damaged header, or a dataset for a bigger machine",
@@ -266,15 +267,15 @@ TokenDataset read_hdf5(const std::string& path, bool data, TokenDatasetShape* sh
   H5Id offsets = open_dataset(f, "doc_offsets", true, path);
   H5Id mask = open_dataset(f, "loss_mask", false, path);
 
-  const IntShape ts = check_int_1d(tokens.get(), "tokens", "uint16 or uint32", path);
+  const IntShape ts = check_int_1d(tokens.get(), "tokens", "uint16 or uint32", path, data);
   if (ts.is_signed || (ts.nbytes != 2 && ts.nbytes != 4)) {
     BERTH_FAIL("'{}': /tokens has element type {}int{}, expected uint16 or uint32; {}", path,
                ts.is_signed ? "" : "u", ts.nbytes * 8, kImportHint);
   }
-  const IntShape os = check_int_1d(offsets.get(), "doc_offsets", "uint64", path);
+  const IntShape os = check_int_1d(offsets.get(), "doc_offsets", "uint64", path, data);
   IntShape ms;
   if (mask.valid()) {
-    ms = check_int_1d(mask.get(), "loss_mask", "uint8", path);
+    ms = check_int_1d(mask.get(), "loss_mask", "uint8", path, data);
     if (ms.nbytes != 1) {
       BERTH_FAIL("'{}': /loss_mask has element type {}int{}, expected uint8; {}", path,
                  ms.is_signed ? "" : "u", ms.nbytes * 8, kImportHint);
