@@ -4,14 +4,30 @@
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <new>
 #include <string>
+#include <thread>
 
 #include "launcher/commands.h"
 #include "runtime/core/check.h"
 #include "runtime/core/log.h"
+
+namespace {
+
+// Under mpirun most failures are met by every rank alike (a layout that does not divide the
+// ranks, a missing data file): rank 0 reports at once and its MPI_Abort ends the others while
+// they wait here, so the message appears once. A failure of another rank alone (its GPU, a file
+// missing on its node) is still reported, this much later.
+constexpr auto kPeerReportDelay = std::chrono::milliseconds(500);
+
+void wait_for_rank0_report(int rank, int world) {
+  if (world > 1 && rank != 0) std::this_thread::sleep_for(kPeerReportDelay);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // The communicator watchdog (runtime/comm/watchdog.h) and the lease keeper run threads of their
@@ -46,17 +62,20 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return code;
   } catch (const berth::Error& e) {
+    wait_for_rank0_report(rank, world);
     const char* debug = std::getenv("BERTH_DEBUG");
     const bool where = debug && *debug && std::string(debug) != "0" && !e.where().empty();
     berth::log_error("{}{}", e.what(), where ? " [" + e.where() + "]" : "");
     code = berth::kExitError;
   } catch (const std::bad_alloc&) {
+    wait_for_rank0_report(rank, world);
     berth::log_error(
         "out of memory: this command asked for more memory than the process can have. A model "
         "or dataset file may declare sizes larger than it holds (check it with `berth data info` "
         "or `h5dump -H`), or the config is too large for this machine (see `berth plan`)");
     code = berth::kExitError;
   } catch (const std::exception& e) {
+    wait_for_rank0_report(rank, world);
     berth::log_error("internal error: {}", e.what());
     code = berth::kExitError;
   }
