@@ -502,6 +502,19 @@ TEST(Config, ToTomlListsEveryKeyAndWritesFloatsAsFloats) {
   }
 }
 
+TEST(Config, DifferencesNameEachDifferingKeyWithBothValues) {
+  RunConfig a, b;
+  EXPECT_TRUE(config_differences(a, b).empty());
+  b.train.steps = a.train.steps + 1;
+  b.data.train = "other.h5";
+  b.data.shuffle = !a.data.shuffle;
+  const std::vector<std::string> d = config_differences(a, b);
+  ASSERT_EQ(d.size(), 3u);  // in config order: data before train
+  EXPECT_EQ(d[0], "data.train = \"\" vs \"other.h5\"");
+  EXPECT_EQ(d[1], fmt::format("data.shuffle = {} vs {}", a.data.shuffle, b.data.shuffle));
+  EXPECT_EQ(d[2], fmt::format("train.steps = {} vs {}", a.train.steps, b.train.steps));
+}
+
 TEST(Config, RoundTripNonDefaults) {
   RunConfig cfg;
   cfg.run.name = "quote\" back\\slash\ttab\nnewline \x01 unicode \xc3\xa9";

@@ -691,6 +691,19 @@ void validate_config(const RunConfig& cfg) {
   }
 }
 
+namespace {
+
+// A field's value as config_to_toml writes it.
+std::string toml_value(const Field& f, RunConfig& cfg) {
+  const FieldRef ref = f.ref(cfg);
+  if (auto* i = std::get_if<int64_t*>(&ref)) return fmt::format("{}", **i);
+  if (auto* d = std::get_if<double*>(&ref)) return format_double(**d);
+  if (auto* b = std::get_if<bool*>(&ref)) return **b ? "true" : "false";
+  return quote_toml(*std::get<std::string*>(ref));
+}
+
+}  // namespace
+
 std::string config_to_toml(const RunConfig& cfg) {
   RunConfig copy = cfg;  // Field::ref takes a mutable config; nothing is written through it
   std::string out;
@@ -700,18 +713,17 @@ std::string config_to_toml(const RunConfig& cfg) {
       section = f.section;
       out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", section);
     }
-    const FieldRef ref = f.ref(copy);
-    std::string value;
-    if (auto* i = std::get_if<int64_t*>(&ref)) {
-      value = fmt::format("{}", **i);
-    } else if (auto* d = std::get_if<double*>(&ref)) {
-      value = format_double(**d);
-    } else if (auto* b = std::get_if<bool*>(&ref)) {
-      value = **b ? "true" : "false";
-    } else {
-      value = quote_toml(*std::get<std::string*>(ref));
-    }
-    out += fmt::format("{} = {}\n", f.key, value);
+    out += fmt::format("{} = {}\n", f.key, toml_value(f, copy));
+  }
+  return out;
+}
+
+std::vector<std::string> config_differences(const RunConfig& a, const RunConfig& b) {
+  RunConfig ca = a, cb = b;  // Field::ref takes a mutable config; nothing is written through it
+  std::vector<std::string> out;
+  for (const Field& f : kFields) {
+    const std::string va = toml_value(f, ca), vb = toml_value(f, cb);
+    if (va != vb) out.push_back(fmt::format("{}.{} = {} vs {}", f.section, f.key, va, vb));
   }
   return out;
 }

@@ -153,4 +153,8 @@ void validate_config(const RunConfig& cfg);
 // parse_config to the same values.
 std::string config_to_toml(const RunConfig& cfg);
 
+// The fields whose values differ, in config order, each as "section.key = A vs B" (values written
+// as in config_to_toml): what a user must make the same.
+std::vector<std::string> config_differences(const RunConfig& a, const RunConfig& b);
+
 }  // namespace berth

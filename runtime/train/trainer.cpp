@@ -521,12 +521,26 @@ void Trainer::require_same_config_on_every_rank() {
   int64_t first = mine;
   world_.broadcast(&first, 1, DType::I64, 0);
   const int64_t differ = world_.all_reduce_value<int64_t>(mine != first ? 1 : 0, ReduceOp::SUM);
+  if (differ == 0) return;
   const int64_t last =
       world_.all_reduce_value<int64_t>(mine != first ? world_.rank() : -1, ReduceOp::MAX);
-  BERTH_CHECK(differ == 0,
-              "{} of the {} ranks got another config than rank 0 (rank {} among them): every rank "
-              "must read the same config file with the same --set options",
-              differ, world_.size(), last);
+  // Name what differs: rank 0's config and that rank's, as text to every rank.
+  const std::string own = config_to_toml(cfg_);
+  const std::string text0 = world_.broadcast_text(own, 0);
+  const std::string text_last = world_.broadcast_text(own, int(last));
+  std::string keys;
+  try {
+    const std::vector<std::string> d = config_differences(
+        parse_config(text0, "rank 0's config"), parse_config(text_last, "the other config"));
+    for (size_t i = 0; i < d.size() && i < 3; ++i) keys += (i ? "; " : "") + d[i];
+    if (d.size() > 3) keys += fmt::format("; and {} more", d.size() - 3);
+  } catch (const Error&) {
+    keys = "see each rank's command line";  // the texts round-trip; kept from failing here
+  }
+  BERTH_FAIL(
+      "{} of the {} ranks got another config than rank 0 (rank {} among them; rank 0 vs rank {}: "
+      "{}): every rank must read the same config file with the same --set options",
+      differ, world_.size(), last, last, keys);
 }
 
 void Trainer::warn_resume_changes(const std::string& path, const CheckpointMeta& meta) const {

@@ -82,8 +82,8 @@ timeout 120 "${mpi[@]}" -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=
     > "$tmp/mpmd.log" 2>&1
 rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $(( $(date +%s) - start )) -lt 60 ] &&
-    grep -q "1 of the 2 ranks got another config than rank 0 (rank 1 among them)" "$tmp/mpmd.log"
-check "ranks with different configs are refused at start (rc $rc)" $?
+    grep -q "1 of the 2 ranks got another config than rank 0 (rank 1 among them; rank 0 vs rank 1: train.steps = 4 vs 5)" "$tmp/mpmd.log"
+check "ranks with different configs are refused at start, naming the key (rc $rc)" $?
 
 # An MPMD launch whose other program is not `berth train` (it exits at once): the start-up config
 # vote, the first collective, waited forever; the watchdog ends it at comm_timeout_s (exit 5).
