@@ -447,6 +447,11 @@ TEST(Config, RunNameIsOneDirectoryName) {
   EXPECT_NO_THROW(parse_config("[run]\nname = \"gpt2-small_v2.1\"\n", "configs/x.toml"));
 }
 
+TEST(Config, RunOutDirMustNotBeEmpty) {
+  EXPECT_CONTAINS(parse_error("", {"run.out_dir=\"\""}), "run.out_dir is empty");
+  EXPECT_EQ(parse_config("[run]\nout_dir = \".\"\n", "configs/x.toml").run.out_dir, ".");
+}
+
 TEST(Config, ValidationRunDevice) {
   EXPECT_EQ(parse_config("", "configs/x.toml").run.device, "cpu");
   EXPECT_EQ(parse_config("[run]\ndevice = \"auto\"\n", "configs/x.toml").run.device, "auto");

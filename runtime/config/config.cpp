@@ -492,6 +492,14 @@ void validate_config(const RunConfig& cfg) {
         "run's files go to run.out_dir/run.name",
         w, quote_toml(run_name));
   }
+  // An empty out_dir (a template's variable left unset) put the run beside the config, in the
+  // current directory, without a word.
+  if (cfg.run.out_dir.empty()) {
+    BERTH_FAIL(
+        "{}: run.out_dir is empty; give the directory that holds run directories (\".\" "
+        "for the current one)",
+        w);
+  }
   if (cfg.run.device != "cpu" && cfg.run.device != "cuda" && cfg.run.device != "auto") {
     BERTH_FAIL("{}: unknown run.device {}; use \"cpu\", \"cuda\" or \"auto\"", w,
                quote_toml(cfg.run.device));
