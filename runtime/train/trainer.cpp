@@ -315,12 +315,15 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
                 "{} (or 0 for automatic)",
                 where, cfg_.data.pack_align, cp, 2 * cp);
   }
+  // data.val is read only when something evaluates: with eval.interval = 0 a config's val path
+  // (on another cluster, not yet made) neither stops the run nor takes memory.
+  const bool reads_val = cfg_.eval.interval > 0 && !cfg_.data.val.empty();
   require_data_file(cfg_.data.train, "data.train");
-  if (!cfg_.data.val.empty()) require_data_file(cfg_.data.val, "data.val");
+  if (reads_val) require_data_file(cfg_.data.val, "data.val");
   train_ds_ = read_token_dataset(cfg_.data.train);
   check_dataset_fits(train_ds_, "data.train", cfg_);
   loader_ = make_loader(&train_ds_, cfg_.data.train, cfg_.data.shuffle, uint64_t(cfg_.run.seed));
-  if (!cfg_.data.val.empty()) {
+  if (reads_val) {
     val_ds_ = read_token_dataset(cfg_.data.val);
     check_dataset_fits(val_ds_, "data.val", cfg_);
     check_same_tokenizer(train_ds_, val_ds_, cfg_);
@@ -330,12 +333,12 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
     // and grow memory (eval.batches = 20000000 took 14 GB before evaluating anything).
     const int64_t rows = grid_->shape().dp * cfg_.train.micro_batch_size;
     const int64_t one_pass = val_loader_->rows_per_epoch() / rows;  // whole batches only
-    BERTH_CHECK(cfg_.eval.interval == 0 || one_pass > 0,
+    BERTH_CHECK(one_pass > 0,
                 "data.val '{}' holds {} rows, fewer than one global batch of {} (dp {} × "
                 "micro_batch_size {}): give a bigger data.val, or lower train.micro_batch_size",
                 cfg_.data.val, val_loader_->rows_per_epoch(), rows, grid_->shape().dp,
                 cfg_.train.micro_batch_size);
-    BERTH_CHECK(cfg_.eval.interval == 0 || cfg_.eval.batches <= one_pass,
+    BERTH_CHECK(cfg_.eval.batches <= one_pass,
                 "eval.batches = {} asks for {} validation rows ({} global batches of dp {} × "
                 "micro_batch_size {}), but data.val '{}' holds {} rows: windows would repeat. "
                 "Lower eval.batches to at most {} (the whole validation set), or give a bigger "

@@ -242,7 +242,12 @@ expect_error "train_file_truncated_hdf5" "is not a readable HDF5 file" \
   "$tmp/runs/train_truncated" train_tiny train_truncated --set "data.train=$tmp/truncated.h5"
 
 expect_error "val_file_missing" "data.val '$tmp/missing_val.h5' does not exist" \
-  "$tmp/runs/val_missing" train_tiny val_missing --set "data.val=$tmp/missing_val.h5"
+  "$tmp/runs/val_missing" train_tiny val_missing --set "data.val=$tmp/missing_val.h5" \
+  --set eval.interval=1
+# With eval.interval = 0 nothing evaluates, so data.val is not read: a missing one trains.
+train_tiny val_unused --set "data.val=$tmp/missing_val.h5" >"$log" 2>&1
+rc=$?
+report "val_file_missing_without_evaluation_trains" "$([ $rc -eq 0 ] || echo " rc $rc")"
 # A relative path is read from the current directory, not the config's: the message says which.
 expect_error "train_file_relative_elsewhere" "data.train 'data/nowhere.h5' does not exist (a relative path is read from the current directory, $tmp, not from the config's)" \
   "$tmp/runs/relative" in_dir "$tmp" train_tiny relative --set "data.train=data/nowhere.h5"
