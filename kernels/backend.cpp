@@ -1,6 +1,8 @@
 // The backend factory: the one place outside kernels/cuda that knows whether CUDA was built.
 #include "kernels/backend.h"
 
+#include <cstdlib>
+
 #include "runtime/core/check.h"
 
 #if BERTH_CUDA
@@ -12,6 +14,20 @@ namespace berth {
 
 bool cuda_built() { return BERTH_CUDA != 0; }
 
+int cuda_device_for_rank(int visible, int local_rank, int local_size, bool bound_per_rank) {
+  BERTH_CHECK(local_rank >= 0 && local_rank < local_size, "local rank {} of {} ranks", local_rank,
+              local_size);
+  if (visible >= local_size) return local_rank;
+  // One GPU each, chosen by the launcher: every rank sees its own as device 0. (Ranks that were
+  // all shown the same one GPU are refused by NCCL, which names the duplicate device.)
+  if (visible == 1 && bound_per_rank) return 0;
+  BERTH_FAIL(
+      "{} ranks run on this host but this rank sees {} GPU(s): start at most {} rank(s) per host "
+      "(mpirun --map-by ppr:{}:node), bind one GPU to each rank (srun --gpus-per-task=1), or set "
+      "run.device = \"cpu\"",
+      local_size, visible, visible, visible);
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank, int local_size) {
   BERTH_CHECK(device == "cpu" || device == "cuda" || device == "auto",
               "unknown device \"{}\": use \"auto\", \"cpu\" or \"cuda\"", device);
@@ -19,11 +35,9 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank,
 #if BERTH_CUDA
   const int n = cuda::device_count();
   if (n > 0) {
-    BERTH_CHECK(local_size <= n,
-                "{} ranks run on this host but it has {} GPU(s): start at most {} rank(s) per host "
-                "(mpirun --map-by ppr:{}:node) or set run.device = \"cpu\"",
-                local_size, n, n, n);
-    return cuda::make_cuda_backend(local_rank);
+    const char* bound = std::getenv("CUDA_VISIBLE_DEVICES");
+    return cuda::make_cuda_backend(
+        cuda_device_for_rank(n, local_rank, local_size, bound != nullptr && *bound != '\0'));
   }
   BERTH_CHECK(device == "auto", "device = \"cuda\" but no CUDA device is usable here: {}",
               cuda::describe_devices());

@@ -23,4 +23,10 @@ bool cuda_built();
 std::unique_ptr<Backend> make_backend(const std::string& device, int local_rank,
                                       int local_size = 1);
 
+// The GPU (an index among the `visible` ones) that local rank `local_rank` of `local_size` takes:
+// its local rank when the host shows every rank all of its GPUs, or the only one visible when the
+// launcher bound one GPU to each rank (`bound_per_rank`: CUDA_VISIBLE_DEVICES set, as Slurm's
+// --gpus-per-task=1 or --gpu-bind does). Throws berth::Error when the ranks outnumber the GPUs.
+int cuda_device_for_rank(int visible, int local_rank, int local_size, bool bound_per_rank);
+
 }  // namespace berth

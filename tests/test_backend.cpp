@@ -22,6 +22,7 @@
 #include "kernels/ops.h"
 #include "runtime/core/check.h"
 #include "tests/eager_attention.h"
+#include "tests/expect_error.h"
 #include "tests/host_items_backend.h"
 #include "tests/tolerance.h"
 
@@ -867,6 +868,19 @@ TEST(BackendFactory, ChoosesAndExplains) {
     EXPECT_THROW(make_backend("cuda", 0), Error);
   }
   EXPECT_EQ(&cpu_backend(), &cpu_backend());
+}
+
+TEST(BackendFactory, EachRankTakesItsOwnGpu) {
+  // 8 GPUs shown to each of 8 ranks: rank r takes GPU r (and fewer ranks, the first ones).
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(cuda_device_for_rank(8, r, 8, false), r);
+  EXPECT_EQ(cuda_device_for_rank(8, 1, 2, true), 1);
+  // srun --gpus-per-task=1: each of 4 ranks sees its own GPU as device 0.
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(cuda_device_for_rank(1, r, 4, true), 0);
+  // More ranks than GPUs with no binding, or 2 visible to each of 4 ranks: refused with the fixes.
+  test::expect_error([] { cuda_device_for_rank(1, 1, 4, false); },
+                     {"4 ranks run on this host but this rank sees 1 GPU(s)",
+                      "srun --gpus-per-task=1", "run.device = \"cpu\""});
+  test::expect_error([] { cuda_device_for_rank(2, 3, 4, true); }, {"sees 2 GPU(s)"});
 }
 #endif
 
