@@ -26,6 +26,7 @@
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/item_backend.h"
+#include "runtime/core/log.h"
 
 #define CUBLAS_CHECK(expr)                                                                 \
   do {                                                                                     \
@@ -120,6 +121,7 @@ class CudaExec : public Backend {
       cudaFreeHost(st.host);
     }
     if (lt_workspace_ != nullptr) cudaFreeAsync(lt_workspace_, stream_);
+    if (std::uncaught_exceptions() > 0) return;  // cublasDestroy synchronizes the device
     cublasLtDestroy(lt_);
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
@@ -136,8 +138,17 @@ class CudaExec : public Backend {
                 double(bytes) / (1 << 20), cudaGetErrorString(err), identity());
     return p;
   }
+  // Called from destructors (DeviceBuffer), also while an error unwinds, so it never throws:
+  // after a kernel fault every CUDA call returns that sticky error, and the fault is what the
+  // failing call already reported. Said once, should the free itself be what fails.
   void release(void* p) override {
-    if (p != nullptr) CUDA_CHECK(cudaFreeAsync(p, stream_));
+    if (p == nullptr) return;
+    const cudaError_t err = cudaFreeAsync(p, stream_);
+    if (err != cudaSuccess && !release_failed_) {
+      release_failed_ = true;
+      log_warn("{}: cudaFreeAsync failed: {} (device memory of this process is not reused)", name_,
+               cudaGetErrorString(err));
+    }
   }
   void zero(void* p, size_t bytes) override {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
@@ -520,6 +531,7 @@ class CudaExec : public Backend {
   Scratch bf16_[3];
   Stage stage_[kStageSlots];
   int next_stage_ = 0;
+  bool release_failed_ = false;
 };
 
 }  // namespace
