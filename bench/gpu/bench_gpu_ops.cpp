@@ -159,6 +159,7 @@ void gpt2_step(Backend& be, int B, int T) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run stopped at its time limit keeps its lines
   if (argc > 1 && std::string(argv[1]) == "--cpu") {  // the step on the CPU backend, small
     std::printf("bench_gpu_ops --cpu: the training step on the CPU backend, B=1 T=128\n");
     auto cpu = berth::make_backend("cpu", 0);
