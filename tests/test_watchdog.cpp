@@ -78,6 +78,43 @@ TEST(Watchdog, ProbedCallsCloseWhenDoneAndTheOldestOpenOneCounts) {
   EXPECT_EQ(w.open_calls(), 0u);
 }
 
+TEST(Watchdog, AFailedProbeFiresAtOnceNamingTheCallAndTheReason) {
+  Fake f;
+  CallWatchdog w(
+      600, [&](const std::string& m) { f.fired.push_back(m); }, [&] { return f.now; });
+  std::string error;
+  int polls = 0;
+  w.open(
+      "all_reduce", 4096, 8, [] { return false; },
+      [&] {
+        ++polls;
+        return error;
+      });
+  f.now = 101;
+  EXPECT_FALSE(w.check()) << "no error yet, far from the timeout";
+  error = "NCCL asynchronous error on rank 3/8@node2: remote process exited or there was a network "
+          "error";
+  f.now = 102.5;
+  EXPECT_TRUE(w.check()) << "an asynchronous error does not wait for the timeout";
+  ASSERT_EQ(f.fired.size(), 1u);
+  EXPECT_NE(f.fired[0].find("communicator error: all_reduce of 4096 bytes in a group of 8 rank(s) "
+                            "failed after 2.5 s: NCCL asynchronous error on rank 3/8@node2"),
+            std::string::npos)
+      << f.fired[0];
+  const int after_fire = polls;
+  EXPECT_FALSE(w.check()) << "once per call";
+  EXPECT_EQ(polls, after_fire) << "a call that fired is not probed again";
+  // A call that completed is not asked for errors: it closes.
+  const int before = polls;
+  w.open("broadcast", 8, 2, [] { return true; }, [&] {
+    ++polls;
+    return std::string("stale");
+  });
+  EXPECT_FALSE(w.check());
+  EXPECT_EQ(polls, before);
+  EXPECT_EQ(f.fired.size(), 1u);
+}
+
 TEST(Watchdog, ItsThreadFiresOnTheRealClock) {
   std::atomic<int> fired{0};
   std::string message;

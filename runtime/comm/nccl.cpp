@@ -131,6 +131,7 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, cudaStream_t compute, int device)
       : comm_(comm), compute_(compute), device_(device) {
+    probe_comm_->comm = comm_;
     NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
     NCCL_CHECK(ncclCommCount(comm_, &size_));
     CUDA_RT_CHECK(cudaSetDevice(device_));
@@ -141,6 +142,10 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
   ~NcclCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(probe_comm_->mu);
+      probe_comm_->comm = nullptr;  // the watchdog's probes no longer query it
+    }
     if (std::uncaught_exceptions() > 0) {
       ncclCommAbort(comm_);  // an error unwinds: peers may never come, do not wait for them
     } else {
@@ -352,10 +357,25 @@ class NcclCommunicator final : public Communicator {
     const std::shared_ptr<CUevent_st> event(
         ev, [pool = events_](cudaEvent_t e) { pool->give_back(e); });
     CUDA_RT_CHECK(cudaEventRecord(ev, stream_));
-    w->open(op, bytes, size_, [event, dev = device_] {
-      cudaSetDevice(dev);
-      return cudaEventQuery(event.get()) != cudaErrorNotReady;
-    });
+    // While the call is not done, NCCL's asynchronous error (a peer or the network failed) is
+    // polled too, as NCCL's docs ask of a waiting application: the job ends at once, naming it,
+    // not after comm_timeout_s.
+    w->open(
+        op, bytes, size_,
+        [event, dev = device_] {
+          cudaSetDevice(dev);
+          return cudaEventQuery(event.get()) != cudaErrorNotReady;
+        },
+        [probe = probe_comm_, who = identity()]() -> std::string {
+          std::lock_guard<std::mutex> lock(probe->mu);
+          ncclResult_t st = ncclSuccess;
+          if (probe->comm == nullptr || ncclCommGetAsyncError(probe->comm, &st) != ncclSuccess ||
+              st == ncclSuccess || st == ncclInProgress) {
+            return "";
+          }
+          return fmt::format("NCCL asynchronous error on {}: {} {}", who, ncclGetErrorString(st),
+                             ncclGetLastError(probe->comm));
+        });
   }
   void order_after_compute() {
     CUDA_RT_CHECK(cudaEventRecord(before_, compute_));
@@ -402,6 +422,12 @@ class NcclCommunicator final : public Communicator {
   }
 
   ncclComm_t comm_;
+  // comm_ as the watchdog's probes see it, on their thread: null once the communicator goes.
+  struct ProbeComm {
+    std::mutex mu;
+    ncclComm_t comm = nullptr;
+  };
+  std::shared_ptr<ProbeComm> probe_comm_ = std::make_shared<ProbeComm>();
   cudaStream_t compute_, stream_ = nullptr;
   cudaEvent_t before_ = nullptr, after_ = nullptr;
   int device_ = 0, rank_ = 0, size_ = 1;

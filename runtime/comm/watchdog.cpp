@@ -36,13 +36,25 @@ CallWatchdog::~CallWatchdog() {
   if (thread_.joinable()) thread_.join();
 }
 
-uint64_t CallWatchdog::open(const char* op, size_t bytes, int group_size, Done done) {
+uint64_t CallWatchdog::open(const char* op, size_t bytes, int group_size, Done done,
+                            Failed failed) {
   const double now = clock_();
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t token = next_++;
-  calls_.push_back(Call{token, op, bytes, group_size, now, std::move(done)});
+  calls_.push_back(Call{token, op, bytes, group_size, now, std::move(done), std::move(failed)});
   return token;
 }
+
+namespace {
+
+std::string describe_call(const char* op, size_t bytes, int group_size) {
+  return fmt::format("{} of {} in a group of {} rank(s)", op,
+                     bytes < (1u << 20) ? fmt::format("{} bytes", bytes)
+                                        : fmt::format("{:.1f} MiB", double(bytes) / (1 << 20)),
+                     group_size);
+}
+
+}  // namespace
 
 void CallWatchdog::close(uint64_t token) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -60,15 +72,29 @@ bool CallWatchdog::check() {
   // The probes run without the lock (a device query may be slow, and the calling thread must
   // still be able to open and close calls); entries popped here are destroyed after it is
   // released too (a probe's event goes with them).
-  std::vector<std::pair<uint64_t, Done>> probes;
+  struct Probe {
+    uint64_t token;
+    Done done;
+    Failed failed;
+  };
+  std::vector<Probe> probes;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Call& c : calls_)
-      if (!c.closed && c.done) probes.emplace_back(c.token, c.done);
+      if (!c.closed && !c.fired && (c.done || c.failed))
+        probes.push_back(Probe{c.token, c.done, c.failed});
   }
   std::vector<uint64_t> finished;
-  for (auto& [token, done] : probes)
-    if (done()) finished.push_back(token);
+  uint64_t failed_token = 0;
+  std::string reason;
+  for (const Probe& p : probes) {
+    if (p.done && p.done()) {
+      finished.push_back(p.token);
+    } else if (p.failed && failed_token == 0) {
+      reason = p.failed();
+      if (!reason.empty()) failed_token = p.token;
+    }
+  }
   probes.clear();
   std::deque<Call> popped;
   std::string message;
@@ -81,19 +107,26 @@ bool CallWatchdog::check() {
       calls_.pop_front();
     }
     if (calls_.empty()) return false;
-    Call* oldest = &calls_.front();  // open: the closed ones at the front were popped
-    const double waited = clock_() - oldest->t0;
-    if (oldest->fired || waited <= timeout_s_) return false;
-    oldest->fired = true;
-    message = fmt::format(
-        "communicator timeout: {} of {} in a group of {} rank(s) has not completed after "
-        "{:.1f} s (limit {:g} s): a peer hangs, died, or never reached this call; ending the "
-        "job. If the wait is legitimate (a long checkpoint save or evaluation), raise "
-        "parallel.comm_timeout_s",
-        oldest->op,
-        oldest->bytes < (1u << 20) ? fmt::format("{} bytes", oldest->bytes)
-                                   : fmt::format("{:.1f} MiB", double(oldest->bytes) / (1 << 20)),
-        oldest->group_size, waited, timeout_s_);
+    const double now = clock_();
+    for (Call& c : calls_) {
+      if (c.token != failed_token || c.closed || c.fired) continue;
+      c.fired = true;
+      message = fmt::format(
+          "communicator error: {} failed after {:.1f} s: {}; ending the job (the other ranks' "
+          "logs, or the node's, say which peer or link failed)",
+          describe_call(c.op, c.bytes, c.group_size), now - c.t0, reason);
+    }
+    if (message.empty()) {
+      Call* oldest = &calls_.front();  // open: the closed ones at the front were popped
+      const double waited = now - oldest->t0;
+      if (oldest->fired || waited <= timeout_s_) return false;
+      oldest->fired = true;
+      message = fmt::format(
+          "communicator timeout: {} has not completed after {:.1f} s (limit {:g} s): a peer "
+          "hangs, died, or never reached this call; ending the job. If the wait is legitimate (a "
+          "long checkpoint save or evaluation), raise parallel.comm_timeout_s",
+          describe_call(oldest->op, oldest->bytes, oldest->group_size), waited, timeout_s_);
+    }
   }
   fire_(message);
   return true;

@@ -31,6 +31,7 @@ class CallWatchdog {
   using Clock = std::function<double()>;                 // seconds, monotonic
   using Fire = std::function<void(const std::string&)>;  // what to do with the message
   using Done = std::function<bool()>;                    // true once the call has completed
+  using Failed = std::function<std::string()>;           // why the call failed, or "" (not yet)
 
   // A watchdog that calls `fire` with a message when a call stays open longer than timeout_s
   // (> 0). `clock` defaults to std::chrono::steady_clock. No thread until start().
@@ -41,12 +42,15 @@ class CallWatchdog {
 
   // Opens a call: `op` (a string literal: "all_reduce", …), its payload bytes and its group's
   // size. With a `done` probe the call closes when the probe returns true (polled by check());
-  // without one, when close(token) is called.
-  uint64_t open(const char* op, size_t bytes, int group_size, Done done = {});
+  // without one, when close(token) is called. A `failed` probe, polled while the call is not
+  // done, reports an error the library saw in the background (NCCL's asynchronous errors: a
+  // peer or the network failed): the watchdog fires at once, without waiting for the timeout.
+  uint64_t open(const char* op, size_t bytes, int group_size, Done done = {}, Failed failed = {});
   void close(uint64_t token);
 
-  // One check: closes the calls whose probe says done; when the oldest open call has been open
-  // longer than the timeout, fires (once per call) and returns true.
+  // One check: closes the calls whose probe says done; when an open call's `failed` probe gives
+  // a reason, or the oldest open call has been open longer than the timeout, fires (once per
+  // call) and returns true.
   bool check();
   // A thread that runs check() every poll_s seconds until destruction.
   void start(double poll_s);
@@ -62,6 +66,7 @@ class CallWatchdog {
     int group_size;
     double t0;
     Done done;
+    Failed failed;
     bool closed = false, fired = false;
   };
   double timeout_s_;
