@@ -170,6 +170,7 @@ void register_train_command(CLI::App& app) {
     }
     if (trainer.outcome() == Trainer::Outcome::kWindowEnded) throw ExitStatus{kExitWindowEnded};
     if (trainer.outcome() == Trainer::Outcome::kLeaseLost) throw ExitStatus{kExitLeaseLost};
+    if (trainer.outcome() == Trainer::Outcome::kSignalled) throw ExitStatus{kExitSignalled};
   });
 }
 

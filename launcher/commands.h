@@ -48,6 +48,7 @@ constexpr int kExitLeaseLost = 4;     // train: no lease (refused, taken over, o
 // Not an outcome but a failure with its own status: a communicator call outlived
 // parallel.comm_timeout_s; the process exits at once (runtime/comm/watchdog.h).
 constexpr int kExitCommTimeout = 5;
+constexpr int kExitSignalled = 6;  // train: stopped on SIGTERM/SIGINT/SIGUSR1; checkpointed
 struct ExitStatus {
   int code;
 };

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "runtime/io/importers.h"
 #include "runtime/io/token_dataset.h"
 #include "runtime/train/checkpoint.h"
+#include "runtime/train/stop_signals.h"
 #include "runtime/train/trainer.h"
 #include "tests/expect_error.h"
 #include "tests/host_items_backend.h"
@@ -418,6 +420,29 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
   cfg.eval.interval = 1;
   test::expect_error([&] { Trainer t(cfg, *world()); },
                      {"holds 1 rows, fewer than one global batch of 8"});
+}
+
+TEST(StopSignals, RecordTheFirstSignalAndPutThePreviousHandlersBack) {
+  static volatile std::sig_atomic_t before = 0;
+  struct sigaction mine {};
+  mine.sa_handler = [](int) { before = 1; };
+  sigemptyset(&mine.sa_mask);
+  struct sigaction saved {};
+  ASSERT_EQ(sigaction(SIGUSR1, &mine, &saved), 0);
+  {
+    const StopSignals stop;
+    EXPECT_EQ(StopSignals::received(), 0);
+    std::raise(SIGUSR1);
+    EXPECT_EQ(StopSignals::received(), SIGUSR1);
+    EXPECT_STREQ(StopSignals::name(StopSignals::received()), "SIGUSR1");
+    std::raise(SIGTERM);  // another kind after the first: recorded once, the first one stays
+    EXPECT_EQ(StopSignals::received(), SIGUSR1);
+    EXPECT_EQ(before, 0) << "berth's handler, not the previous one, ran";
+  }
+  EXPECT_EQ(StopSignals::received(), 0);
+  std::raise(SIGUSR1);  // the previous handler is back
+  EXPECT_EQ(before, 1);
+  sigaction(SIGUSR1, &saved, nullptr);
 }
 
 }  // namespace

@@ -29,6 +29,7 @@
 #include "runtime/train/progress_tracker.h"
 #include "runtime/train/resume_changes.h"
 #include "runtime/train/step_metrics.h"
+#include "runtime/train/stop_signals.h"
 
 namespace berth {
 namespace {
@@ -850,6 +851,9 @@ std::vector<StepStats> Trainer::run() {
                 "this run saves at step {}: remove it, or give this run another checkpoint.dir",
                 dir, step);
   }
+  // From here a stop signal (SIGTERM, SIGINT, SIGUSR1) ends the run at the next step, with a
+  // checkpoint and the lease given back, instead of killing it.
+  const StopSignals stop_signals;
   // The lease comes first: a refused one leaves nothing behind (collective; LeaseRefused).
   LeaseKeeper lease(cfg_, world_);
   set_fencing_token(lease.token());
@@ -994,6 +998,18 @@ std::vector<StepStats> Trainer::run() {
   double last_wall = 0, last_step_s = 0;
   for (int64_t step = start_step_; step < steps; step++) {
     if (step == cfg_.debug.stall_step && world_.rank() == 0) sleep_seconds(cfg_.debug.stall_s);
+    // A stop signal on any rank stops every rank here, together, after a checkpoint (one
+    // all-reduce of 4 bytes per step).
+    if (const int32_t sig =
+            world_.all_reduce_value<int32_t>(StopSignals::received(), ReduceOp::MAX)) {
+      if (step > start_step_ && saved_at != step) lease.checkpoint_took(save(step));
+      outcome_ = Outcome::kSignalled;
+      outcome_reason_ = fmt::format("{} received", StopSignals::name(sig));
+      log_info("stopping before step {}: {}; {}continue with --resume auto", step + 1,
+               outcome_reason_,
+               step > start_step_ ? fmt::format("checkpoint step-{:08d} saved; ", step) : "");
+      break;
+    }
     // Rank 0 decides for everyone whether this step may start (lease, end of window).
     const LeaseKeeper::Decision decision = lease.before_step(2 * last_step_s, 2 * last_wall);
     if (decision != LeaseKeeper::kContinue) {

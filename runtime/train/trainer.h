@@ -69,7 +69,8 @@ class Trainer {
 
   // How run() ended: all steps done; stopped with a checkpoint because the lease's window ends
   // (resumable in the next window); or stopped because the lease was lost.
-  enum class Outcome { kFinished, kWindowEnded, kLeaseLost };
+  // kSignalled: stopped on SIGTERM, SIGINT or SIGUSR1 after a checkpoint (stop_signals.h).
+  enum class Outcome { kFinished, kWindowEnded, kLeaseLost, kSignalled };
   Outcome outcome() const { return outcome_; }
   const std::string& outcome_reason() const { return outcome_reason_; }
 

@@ -131,6 +131,23 @@ check "an injected failure on rank 1 ends the job non-zero in ${elapsed}s (rc $r
 grep -q "rank 1/2@.*failure injected by debug.fail_rank = 1 at step 3" "$tmp/fail.log"
 check "the failure message carries rank@host" $?
 
+# SIGUSR1 to mpirun, which forwards it to every rank: all ranks stop at the same step with a
+# checkpoint and the job exits 6.
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=usr1 \
+    --set train.steps=200 --set debug.slow_rank=1 --set debug.slow_rank_s=0.1 > "$tmp/usr1.log" 2>&1 &
+mpipid=$!
+for _ in $(seq 300); do
+  [ -f "$tmp/runs/usr1/metrics.jsonl.partial" ] &&
+    [ "$(wc -l < "$tmp/runs/usr1/metrics.jsonl.partial")" -ge 3 ] && break
+  sleep 0.1
+done
+pkill -USR1 -P "$mpipid"  # the launcher, the child of timeout
+wait "$mpipid"
+rc=$?
+saved=$(sed -n 's/.*SIGUSR1 received; checkpoint step-\([0-9]*\) saved.*/\1/p' "$tmp/usr1.log" | head -1)
+[ $rc -eq 6 ] && [ -n "$saved" ] && [ -f "$tmp/runs/usr1/checkpoints/step-$saved/meta.json" ]
+check "SIGUSR1 to mpirun stops every rank with a checkpoint (step ${saved:-none}), exit 6 (rc $rc)" $?
+
 # A hung rank: rank 1 sleeps 8 s in every step (debug.slow_rank) while rank 0 waits in an
 # all-reduce; with parallel.comm_timeout_s = 1 rank 0's watchdog ends the job with status 5, naming
 # the call, well before the sleep is over.

@@ -1,0 +1,25 @@
+// Stopping a training run on a signal, with a checkpoint. While a StopSignals lives, SIGTERM
+// (Slurm's time limit and scancel, a batch system's preemption), SIGINT (Ctrl-C) and SIGUSR1
+// (`sbatch --signal=B:USR1@300`, or `kill -USR1` to mpirun, which forwards it) only set a flag:
+// the trainer reads it before every step (agreed by all ranks: one of them receiving it stops
+// them all), saves a checkpoint, commits its files, releases the lease and exits 6. A second
+// signal of the same kind ends the process at once, as it would have without berth. Like
+// Megatron-LM's --exit-signal-handler or Lightning's SLURM auto-requeue.
+#pragma once
+
+namespace berth {
+
+class StopSignals {
+ public:
+  StopSignals();   // installs the handlers (the previous ones are kept)
+  ~StopSignals();  // puts the previous handlers back
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  // The first stop signal received while installed (SIGTERM, SIGINT, SIGUSR1), or 0.
+  static int received();
+  // "SIGTERM", "SIGINT", "SIGUSR1" (or "signal N").
+  static const char* name(int signum);
+};
+
+}  // namespace berth

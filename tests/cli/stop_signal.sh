@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# A stop signal ends `berth train` at the next step with a checkpoint, its files committed and its
+# lease given back (exit 6), and `--resume auto` continues; a second signal ends it at once.
+#   stop_signal.sh BERTH
+set -u
+berth=$1
+tmp=$(mktemp -d)
+pid=""
+trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+check() {  # check NAME STATUS
+  if [ "$2" -eq 0 ]; then echo "ok   $1"; pass=$((pass + 1)); else echo "FAIL $1"; fail=$((fail + 1)); fi
+}
+# wait_lines FILE N: until FILE has N lines (at most 30 s)
+wait_lines() {
+  for _ in $(seq 300); do
+    [ -f "$1" ] && [ "$(wc -l < "$1")" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 60) > "$tmp/a.txt"
+"$berth" data import --format text "$tmp/a.txt" --out "$tmp/d.h5" >/dev/null
+cfg="$(dirname "$0")/../../configs/tiny.toml"
+# 100 steps of at least 0.1 s each (debug.slow_rank): the signal lands mid-run.
+args=(train "$cfg" --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2
+      --set model.max_seq_len=16 --set data.seq_len=16 --set train.micro_batch_size=2
+      --set train.steps=100 --set eval.interval=0 --set data.val= --set "data.train=$tmp/d.h5"
+      --set "run.out_dir=$tmp/runs" --set debug.slow_rank=0 --set debug.slow_rank_s=0.1)
+run="$tmp/runs/tiny"
+
+# SIGTERM (Slurm's time limit, scancel) after a few steps.
+"$berth" "${args[@]}" > "$tmp/term.log" 2>&1 &
+pid=$!
+wait_lines "$run/metrics.jsonl.partial" 3
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+pid=""
+[ $rc -eq 6 ]
+check "SIGTERM: exit 6 (rc $rc)" $?
+step=$(sed -n 's/.*stopping before step \([0-9]*\): SIGTERM received; checkpoint step-\([0-9]*\) saved.*/\2/p' "$tmp/term.log")
+[ -n "$step" ] && [ -f "$run/checkpoints/step-$step/meta.json" ]
+check "SIGTERM: the stop is logged and its checkpoint (step ${step:-none}) is complete" $?
+saved=$((10#${step:-0}))
+[ -f "$run/metrics.jsonl" ] && [ "$(wc -l < "$run/metrics.jsonl")" -eq "$saved" ] &&
+  [ ! -e "$run/metrics.jsonl.partial" ] && [ -f "$run/trace.csv" ]
+check "SIGTERM: metrics.jsonl ($saved steps) and trace.csv are committed" $?
+
+"$berth" "${args[@]}" --set train.steps=$((saved + 2)) --set debug.slow_rank=-1 --set debug.slow_rank_s=0 --resume auto \
+  > "$tmp/resume.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "at step $saved" "$tmp/resume.log" &&
+  [ "$(wc -l < "$run/metrics.jsonl")" -eq $((saved + 2)) ]
+check "resume auto continues from step $saved to the end (rc $rc)" $?
+
+# Under a lease (SIGINT, Ctrl-C): the lease is given back, so the same booking trains again at
+# once instead of being refused as held by a dead process.
+export BERTH_LEDGER="$tmp/ledger.db"
+"$berth" devices register --cpu-slots 1 >/dev/null 2>&1
+id=$("$berth" reserve --gpus 1 --duration 30m --print-id 2>"$tmp/reserve.log")
+"$berth" "${args[@]}" --set run.name=leased --reservation "$id" > "$tmp/int.log" 2>&1 &
+pid=$!
+wait_lines "$tmp/runs/leased/metrics.jsonl.partial" 2
+kill -INT "$pid"
+wait "$pid"
+rc=$?
+pid=""
+[ $rc -eq 6 ] && grep -q "SIGINT received" "$tmp/int.log"
+check "SIGINT under a lease: exit 6 (rc $rc)" $?
+timeout 60 "$berth" "${args[@]}" --set run.name=leased --reservation "$id" --resume auto \
+  --set train.steps=4 --set debug.slow_rank=-1 --set debug.slow_rank_s=0 > "$tmp/again.log" 2>&1
+rc=$?
+[ $rc -eq 0 ]
+check "the lease was given back: the same booking trains again at once (rc $rc)" $?
+
+# A second signal while the first one's checkpoint is being saved ends the process at once, as
+# the signal would without berth, and leaves no checkpoint half-written.
+"$berth" "${args[@]}" --set run.name=twice --set debug.checkpoint_pause_s=20 > "$tmp/twice.log" 2>&1 &
+pid=$!
+wait_lines "$tmp/runs/twice/metrics.jsonl.partial" 2
+kill -TERM "$pid"
+for _ in $(seq 300); do
+  compgen -G "$tmp/runs/twice/checkpoints/step-*.tmp-*" > /dev/null && break
+  sleep 0.1
+done
+start=$(date +%s)
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+pid=""
+[ $rc -eq 143 ] && [ $(( $(date +%s) - start )) -lt 10 ] &&
+  [ -z "$(ls "$tmp/runs/twice/checkpoints" | grep -v '\.tmp-')" ]
+check "a second SIGTERM ends it at once (rc $rc), no complete checkpoint" $?
+
+[ $fail -ne 0 ] && cat "$tmp/term.log" "$tmp/resume.log" "$tmp/int.log" "$tmp/again.log" "$tmp/twice.log"
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
