@@ -14,6 +14,7 @@
 #include "launcher/commands.h"
 #include "runtime/core/check.h"
 #include "runtime/core/log.h"
+#include "runtime/io/hdf5_exit.h"
 
 namespace {
 
@@ -30,6 +31,7 @@ void wait_for_rank0_report(int rank, int world) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  berth::skip_hdf5_cleanup_at_exit();
   // The communicator watchdog (runtime/comm/watchdog.h) and the lease keeper run threads of their
   // own, but only the main thread calls MPI.
   int provided = 0;
