@@ -1,6 +1,7 @@
 // End-to-end training on a synthetic dataset the test makes: the loss falls, runs are
 // reproducible bit for bit, and the thread count changes losses by at most 1e-6 relative.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -420,6 +421,33 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
   cfg.eval.interval = 1;
   test::expect_error([&] { Trainer t(cfg, *world()); },
                      {"holds 1 rows, fewer than one global batch of 8"});
+}
+
+TEST(RunDirLock, OneRunPerDirectoryUnlessBothHoldTheLease) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("berth_lock_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  {
+    const RunDirLock first(dir.string(), std::nullopt);
+    test::expect_error([&] { RunDirLock second(dir.string(), std::nullopt); },
+                       {"is in use by another `berth train` (pid ", "(no lease)",
+                        "give this run another run.name"});
+    // A leased launch does not go beside a run without a lease either.
+    test::expect_error([&] { RunDirLock second(dir.string(), int64_t(4)); }, {"in use"});
+  }
+  {
+    const RunDirLock released(dir.string(), std::nullopt);  // the first one's went with it
+  }
+  {
+    // A launch that took a lease over goes on beside its earlier holder: the fence decides.
+    const RunDirLock holder(dir.string(), int64_t(3));
+    ::testing::internal::CaptureStderr();
+    EXPECT_NO_THROW({ RunDirLock taker(dir.string(), int64_t(4)); });
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("also held by pid"), std::string::npos) << err;
+    EXPECT_NE(err.find("(lease token 3)"), std::string::npos) << err;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(StopSignals, RecordTheFirstSignalAndPutThePreviousHandlersBack) {

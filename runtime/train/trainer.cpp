@@ -28,6 +28,7 @@
 #include "runtime/train/preflight.h"
 #include "runtime/train/progress_tracker.h"
 #include "runtime/train/resume_changes.h"
+#include "runtime/train/run_dir_lock.h"
 #include "runtime/train/step_metrics.h"
 #include "runtime/train/stop_signals.h"
 
@@ -864,6 +865,8 @@ std::vector<StepStats> Trainer::run() {
     std::error_code ec;
     const bool run_dir_existed = std::filesystem::exists(run_dir_, ec);
     ensure_writable_dir(run_dir_, "run directory (run.out_dir/run.name)");
+    // Before anything in it is written or cleaned (a live run's checkpoint temporaries).
+    run_lock_ = std::make_unique<RunDirLock>(run_dir_, fencing_token_);
     // The checkpoint directory is checked now, not at the first save: an unusable checkpoint.dir
     // would otherwise fail only after the steps before it had run (all of them with
     // checkpoint.interval = 0). A refusal takes back the run directory it made (it was left
@@ -1157,6 +1160,7 @@ std::vector<StepStats> Trainer::run() {
         return std::numeric_limits<double>::quiet_NaN();
       }(),
       metrics_path);
+  run_lock_.reset();  // the next run in this directory (a test's, a resume) may start
   return all;
 }
 

@@ -26,6 +26,7 @@
 #include "runtime/train/data_loader.h"
 #include "runtime/train/lr_schedule.h"
 #include "runtime/train/optimizer.h"
+#include "runtime/train/run_dir_lock.h"
 
 namespace berth {
 
@@ -142,6 +143,7 @@ class Trainer {
   std::vector<size_t> shard_counts_;  // ZeRO-1: elements per dp×cp rank
   double flops_per_token_ = 0;
   std::string run_dir_, checkpoint_dir_;
+  std::unique_ptr<RunDirLock> run_lock_;  // rank 0, while run() trains
   int64_t start_step_ = 0;
   std::vector<std::vector<char>> leaked_;  // debug.leak_mib_per_step
   std::optional<int64_t> fencing_token_;

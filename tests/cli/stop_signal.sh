@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A stop signal ends `berth train` at the next step with a checkpoint, its files committed and its
-# lease given back (exit 6), and `--resume auto` continues; a second signal ends it at once.
+# lease given back (exit 6), and `--resume auto` continues; a second signal ends it at once. A
+# second launch on a live run's directory is refused.
 #   stop_signal.sh BERTH
 set -u
 berth=$1
@@ -35,6 +36,12 @@ run="$tmp/runs/tiny"
 "$berth" "${args[@]}" > "$tmp/term.log" 2>&1 &
 pid=$!
 wait_lines "$run/metrics.jsonl.partial" 3
+# While it trains, a second launch on its run directory is refused, naming it.
+"$berth" "${args[@]}" --set train.steps=5 --resume auto > "$tmp/second.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "the run directory $run is in use by another \`berth train\` (pid $pid on " \
+  "$tmp/second.log"
+check "a second launch on a live run's directory is refused, naming its pid (rc $rc)" $?
 kill -TERM "$pid"
 wait "$pid"
 rc=$?
@@ -95,6 +102,6 @@ pid=""
   [ -z "$(ls "$tmp/runs/twice/checkpoints" | grep -v '\.tmp-')" ]
 check "a second SIGTERM ends it at once (rc $rc), no complete checkpoint" $?
 
-[ $fail -ne 0 ] && cat "$tmp/term.log" "$tmp/resume.log" "$tmp/int.log" "$tmp/again.log" "$tmp/twice.log"
+[ $fail -ne 0 ] && cat "$tmp/term.log" "$tmp/second.log" "$tmp/resume.log" "$tmp/int.log" "$tmp/again.log" "$tmp/twice.log"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -1,0 +1,76 @@
+#include "runtime/train/run_dir_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "runtime/core/check.h"
+#include "runtime/core/clock.h"
+#include "runtime/core/log.h"
+
+namespace berth {
+
+namespace {
+
+std::string read_all(int fd) {
+  std::string text;
+  char buf[512];
+  for (off_t at = 0;;) {
+    const ssize_t n = ::pread(fd, buf, sizeof buf, at);
+    if (n <= 0) break;
+    text.append(buf, size_t(n));
+    at += n;
+  }
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
+  return text;
+}
+
+}  // namespace
+
+RunDirLock::RunDirLock(const std::string& run_dir, const std::optional<int64_t>& lease_token) {
+  const std::string path = run_dir + "/.berth.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  BERTH_CHECK(fd_ >= 0, "cannot open {} to lock the run directory: {}", path, std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err != EWOULDBLOCK) {
+      log_warn(
+          "cannot lock the run directory {} ({}: {}): a second `berth train` on it would not "
+          "be detected on this file system",
+          run_dir, path, std::strerror(err));
+      return;  // kept open, unlocked: nothing to release
+    }
+    const std::string holder = read_all(fd_);
+    ::close(fd_);
+    fd_ = -1;
+    const bool holder_leased = holder.find("lease token") != std::string::npos;
+    if (lease_token && holder_leased) {
+      log_warn(
+          "the run directory {} is also held by {}: an earlier holder of this lease, which "
+          "its fencing token {} keeps from committing",
+          run_dir, holder, *lease_token);
+      return;
+    }
+    BERTH_FAIL(
+        "the run directory {} is in use by another `berth train` ({}): wait for it to end "
+        "(or stop it: SIGTERM checkpoints and exits), or give this run another run.name",
+        run_dir, holder.empty() ? "it has not written who it is yet" : holder);
+  }
+  const std::string who = fmt::format(
+      "pid {} on {} since {} ({})\n", ::getpid(), host_name(), format_utc_iso(unix_now()),
+      lease_token ? fmt::format("lease token {}", *lease_token) : "no lease");
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) != ssize_t(who.size())) {
+    log_warn("cannot write {}: {} (a second launch will not be told who holds the run directory)",
+             path, std::strerror(errno));
+  }
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+}  // namespace berth
