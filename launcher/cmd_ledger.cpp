@@ -278,9 +278,10 @@ std::string timeline_html(const std::vector<Device>& devs, const std::vector<Res
 // reserve --config: the devices, minimum free memory and duration a run config needs, from its
 // plan on the profile of --gpu (or of --model); explicit --gpus / --min-free-mem / --duration win.
 // Prints what it assumed.
-void size_from_plan(const std::string& config, std::string gpu, double margin, std::string* model,
-                    int64_t* gpus, std::string* min_free_mem, std::string* duration, FILE* out) {
-  const RunConfig cfg = load_config(config, {});
+void size_from_plan(const std::string& config, const std::vector<std::string>& overrides,
+                    std::string gpu, double margin, std::string* model, int64_t* gpus,
+                    std::string* min_free_mem, std::string* duration, FILE* out) {
+  const RunConfig cfg = load_config(config, overrides);
   if (gpu.empty()) {
     std::string m = *model;
     for (char& c : m) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -330,12 +331,29 @@ void size_from_plan(const std::string& config, std::string gpu, double margin, s
                 format_bytes(p.peak.total()).c_str());
   }
   if (duration->empty()) {
-    const int64_t minutes = int64_t(std::ceil(p.total_s * margin / 60.0));
-    *duration = fmt::format("{}m", std::max<int64_t>(1, minutes));
-    std::fprintf(out, "  duration       %s (predicted %s for %lld steps × margin %.2f)\n",
-                format_duration(double(std::max<int64_t>(1, minutes)) * 60).c_str(),
-                format_duration(p.total_s).c_str(), static_cast<long long>(cfg.train.steps),
-                margin);
+    // The plan's time is the training steps alone. The window must also hold the checkpoint
+    // saves (reservation.checkpoint_estimate_s each), the evaluations (a forward pass, about a
+    // third of a step, per eval.batches) and the stop reserve a leased run keeps before the
+    // window's end (1.5 × checkpoint_estimate_s + stop_margin_s, and the next step with its
+    // pauses): a window of the predicted time alone was refused by `berth train` at start.
+    const ReservationSection& rc = cfg.reservation;
+    const int64_t steps = cfg.train.steps;
+    const int64_t saves = (cfg.checkpoint.interval > 0 ? (steps - 1) / cfg.checkpoint.interval : 0);
+    const int64_t evals = cfg.eval.interval > 0 ? steps / cfg.eval.interval + 1 : 0;
+    const double pauses_s = double(saves) * rc.checkpoint_estimate_s +
+                            double(evals * cfg.eval.batches) * p.step.total() / 3;
+    const double reserve_s = 1.5 * rc.checkpoint_estimate_s + rc.stop_margin_s + 2 * p.step.total();
+    const int64_t minutes = std::max<int64_t>(
+        1, int64_t(std::ceil((p.total_s * margin + pauses_s + reserve_s) / 60.0)));
+    *duration = fmt::format("{}m", minutes);
+    std::fprintf(out,
+                 "  duration       %s (predicted %s for %lld steps × margin %.2f, + %s for %lld "
+                 "checkpoint save(s) and %lld evaluation(s), + the stop reserve %s: 1.5 × "
+                 "checkpoint_estimate_s + stop_margin_s + 2 steps)\n",
+                 format_duration(double(minutes) * 60).c_str(), format_duration(p.total_s).c_str(),
+                 static_cast<long long>(steps), margin, format_duration(pauses_s).c_str(),
+                 static_cast<long long>(saves), static_cast<long long>(evals),
+                 format_duration(reserve_s).c_str());
   }
 }
 
@@ -441,6 +459,7 @@ void register_ledger_commands(CLI::App& app) {
                   key;
       bool preempt = false, allow_split = false, print_id = false;
       std::string config, gpu;  // --config: size the booking from the plan
+      std::vector<std::string> overrides;  // --set on that config, as `berth train` takes them
       double margin = 1.25;
     };
     auto a = std::make_shared<Args>();
@@ -458,6 +477,10 @@ void register_ledger_commands(CLI::App& app) {
                                      "a100, h100, h200 or cpu)");
     cmd->add_option("--margin", a->margin, "Duration margin over the predicted time for --config")
         ->check(number_in(1.0, 10.0));
+    cmd->add_option("--set", a->overrides,
+                    "Override a value of the --config config, as for berth train: --set "
+                    "section.key=value (repeatable)")
+        ->type_name("KEY=VALUE");
     cmd->add_option("--model", a->model, "Device model (e.g. H100, cpu); default: any");
     cmd->add_option("--min-free-mem", a->min_free_mem, "Minimum memory per device, e.g. 75GiB");
     cmd->add_option("--duration", a->duration, "Length of the window, e.g. 72h, 1h30m (with "
@@ -470,7 +493,7 @@ void register_ledger_commands(CLI::App& app) {
     cmd->add_flag("--preempt", a->preempt, "Take lower-priority bookings' devices (if allowed)");
     cmd->add_flag("--allow-split", a->allow_split, "Book more than 7 days as chained segments");
     cmd->callback([a, cmd] {
-      for (const char* o : {"--gpu", "--margin"}) {
+      for (const char* o : {"--gpu", "--margin", "--set"}) {
         BERTH_CHECK(cmd->count(o) == 0 || !a->config.empty(),
                     "reserve {} sizes the booking from a config's plan: give --config CONFIG "
                     "too (without it, book --gpus N --duration D and, for a device model, --model)",
@@ -478,8 +501,8 @@ void register_ledger_commands(CLI::App& app) {
       }
       // What the plan assumed goes to stderr under --json, so stdout stays one JSON document.
       if (!a->config.empty())
-        size_from_plan(a->config, a->gpu, a->margin, &a->model, &a->gpus, &a->min_free_mem,
-                       &a->duration, a->l.json ? stderr : stdout);
+        size_from_plan(a->config, a->overrides, a->gpu, a->margin, &a->model, &a->gpus,
+                       &a->min_free_mem, &a->duration, a->l.json ? stderr : stdout);
       BERTH_CHECK(a->gpus != kGpusNotGiven,
                   "reserve needs --gpus N (or --config CONFIG to size the booking)");
       BERTH_CHECK(!a->duration.empty(),

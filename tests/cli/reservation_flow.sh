@@ -336,8 +336,20 @@ id5=$(booked_id < "$tmp/sized.json" 2>/dev/null)
 [ $rc -eq 0 ] && grep -q "sized from .*tiny.toml on cpu" "$tmp/sized.log" && \
   grep -q "devices        1 (the smallest count that fits)" "$tmp/sized.log" && \
   grep -q "min free mem   .*MiB (predicted peak .* per rank + 10 %)" "$tmp/sized.log" && \
-  grep -q "duration       .*(predicted .* for 300 steps × margin 1.25)" "$tmp/sized.log" && [ -n "$id5" ]
+  grep -q "duration       .*(predicted .* for 300 steps × margin 1.25, + .* for 0 checkpoint save(s) and 7 evaluation(s), + the stop reserve 2m00s" "$tmp/sized.log" && [ -n "$id5" ]
 check "reserve --config sizes the booking from the plan and says what it assumed (rc $rc)" $?
+# The sized window holds the config's run with the stop reserve: `berth train` is not refused.
+timeout 120 "$berth" train "$cfg" --set "data.train=$tmp/d.h5" --set data.val= --set eval.interval=0 \
+  --set train.steps=2 --set "run.out_dir=$tmp/runs" --set run.name=sized --reservation "$id5" \
+  > "$tmp/sized_train.log" 2>&1
+rc=$?
+[ $rc -eq 0 ]
+check "the config trains in the window reserve --config booked (rc $rc)" $?
+# --set is read as by berth train: 600 steps take twice the time.
+"$berth" reserve --config "$cfg" --gpu cpu --set train.steps=600 --json > /dev/null \
+  2> "$tmp/sized600.log"
+grep -q "for 600 steps" "$tmp/sized600.log"
+check "reserve --config --set train.steps=600 plans 600 steps" $?
 "$berth" reservation show "$id5" > "$tmp/sized_show.log" 2>&1
 grep -q "min free" "$tmp/sized_show.log"
 check "the sized booking carries its minimum free memory" $?
