@@ -306,13 +306,17 @@ TEST(ProgressMonitor, AnExtendedWindowEndsTheWarningACutOneRaisesIt) {
   EXPECT_TRUE(m.due(r).empty());
   EXPECT_EQ(m.predictor().facts().lease_s, 200);
 
-  m.set_window_end(s.session_start_unix + 90);  // preempted: 10 s less than the run needs
+  m.set_window_end(s.session_start_unix + 90, true);  // preempted: 10 s less than it needs
   r = m.report();
   std::string msg;
   ASSERT_TRUE(has(r, WarningKind::Window, &msg));
   EXPECT_TRUE(r.prediction.lease_exceeded);
   EXPECT_NE(msg.find("10s before the predicted finish"), std::string::npos) << msg;
   EXPECT_NE(msg.find("ends at 2026-12-02T12:01:30Z"), std::string::npos) << msg;
+  // The preemptor holds the devices after the cut: extending cannot help, resuming elsewhere can.
+  EXPECT_EQ(msg.find("berth extend"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cut short by a preemption and cannot be extended"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--resume auto, or lower train.steps to about"), std::string::npos) << msg;
   ASSERT_EQ(m.due(r).size(), 1u);  // a warning that returns is logged at once
 
   m.set_window_end(s.session_start_unix - 3600);  // already over: still a window, overrun

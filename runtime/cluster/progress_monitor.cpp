@@ -66,8 +66,9 @@ ProgressMonitor::ProgressMonitor(RunFacts facts, MonitorSettings settings)
   for (auto& [stage, members] : stages) stage_members_.push_back(std::move(members));
 }
 
-void ProgressMonitor::set_window_end(double window_end_unix) {
+void ProgressMonitor::set_window_end(double window_end_unix, bool preempted) {
   settings_.window_end_unix = window_end_unix;
+  settings_.preempted = preempted;
   // A window that has already closed still counts as one (the run overruns it), as at the start.
   facts_.lease_s =
       window_end_unix > 0 ? std::max(1e-3, window_end_unix - settings_.session_start_unix) : 0;
@@ -332,15 +333,22 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
     // Minutes, unless the times lie within minutes of each other (then seconds tell them apart).
     const bool close = settings_.session_start_unix + p.high_s - settings_.window_end_unix < 600;
     auto at = [&](double t) { return close ? format_utc_iso(t) : format_utc_minute(t); };
-    out.push_back(
-        {WarningKind::Window,
-         fmt::format("window: the booked window ends at {}, {} before the predicted finish ({}, "
-                     "band {}–{}). Extend it: `berth extend {} --by {}`, or lower train.steps to "
-                     "about {}",
-                     at(settings_.window_end_unix), format_duration(shortfall), at(finish),
-                     at(settings_.session_start_unix + p.low_s),
-                     at(settings_.session_start_unix + p.high_s), id,
-                     extension_hint(shortfall + (p.high_s - p.total_s)), fit)});
+    // A window a preemption cut cannot be extended (the preemptor holds the devices after it).
+    const std::string fix =
+        settings_.preempted
+            ? fmt::format(
+                  "It was cut short by a preemption and cannot be extended: the run stops "
+                  "before it with a checkpoint; continue under another booking with "
+                  "--resume auto, or lower train.steps to about {}",
+                  fit)
+            : fmt::format("Extend it: `berth extend {} --by {}`, or lower train.steps to about {}",
+                          id, extension_hint(shortfall + (p.high_s - p.total_s)), fit);
+    out.push_back({WarningKind::Window,
+                   fmt::format("window: the booked window ends at {}, {} before the predicted "
+                               "finish ({}, band {}–{}). {}",
+                               at(settings_.window_end_unix), format_duration(shortfall),
+                               at(finish), at(settings_.session_start_unix + p.low_s),
+                               at(settings_.session_start_unix + p.high_s), fix)});
   }
   // Only once a checkpoint was measured: before, checkpoint_s is a prior.
   if (facts_.ckpt_interval > 0 && p.total_s > 0 && p.checkpoints_observed > 0 &&

@@ -52,6 +52,7 @@ struct MonitorSettings {
   double session_start_unix = 0;        // wall-clock start of the session (for the ETA)
   double window_end_unix = 0;           // end of the booked window (0 = none)
   std::string reservation;              // reservation id for the `berth extend` hint ("" = unknown)
+  bool preempted = false;  // a preemption cut the window: `berth extend` cannot lengthen it
 };
 
 enum class WarningKind { DataBound, CommBound, Straggler, Memory, Window, Checkpoints };
@@ -95,7 +96,8 @@ class ProgressMonitor {
 
   // The booked window now ends at `window_end_unix` (the lease was extended or cut short): the
   // window warning, its `berth extend` hint and the lease flag follow it from the next report.
-  void set_window_end(double window_end_unix);
+  // `preempted`: a preemption cut it, so the warning advises resuming elsewhere, not extending.
+  void set_window_end(double window_end_unix, bool preempted = false);
 
   const ProgressPredictor& predictor() const { return predictor_; }
 

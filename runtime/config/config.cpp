@@ -636,6 +636,16 @@ void validate_config(const RunConfig& cfg) {
   if (!(std::isfinite(rv.stop_margin_s) && rv.stop_margin_s >= 0)) {
     BERTH_FAIL("{}: reservation.stop_margin_s must be >= 0, got {}", w, rv.stop_margin_s);
   }
+  // An on-demand booking no longer than the stop reserve could run no step: the launch was
+  // refused after booking (and cancelling) it, advising an extension of a booking now gone.
+  const double stop_reserve_s = 1.5 * rv.checkpoint_estimate_s + rv.stop_margin_s;
+  if (rv.without == "on-demand" && rv.on_demand_s <= stop_reserve_s) {
+    BERTH_FAIL(
+        "{}: reservation.on_demand_s = {} s is no longer than the stop reserve a leased run "
+        "keeps before its window ends ({} s: 1.5 × checkpoint_estimate_s {} + "
+        "stop_margin_s {}), so no step could run: raise on_demand_s (e.g. 3600)",
+        w, rv.on_demand_s, stop_reserve_s, rv.checkpoint_estimate_s, rv.stop_margin_s);
+  }
   const DebugSection& d = cfg.debug;
   for (const auto& [name, v] : {std::pair{"checkpoint_pause_s", d.checkpoint_pause_s},
                                 {"data_delay_s", d.data_delay_s},

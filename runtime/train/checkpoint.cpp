@@ -284,7 +284,12 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
 }
 
 H5Id open_file(const std::string& path) {
-  if (!fs::exists(path)) BERTH_FAIL("checkpoint file '{}' is missing", path);
+  if (!fs::exists(path)) {
+    BERTH_FAIL(
+        "checkpoint file '{}' is missing (a damaged or partly copied checkpoint): resume "
+        "from an older checkpoint (--resume PATH to its step-N directory)",
+        path);
+  }
   if (!fs::is_regular_file(path)) BERTH_FAIL("checkpoint file '{}' is not a file", path);
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) fail_read(path, "opening");
@@ -349,8 +354,10 @@ class FenceLock {
         BERTH_CHECK(*token >= recorded,
                     "checkpoint commit refused: this process holds fencing token {}, but token {} "
                     "already committed in {}: another launch took over the reservation's lease, "
-                    "so this one must not write",
-                    *token, recorded, dir.string());
+                    "so this one must not write. If no other launch uses this directory, the "
+                    "ledger was replaced or restored from a backup (its tokens restarted lower): "
+                    "remove {} to accept its tokens",
+                    *token, recorded, dir.string(), fence);
       }
       write_file_atomic(fence, fmt::format("{}\n", *token));
     } catch (...) {

@@ -135,15 +135,18 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
         const double now = unix_now();
         const double needed = 1.5 * rc.checkpoint_estimate_s + rc.stop_margin_s;
         if (l.lease.window_end - now <= needed) {
+          // An on-demand booking is cancelled with this refusal: extending it cannot help.
+          const std::string fix =
+              on_demand_ ? fmt::format("raise reservation.on_demand_s ({}) well above {}",
+                                       format_duration(rc.on_demand_s), format_duration(needed))
+                         : fmt::format("extend it (berth extend {} --by 1h)", reservation_);
           throw LeaseRefused(fmt::format(
               "reservation {}'s window ends at {}, in {}, but a run stops {} before it (1.5 × "
               "reservation.checkpoint_estimate_s {} + stop_margin_s {}), so no step could run: "
-              "extend it (berth extend {} --by 1h), or lower checkpoint_estimate_s if checkpoints "
-              "are quicker",
+              "{}, or lower checkpoint_estimate_s if checkpoints are quicker",
               reservation_, format_utc_iso(l.lease.window_end),
               format_duration(std::max(0.0, l.lease.window_end - now)), format_duration(needed),
-              format_duration(rc.checkpoint_estimate_s), format_duration(rc.stop_margin_s),
-              reservation_));
+              format_duration(rc.checkpoint_estimate_s), format_duration(rc.stop_margin_s), fix));
         }
       } catch (const LeaseRefused&) {
         ledger_->release_lease(reservation_, l.lease.token);
@@ -199,6 +202,11 @@ std::optional<int64_t> LeaseKeeper::token() const {
 double LeaseKeeper::window_end() const {
   std::lock_guard<std::mutex> lock(mu_);
   return window_end_;
+}
+
+bool LeaseKeeper::preempted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return preempted_;
 }
 
 void LeaseKeeper::start_heartbeat(const std::string& path) {
@@ -257,6 +265,7 @@ void LeaseKeeper::record_renewal(const Lease& lease) {
   local_expiry_ = std::max(local_expiry_, lease.expires);
   if (lease.window_end != window_end_) {
     const bool cut = lease.window_end < window_end_;
+    if (cut && !lease.window_note.empty()) preempted_ = true;
     const std::string why =
         cut ? (lease.window_note.empty() ? " (cut short"
                                          : " (cut short: preempted" + lease.window_note) +

@@ -46,6 +46,8 @@ class LeaseKeeper {
   std::optional<int64_t> token() const;
   int64_t reservation() const { return reservation_; }
   double window_end() const;  // rank 0: as of the last renewal
+  // Rank 0: a preemption cut the window short (it cannot be extended any more).
+  bool preempted() const;
 
   // Collective, before each step. `step_s`: how long the next training step may take (the lease
   // must outlast it; the heartbeat renews during it); `with_pauses_s`: that with the evaluation
@@ -95,6 +97,7 @@ class LeaseKeeper {
   // window_over_: lost_ only because the window ended (LeaseResult::window_over), not taken.
   bool stop_ = false, lost_ = false, window_over_ = false;
   double window_end_ = 0, local_expiry_ = 0, last_renew_ = 0;
+  bool preempted_ = false;  // mu_
   std::string lost_reason_, window_note_;
 };
 

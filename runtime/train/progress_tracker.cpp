@@ -122,10 +122,10 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
   comm_mark_ = grid_.comm_seconds();
 }
 
-void ProgressTracker::set_window_end(double window_end_unix) {
+void ProgressTracker::set_window_end(double window_end_unix, bool preempted) {
   if (!monitor_ || window_end_unix <= 0 || window_end_unix == window_end_unix_) return;
   window_end_unix_ = window_end_unix;
-  monitor_->set_window_end(window_end_unix);
+  monitor_->set_window_end(window_end_unix, preempted);
   write_file_atomic(run_dir_ + "/run_facts.json", run_facts_to_json(monitor_->predictor().facts()));
 }
 

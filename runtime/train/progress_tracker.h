@@ -57,7 +57,7 @@ class ProgressTracker {
   // Rank 0 (a no-op elsewhere): the lease's window now ends at `window_end_unix` (extended or
   // cut short). When it moved, the window warning and the lease flag follow it from the next
   // block, and run_facts.json is rewritten with the new lease_s, so a replay agrees.
-  void set_window_end(double window_end_unix);
+  void set_window_end(double window_end_unix, bool preempted = false);
 
   // Rank 0: trace.csv.partial becomes trace.csv; logs the cost of gathering the records.
   void finish();

@@ -467,7 +467,23 @@ void Trainer::resume(const std::string& spec) {
   std::string path = spec;
   if (spec == "auto") {
     std::string latest;
-    if (world_.rank() == 0) latest = latest_checkpoint(checkpoint_dir_).value_or("");
+    if (world_.rank() == 0) {
+      latest = latest_checkpoint(checkpoint_dir_).value_or("");
+      // A newer step directory without meta.json (emptied or partly copied by hand) is passed
+      // by: say so, or the run silently goes back past it.
+      const std::string name = std::filesystem::path(latest).filename().string();
+      const int64_t latest_step = latest.empty() ? -1 : std::stoll(name.substr(name.find('-') + 1));
+      for (const auto& [step, dir] : incomplete_checkpoints(checkpoint_dir_)) {
+        if (step > latest_step) {
+          log_warn(
+              "resume auto: {} has no meta.json (not a complete checkpoint: damaged, or not "
+              "saved by berth) and is passed by; {}",
+              dir,
+              latest.empty() ? std::string("no complete checkpoint is older")
+                             : "resuming from the newest complete one, " + latest);
+        }
+      }
+    }
     path = world_.broadcast_text(latest);
     if (path.empty()) {
       log_info("resume auto: no complete checkpoint in {}; starting at step 0", checkpoint_dir_);
@@ -865,8 +881,6 @@ std::vector<StepStats> Trainer::run() {
     std::error_code ec;
     const bool run_dir_existed = std::filesystem::exists(run_dir_, ec);
     ensure_writable_dir(run_dir_, "run directory (run.out_dir/run.name)");
-    // Before anything in it is written or cleaned (a live run's checkpoint temporaries).
-    run_lock_ = std::make_unique<RunDirLock>(run_dir_, fencing_token_);
     // The checkpoint directory is checked now, not at the first save: an unusable checkpoint.dir
     // would otherwise fail only after the steps before it had run (all of them with
     // checkpoint.interval = 0). A refusal takes back the run directory it made (it was left
@@ -877,6 +891,9 @@ std::vector<StepStats> Trainer::run() {
       if (!run_dir_existed) std::filesystem::remove(run_dir_, ec);
       throw;
     }
+    // Before anything in the run directory is written or cleaned (a live run's checkpoint
+    // temporaries, its FENCE).
+    run_lock_ = std::make_unique<RunDirLock>(run_dir_, fencing_token_);
     // The lease's token goes into checkpoint.dir's FENCE now, not at the first save: a holder
     // this run took the lease from must not commit in between.
     if (fencing_token_) claim_checkpoint_fence(checkpoint_dir_, *fencing_token_);
@@ -1016,7 +1033,7 @@ std::vector<StepStats> Trainer::run() {
     // Rank 0 decides for everyone whether this step may start (lease, end of window).
     const LeaseKeeper::Decision decision = lease.before_step(2 * last_step_s, 2 * last_wall);
     if (decision != LeaseKeeper::kContinue) {
-      if (world_.rank() == 0) outcome_reason_ = lease.reason();
+      outcome_reason_ = lease.reason();  // on ranks other than 0: "rank 0 … its log says why"
       if (decision == LeaseKeeper::kStopWindow) {
         if (step > start_step_ && saved_at != step) lease.checkpoint_took(save(step));
         outcome_ = Outcome::kWindowEnded;
@@ -1024,12 +1041,16 @@ std::vector<StepStats> Trainer::run() {
                  step + 1, outcome_reason_);
       } else {
         outcome_ = Outcome::kLeaseLost;
-        log_warn("stopping before step {} without a checkpoint: the lease is lost ({})", step + 1,
-                 outcome_reason_);
+        if (world_.rank() == 0) {  // the one that saw why
+          log_warn("stopping before step {} without a checkpoint: the lease is lost ({})", step + 1,
+                   outcome_reason_);
+        }
       }
       break;
     }
-    if (lease.active()) progress.set_window_end(lease.window_end());  // extended or cut short
+    if (lease.active()) {  // extended or cut short
+      progress.set_window_end(lease.window_end(), lease.preempted());
+    }
     const auto t_step = std::chrono::steady_clock::now();
     const int64_t epoch_before = loader_->rows_consumed() / loader_->rows_per_epoch();
     double initial_val_loss = -1, val_loss = -1;
@@ -1087,8 +1108,9 @@ std::vector<StepStats> Trainer::run() {
   // below are another holder's to write.
   if (outcome_ != Outcome::kLeaseLost && lease.confirm_held() == LeaseKeeper::kLost) {
     outcome_ = Outcome::kLeaseLost;
-    if (world_.rank() == 0) outcome_reason_ = lease.reason();
-    log_warn("the lease was lost before the run could end ({})", lease.reason());
+    outcome_reason_ = lease.reason();
+    if (world_.rank() == 0)
+      log_warn("the lease was lost before the run could end ({})", lease.reason());
   }
   // Past the window's end (a pause outlasted the stop margin) the lease is still this run's, but
   // a launch of a later booking may have resumed in this run directory meanwhile: its token in
@@ -1118,8 +1140,9 @@ std::vector<StepStats> Trainer::run() {
     if (writer) {
       partial.close();
       log_warn(
-          "the run directory {} is left as it is (metrics.jsonl and trace.csv not "
-          "committed): the lease's new holder may be writing it",
+          "the run directory {} is left as it is: metrics.jsonl and trace.csv are not committed "
+          "(this session's steps are in metrics.jsonl.partial and trace.csv.partial), since the "
+          "lease is no longer this run's and a launch that takes the booking over may write there",
           run_dir_);
     }
   } else {
@@ -1152,14 +1175,15 @@ std::vector<StepStats> Trainer::run() {
   }
   log_info(
       "done: steps {}..{} in {:.2f} s of training steps ({:.2f} s with evaluations and "
-      "checkpoints), final loss {:.4f} | metrics in {}",
+      "checkpoints), final loss {:.4f} | metrics in {}{}",
       start_step_ + 1, start_step_ + int64_t(all.size()), seconds, session_s,
       [&] {  // the newest step that had targets
         for (auto it = all.rbegin(); it != all.rend(); ++it)
           if (!it->no_targets) return it->loss;
         return std::numeric_limits<double>::quiet_NaN();
       }(),
-      metrics_path);
+      outcome_ == Outcome::kLeaseLost ? partial_path : metrics_path,
+      outcome_ == Outcome::kLeaseLost ? " (not committed: the lease is lost)" : "");
   run_lock_.reset();  // the next run in this directory (a test's, a resume) may start
   return all;
 }

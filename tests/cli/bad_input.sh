@@ -228,6 +228,24 @@ report "train_without_reservation_refused" "$([ $rc -eq 4 ] || echo " exit $rc, 
   grep -q 'no reservation: this config requires one' "$log" || echo " no refusal message")$(
   [ -e "$tmp/runs/refuse_without" ] && echo " left a run directory")"
 
+# reservation.without = "on-demand": a short P3 booking of the devices free now, held while the
+# run trains and cancelled when it ends.
+mkdir -p "$tmp/od"
+BERTH_LEDGER="$tmp/od/ledger.db" "$BERTH" devices register --cpu-slots 1 >/dev/null 2>&1
+BERTH_LEDGER="$tmp/od/ledger.db" train_tiny on_demand --set reservation.without=on-demand \
+  >"$log" 2>&1
+rc=$?
+report "train_on_demand_books_trains_and_cancels" "$([ $rc -eq 0 ] || echo " exit $rc")$(
+  grep -q 'lease: booked reservation 1 on demand (P3, 1h00m)' "$log" || echo " no booking line")$(
+  BERTH_LEDGER="$tmp/od/ledger.db" "$BERTH" reservation show 1 2>&1 | grep -q cancelled ||
+  echo " the booking was not cancelled")"
+# One no longer than the stop reserve could run no step: refused before booking anything.
+expect_error "train_on_demand_shorter_than_the_stop_reserve" \
+  "reservation.on_demand_s = 60 s is no longer than the stop reserve a leased run keeps" \
+  "$tmp/runs/od_short" env BERTH_LEDGER="$tmp/od/ledger.db" "$BERTH" train "$TINY_TOML" \
+  "${TINY_SETS[@]}" --set "data.train=$tmp/d.h5" --set run.name=od_short \
+  --set reservation.without=on-demand --set reservation.on_demand_s=60
+
 # ---- dataset errors at train time ----------------------------------------------------------------
 
 expect_error "train_file_missing" "data.train '$tmp/missing.h5' does not exist; fix the path" \

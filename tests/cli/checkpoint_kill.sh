@@ -54,6 +54,14 @@ check "training continued to the final checkpoint (step 6)" $?
 [ "$(wc -l < "$tmp/runs/tiny/metrics.jsonl")" = "6" ]
 check "metrics.jsonl holds steps 1..6" $?
 
-[ $fail -ne 0 ] && cat "$tmp/first.log" "$tmp/second.log"
+# A newer step directory without meta.json (emptied or partly copied by hand) is passed by, and
+# --resume auto says so instead of silently going back past it.
+mkdir "$ck/step-00000008"
+"$berth" "${args[@]}" --set train.steps=7 --resume auto > "$tmp/third.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "resume auto: $ck/step-00000008 has no meta.json .* passed by; resuming from the newest complete one, $ck/step-00000006" "$tmp/third.log"
+check "resume auto names a newer step directory without meta.json it passes by (rc $rc)" $?
+
+[ $fail -ne 0 ] && cat "$tmp/first.log" "$tmp/second.log" "$tmp/third.log"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
