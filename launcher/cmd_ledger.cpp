@@ -161,9 +161,11 @@ void add_ledger_option(CLI::App* cmd, LedgerArgs* a, bool json = true) {
 
 // ---- timeline ----------------------------------------------------------------------------------
 
-char mark_of(const Reservation& r) {
+// The mark of the i-th reservation shown: by its place in the listing, not its id, so the 62
+// marks tell apart the reservations of one chart (ids 1 and 63 both drew 'A').
+char mark_of(size_t i) {
   static const char* kMarks = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  return kMarks[(r.id - 1) % 62];
+  return kMarks[i % 62];
 }
 
 std::string timeline_text(const std::vector<Device>& devs, const std::vector<Reservation>& rs,
@@ -185,24 +187,35 @@ std::string timeline_text(const std::vector<Device>& devs, const std::vector<Res
                        }
                        return axis;
                      }());
+  bool shared = false;  // a column that holds several reservations of one device
   for (const Device& d : devs) {
     std::string row(kCols, '.');
-    for (const Reservation& r : rs) {
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const Reservation& r = rs[i];
       bool on = false;
       for (const Device& x : r.devices) on = on || x.id == d.id;
       if (!on) continue;
       for (int c = 0; c < kCols; ++c) {
         const double a = t0 + c * cell, b = a + cell;
-        if (r.start < b && a < r.end) row[size_t(c)] = mark_of(r);
+        if (!(r.start < b && a < r.end)) continue;
+        char& m = row[size_t(c)];
+        if (m != '.' && m != mark_of(i)) {
+          m = '*';
+          shared = true;
+        } else if (m != '*') {
+          m = mark_of(i);
+        }
       }
     }
     out += fmt::format("{:<{}} |{}|\n", device_name(d), w, row);
   }
-  for (const Reservation& r : rs) {
-    out += fmt::format("  {} = reservation {} {} P{} {} ({} device{}) {}\n", mark_of(r), r.id,
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const Reservation& r = rs[i];
+    out += fmt::format("  {} = reservation {} {} P{} {} ({} device{}) {}\n", mark_of(i), r.id,
                        r.owner, r.priority, r.name.empty() ? "-" : r.name, r.devices.size(),
                        r.devices.size() == 1 ? "" : "s", window_text(r.start, r.end));
   }
+  if (shared) out += "  * = several reservations in one column (--hours fewer to tell them apart)\n";
   return out;
 }
 

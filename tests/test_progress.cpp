@@ -453,6 +453,11 @@ TEST(ProgressFiles, CsvErrorsAreSpecific) {
             "");
   EXPECT_NE(error_of([] { read_trace_csv(write_tmp("e.csv", kHeader)); }).find("no rows"),
             std::string::npos);
+  // A spreadsheet's UTF-8 byte-order mark before the header is not part of it.
+  EXPECT_EQ(read_trace_csv(write_tmp("bom.csv", "\xEF\xBB\xBF" + std::string(kHeader) +
+                                                    "1,1,1,1,1,0,0,0,58,\n"))
+                .size(),
+            1u);
   // step, tokens and seq_len are whole numbers (a 4.5 was read as 4)
   EXPECT_NE(error_of([] {
               read_trace_csv(write_tmp("w.csv", std::string(kHeader) + "4.5,1,1,1,1,0,0,0,58,\n"));
@@ -509,6 +514,9 @@ TEST(ProgressFiles, JsonFactsAndErrors) {
           .find("increasing from_step order"),
       std::string::npos);
   EXPECT_NE(bad_facts("\"max_steps\":4200", "\"max_steps\":0").find("exceeds max_steps 0"),
+            std::string::npos);
+  // The error said "global step 0", for a start_step of -1.
+  EXPECT_NE(bad_facts("\"start_step\":1200", "\"start_step\":-1").find("start_step must be >= 0"),
             std::string::npos);
   // the priors are read back as written
   RunFacts with_priors = f;

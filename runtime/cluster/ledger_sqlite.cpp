@@ -49,6 +49,18 @@ namespace {
         "where it was, then run the command again",
         path, what, detail);
   }
+  // A full disk shows as SQLITE_FULL in a transaction, and as an I/O error where SQLite cannot
+  // even make its -shm file beside the ledger: both say what to check and that nothing changed.
+  if ((code & 0xff) == SQLITE_FULL || (code & 0xff) == SQLITE_IOERR) {
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    BERTH_FAIL(
+        "ledger {} could not be {}: {} ({}: {}). Nothing was changed (a transaction rolls back "
+        "whole): free space there, or repair the disk (`df {}`), then run the command again",
+        path, (code & 0xff) == SQLITE_FULL ? "written" : "read or written",
+        (code & 0xff) == SQLITE_FULL ? "the file system holding it is full"
+                                     : "the file system holding it failed (full, or an I/O error)",
+        what, detail, dir.empty() ? "." : dir);
+  }
   if ((code & 0xff) == SQLITE_READONLY) {
     BERTH_FAIL(
         "ledger {} cannot be written by this process (uid {}): {}. Bookings, leases and "
@@ -212,7 +224,19 @@ class SqliteLedger : public LedgerStore {
                   path);
     }
     const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
-    ensure_writable_dir(dir.string(), "ledger directory");
+    try {
+      ensure_writable_dir(dir.string(), "ledger directory");
+    } catch (const Error& e) {
+      // Even a query writes beside the ledger (SQLite's WAL keeps -wal and -shm files there), so
+      // another directory is no fix for an existing ledger: it would hold none of the bookings.
+      std::error_code ec;
+      if (!std::filesystem::exists(path, ec)) throw;
+      BERTH_FAIL("{}. The ledger's directory must be writable even to read it (SQLite keeps its "
+                 "-wal and -shm files beside it): make it writable again (remount read-write, "
+                 "fix its permissions), or read a copy with its WAL: `cp {} /tmp/l.db; cp {}-wal "
+                 "/tmp/l.db-wal; berth reservations --ledger /tmp/l.db`",
+                 e.what(), path, path);
+    }
     struct statfs fs {};
     if (statfs(dir.c_str(), &fs) == 0) {
       const std::string net = network_filesystem_name(int64_t(fs.f_type));

@@ -463,6 +463,9 @@ std::vector<StepRecord> read_trace_csv(const std::string& path) {
   BERTH_CHECK(static_cast<bool>(std::getline(in, line)),
               "trace {} is empty: expected the header '{}'", path, expected);
   if (!line.empty() && line.back() == '\r') line.pop_back();
+  // A UTF-8 byte-order mark (a spreadsheet's export) is not part of the header; it read as
+  // "header is 'step,…', expected 'step,…'", two lines that look the same.
+  if (line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
   BERTH_CHECK(line == expected, "trace {}: header is '{}', expected '{}'", path, line, expected);
   std::vector<StepRecord> rows;
   int64_t lineno = 1;
@@ -607,6 +610,8 @@ RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
                 where, e.dump(), f.schedule[f.schedule.size() - 2].from_step);
   }
   BERTH_CHECK(f.session_steps > 0, "{}: session_steps must be > 0, got {}", where, f.session_steps);
+  BERTH_CHECK(f.start_step >= 0, "{}: start_step must be >= 0 (0 for a run from the start), got {}",
+              where, f.start_step);
   BERTH_CHECK(f.max_steps <= kMaxPredictedSteps,
               "{}: max_steps {} is beyond the {} steps the predictor forecasts (step by step)",
               where, f.max_steps, kMaxPredictedSteps);
@@ -696,6 +701,11 @@ std::vector<EtaBenchRow> run_eta_bench(const std::string& dir) {
                 "{}: trace has {} rows, session_steps is {}", where, rows.size(),
                 facts.session_steps);
     check_trace_in_session(rows, facts, j["file"].get<std::string>(), where);
+    // The queries lie between the first and the last step: a one-step session has none.
+    BERTH_CHECK(facts.session_steps >= 2,
+                "{}: a session of {} step leaves nothing to predict (the queries lie between its "
+                "first and last step); leave it out of the index",
+                where, facts.session_steps);
     double traced_s = 0;
     for (const StepRecord& r : rows) traced_s += r.duration_s;
     // Below its own steps' time, an error would come out negative (0.1 %: the index's total and

@@ -390,6 +390,24 @@ if [ "$(id -u)" -eq 0 ] && mkdir -p "$tmp/full" &&
 else
   echo "train_checkpoint_on_a_full_disk ... skipped (needs root and mount -t tmpfs)"
 fi
+# A ledger on a full file system, then on a read-only one: what happened and what to do, not
+# SQLite's "COMMIT: database or disk is full", nor "choose another directory" (a ledger there
+# would hold none of the bookings).
+if [ "$(id -u)" -eq 0 ] && mkdir -p "$tmp/lfs" &&
+   mount -t tmpfs -o size=1m tmpfs "$tmp/lfs" 2>/dev/null; then
+  "$BERTH" devices register --cpu-slots 1 --ledger "$tmp/lfs/l.db" >/dev/null 2>&1
+  "$BERTH" reserve --gpus 1 --duration 1h --ledger "$tmp/lfs/l.db" >/dev/null 2>&1
+  dd if=/dev/zero of="$tmp/lfs/fill" bs=4k 2>/dev/null
+  expect_error "ledger_on_a_full_disk" "the file system holding it " "" \
+    "$BERTH" reserve --gpus 1 --duration 2h --ledger "$tmp/lfs/l.db"
+  rm -f "$tmp/lfs/fill"
+  mount -o remount,ro "$tmp/lfs"
+  expect_error "ledger_on_a_read_only_file_system" \
+    "must be writable even to read it" "" "$BERTH" reservations --ledger "$tmp/lfs/l.db"
+  umount "$tmp/lfs"
+else
+  echo "ledger_on_a_full_disk ... skipped (needs root and mount -t tmpfs)"
+fi
 # A packing plan path in a directory that does not exist: a typo, refused (it only warned and
 # packed in memory, so the plan the user asked for was never written).
 expect_error "train_pack_plan_in_a_missing_directory" \
