@@ -425,29 +425,30 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
                      {"holds 1 rows, fewer than one global batch of 8"});
 }
 
-TEST(RunDirLock, OneRunPerDirectoryUnlessBothHoldTheLease) {
+TEST(RunDirLock, OneRunPerDirectoryUnlessBothAreUnderALease) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / fmt::format("berth_lock_{}", ::getpid());
   std::filesystem::create_directories(dir);
   {
-    const RunDirLock first(dir.string(), std::nullopt);
-    test::expect_error([&] { RunDirLock second(dir.string(), std::nullopt); },
-                       {"is in use by another `berth train` (pid ", "(no lease)",
-                        "give this run another run.name"});
+    const RunDirLock first(dir.string(), false);
+    test::expect_error(
+        [&] { RunDirLock second(dir.string(), false); },
+        {"is in use by another `berth train` (pid ", "(no lease)", "give this run another run.name",
+         "remove " + dir.string() + "/.berth.lock and launch again"});
     // A leased launch does not go beside a run without a lease either.
-    test::expect_error([&] { RunDirLock second(dir.string(), int64_t(4)); }, {"in use"});
+    test::expect_error([&] { RunDirLock second(dir.string(), true); }, {"in use"});
   }
   {
-    const RunDirLock released(dir.string(), std::nullopt);  // the first one's went with it
+    const RunDirLock released(dir.string(), false);  // the first one's went with it
   }
   {
-    // A launch that took a lease over goes on beside its earlier holder: the fence decides.
-    const RunDirLock holder(dir.string(), int64_t(3));
+    // Both under a lease: the ledger decides which trains, the fence which commits.
+    const RunDirLock holder(dir.string(), true);
     ::testing::internal::CaptureStderr();
-    EXPECT_NO_THROW({ RunDirLock taker(dir.string(), int64_t(4)); });
+    EXPECT_NO_THROW({ RunDirLock taker(dir.string(), true); });
     const std::string err = ::testing::internal::GetCapturedStderr();
     EXPECT_NE(err.find("also held by pid"), std::string::npos) << err;
-    EXPECT_NE(err.find("(lease token 3)"), std::string::npos) << err;
+    EXPECT_NE(err.find("(under a lease)"), std::string::npos) << err;
   }
   std::filesystem::remove_all(dir);
 }
@@ -466,6 +467,7 @@ TEST(StopSignals, RecordTheFirstSignalAndPutThePreviousHandlersBack) {
     EXPECT_EQ(StopSignals::received(), SIGUSR1);
     EXPECT_STREQ(StopSignals::name(StopSignals::received()), "SIGUSR1");
     std::raise(SIGTERM);  // another kind after the first: recorded once, the first one stays
+    std::raise(SIGUSR1);  // a repeat (Slurm and launchers send them twice): ignored, not fatal
     EXPECT_EQ(StopSignals::received(), SIGUSR1);
     EXPECT_EQ(before, 0) << "berth's handler, not the previous one, ran";
   }
@@ -473,6 +475,21 @@ TEST(StopSignals, RecordTheFirstSignalAndPutThePreviousHandlersBack) {
   std::raise(SIGUSR1);  // the previous handler is back
   EXPECT_EQ(before, 1);
   sigaction(SIGUSR1, &saved, nullptr);
+  // An ignored signal stays ignored (a script's background job ignores SIGINT).
+  struct sigaction ignore {
+  }, saved_int{};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ASSERT_EQ(sigaction(SIGINT, &ignore, &saved_int), 0);
+  {
+    const StopSignals stop;
+    std::raise(SIGINT);
+    EXPECT_EQ(StopSignals::received(), 0);
+  }
+  struct sigaction now {};
+  sigaction(SIGINT, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+  sigaction(SIGINT, &saved_int, nullptr);
 }
 
 }  // namespace

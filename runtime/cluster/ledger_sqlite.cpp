@@ -52,7 +52,8 @@ namespace {
   // A full disk shows as SQLITE_FULL in a transaction, and as an I/O error where SQLite cannot
   // even make its -shm file beside the ledger: both say what to check and that nothing changed.
   if ((code & 0xff) == SQLITE_FULL || (code & 0xff) == SQLITE_IOERR) {
-    const std::string dir = std::filesystem::path(path).parent_path().string();
+    std::error_code ec;
+    const std::string dir = std::filesystem::absolute(path, ec).parent_path().string();
     BERTH_FAIL(
         "ledger {} could not be {}: {} ({}: {}). Nothing was changed (a transaction rolls back "
         "whole): free space there, or repair the disk (`df {}`), then run the command again",

@@ -173,6 +173,12 @@ void install_comm_watchdog(double timeout_s, int exit_code) {
   auto w = std::make_unique<CallWatchdog>(timeout_s, [exit_code](const std::string& message) {
     log_error("{}", message);
     std::fflush(nullptr);
+    // A failed call (NCCL's asynchronous error) is most often a peer that failed on its own and
+    // aborted its communicators while unwinding: give it the time to print why (its report
+    // waits 0.5 s for rank 0's, launcher/main.cpp) before this exit makes the launcher end it.
+    if (message.rfind("communicator error", 0) == 0) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
     std::_Exit(exit_code);  // the hung call cannot be unwound; mpirun ends the other ranks
   });
   w->start(std::min(1.0, timeout_s / 10));

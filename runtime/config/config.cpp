@@ -639,7 +639,7 @@ void validate_config(const RunConfig& cfg) {
   // An on-demand booking no longer than the stop reserve could run no step: the launch was
   // refused after booking (and cancelling) it, advising an extension of a booking now gone.
   const double stop_reserve_s = 1.5 * rv.checkpoint_estimate_s + rv.stop_margin_s;
-  if (rv.without == "on-demand" && rv.on_demand_s <= stop_reserve_s) {
+  if (rv.id == 0 && rv.without == "on-demand" && rv.on_demand_s <= stop_reserve_s) {
     BERTH_FAIL(
         "{}: reservation.on_demand_s = {} s is no longer than the stop reserve a leased run "
         "keeps before its window ends ({} s: 1.5 × checkpoint_estimate_s {} + "

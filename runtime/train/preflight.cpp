@@ -57,7 +57,9 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
   l.microbatches = cfg.parallel.microbatches;
   l.afab = cfg.parallel.schedule == "afab";
   const int64_t T = cfg.data.seq_len;
-  for (const std::string& path : {cfg.data.train, cfg.data.val}) {
+  // data.val is read only when something evaluates (the trainer skips it at eval.interval = 0).
+  const std::string val = cfg.eval.interval > 0 ? cfg.data.val : std::string();
+  for (const std::string& path : {cfg.data.train, val}) {
     if (path.empty()) continue;
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) {

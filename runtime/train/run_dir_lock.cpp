@@ -31,7 +31,7 @@ std::string read_all(int fd) {
 
 }  // namespace
 
-RunDirLock::RunDirLock(const std::string& run_dir, const std::optional<int64_t>& lease_token) {
+RunDirLock::RunDirLock(const std::string& run_dir, bool leased) {
   const std::string path = run_dir + "/.berth.lock";
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   BERTH_CHECK(fd_ >= 0, "cannot open {} to lock the run directory: {}", path, std::strerror(errno));
@@ -47,22 +47,23 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::optional<int64_t>&
     const std::string holder = read_all(fd_);
     ::close(fd_);
     fd_ = -1;
-    const bool holder_leased = holder.find("lease token") != std::string::npos;
-    if (lease_token && holder_leased) {
+    if (leased && holder.find("(under a lease)") != std::string::npos) {
       log_warn(
-          "the run directory {} is also held by {}: an earlier holder of this lease, which "
-          "its fencing token {} keeps from committing",
-          run_dir, holder, *lease_token);
+          "the run directory {} is also held by {}: under a lease too, so the ledger decides "
+          "which of them trains, and the fencing token which may commit",
+          run_dir, holder);
       return;
     }
     BERTH_FAIL(
         "the run directory {} is in use by another `berth train` ({}): wait for it to end "
-        "(or stop it: SIGTERM checkpoints and exits), or give this run another run.name",
-        run_dir, holder.empty() ? "it has not written who it is yet" : holder);
+        "(or stop it: SIGTERM checkpoints and exits), or give this run another run.name. "
+        "If that process is gone (its node failed: on NFS a dead host's lock can outlive "
+        "it), remove {} and launch again",
+        run_dir, holder.empty() ? "it has not written who it is yet" : holder, path);
   }
-  const std::string who = fmt::format(
-      "pid {} on {} since {} ({})\n", ::getpid(), host_name(), format_utc_iso(unix_now()),
-      lease_token ? fmt::format("lease token {}", *lease_token) : "no lease");
+  const std::string who =
+      fmt::format("pid {} on {} since {} ({})\n", ::getpid(), host_name(),
+                  format_utc_iso(unix_now()), leased ? "under a lease" : "no lease");
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) != ssize_t(who.size())) {
     log_warn("cannot write {}: {} (a second launch will not be told who holds the run directory)",
              path, std::strerror(errno));

@@ -1,18 +1,17 @@
 // One `berth train` per run directory. Rank 0 holds an exclusive flock on <run dir>/.berth.lock
-// while it trains, with "pid P on HOST since TIME (lease token T | no lease)" written in it. A
+// while it trains, with "pid P on HOST since TIME (under a lease | no lease)" written in it. A
 // second launch on the same run directory (a Slurm requeue while the first job still runs, the
 // same command started twice) is refused at start, naming the live holder, instead of both
-// writing metrics.jsonl, trace.csv and checkpoints over each other. The lock goes with its
-// process (kill -9 included), so nothing stale is left to clean up.
+// writing metrics.jsonl, trace.csv and checkpoints over each other. On a local disk the lock goes
+// with its process (kill -9 included). On NFS, flock is a lock of the client host: one held by a
+// node that died lasts until the server lets it go, so the refusal says how to break it.
 //
 // Under a lease the fencing token already decides who may commit (docs/reservation.md): a
-// launch that took the lease over from a holder that is still alive (paused past its TTL) goes
-// on beside it, with a warning. A file system without flock (some network mounts) warns that
-// two launches are not detected there.
+// launch under a lease beside a holder under a lease (one paused past its TTL, whose lease the
+// ledger then hands over) goes on, with a warning. A file system that refuses flock warns that
+// two launches are not detected there; one that only emulates it per host detects nothing.
 #pragma once
 
-#include <cstdint>
-#include <optional>
 #include <string>
 
 namespace berth {
@@ -20,7 +19,8 @@ namespace berth {
 class RunDirLock {
  public:
   // Takes the lock of `run_dir` (which exists) or throws berth::Error naming its holder.
-  RunDirLock(const std::string& run_dir, const std::optional<int64_t>& lease_token);
+  // `leased`: this launch trains under a lease (reservation.id, or on demand).
+  RunDirLock(const std::string& run_dir, bool leased);
   ~RunDirLock();  // closing the file releases the lock
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;

@@ -11,11 +11,16 @@ namespace {
 constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
 std::atomic<int> g_received{0};
 struct sigaction g_previous[3];
+bool g_installed[3] = {false, false, false};
 
-// Async-signal-safe: an atomic store, or on the second signal the default action.
+// Async-signal-safe: an atomic store, or on a second Ctrl-C the default action. SIGTERM and
+// SIGUSR1 come more than once on their own (Slurm signals every task and the launcher, which
+// forwards it again), so their repeats are ignored: they must not kill the checkpoint they asked
+// for.
 void on_signal(int signum) {
   int none = 0;
-  if (!g_received.compare_exchange_strong(none, signum) && g_received.load() == signum) {
+  if (!g_received.compare_exchange_strong(none, signum) && signum == SIGINT &&
+      g_received.load() == SIGINT) {
     std::signal(signum, SIG_DFL);
     std::raise(signum);
   }
@@ -30,13 +35,23 @@ StopSignals::StopSignals() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // a read or write the signal lands in goes on
   for (int i = 0; i < 3; ++i) {
-    BERTH_CHECK(sigaction(kSignals[i], &sa, &g_previous[i]) == 0,
-                "cannot install the handler of {}", name(kSignals[i]));
+    BERTH_CHECK(sigaction(kSignals[i], nullptr, &g_previous[i]) == 0,
+                "cannot read the handler of {}", name(kSignals[i]));
+    // An ignored signal stays ignored (a script's `berth train &` ignores SIGINT, `nohup`-style
+    // wrappers others): the user chose that it should not stop the run.
+    g_installed[i] = g_previous[i].sa_handler != SIG_IGN;
+    if (g_installed[i]) {
+      BERTH_CHECK(sigaction(kSignals[i], &sa, nullptr) == 0, "cannot install the handler of {}",
+                  name(kSignals[i]));
+    }
   }
 }
 
 StopSignals::~StopSignals() {
-  for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &g_previous[i], nullptr);
+  for (int i = 0; i < 3; ++i) {
+    if (g_installed[i]) sigaction(kSignals[i], &g_previous[i], nullptr);
+    g_installed[i] = false;
+  }
   g_received.store(0);
 }
 

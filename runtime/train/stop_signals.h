@@ -1,10 +1,12 @@
 // Stopping a training run on a signal, with a checkpoint. While a StopSignals lives, SIGTERM
 // (Slurm's time limit and scancel, a batch system's preemption), SIGINT (Ctrl-C) and SIGUSR1
-// (`sbatch --signal=B:USR1@300`, or `kill -USR1` to mpirun, which forwards it) only set a flag:
+// (`sbatch --signal=USR1@300`, or `kill -USR1` to mpirun, which forwards it) only set a flag:
 // the trainer reads it before every step (agreed by all ranks: one of them receiving it stops
 // them all), saves a checkpoint, commits its files, releases the lease and exits 6. A second
-// signal of the same kind ends the process at once, as it would have without berth. Like
-// Megatron-LM's --exit-signal-handler or Lightning's SLURM auto-requeue.
+// Ctrl-C ends the process at once, as it would have without berth; repeated SIGTERM or SIGUSR1
+// (Slurm and launchers send them more than once) are ignored. A signal the process inherited as
+// ignored stays ignored. Like Megatron-LM's --exit-signal-handler or Lightning's SLURM
+// auto-requeue.
 #pragma once
 
 namespace berth {
@@ -18,7 +20,7 @@ class StopSignals {
 
   // The first stop signal received while installed (SIGTERM, SIGINT, SIGUSR1), or 0.
   static int received();
-  // "SIGTERM", "SIGINT", "SIGUSR1" (or "signal N").
+  // "SIGTERM", "SIGINT", "SIGUSR1" (or "a signal").
   static const char* name(int signum);
 };
 

@@ -234,6 +234,14 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
                 "{}: {} = {} is not a rank of this job ({} ranks): the fault would never fire",
                 where, name, rank, world.size());
   }
+  // A launch on a live run's directory is refused before it loads data and builds a model (which
+  // takes minutes for big ones), and before it reads checkpoints that run may be pruning. A run
+  // directory made later (run()) is locked there.
+  const std::string run_dir = (std::filesystem::path(cfg_.run.out_dir) / cfg_.run.name).string();
+  std::error_code dir_ec;
+  if (world_.rank() == 0 && std::filesystem::is_directory(run_dir, dir_ec)) {
+    run_lock_ = std::make_unique<RunDirLock>(run_dir, leased());
+  }
   // The pre-flight plan of this config on this machine (berth plan), made once: checked here
   // against the host on the CPU, logged by run() and set beside the measured figures at its end.
   // A plan that cannot be made is a notice only.
@@ -892,8 +900,8 @@ std::vector<StepStats> Trainer::run() {
       throw;
     }
     // Before anything in the run directory is written or cleaned (a live run's checkpoint
-    // temporaries, its FENCE).
-    run_lock_ = std::make_unique<RunDirLock>(run_dir_, fencing_token_);
+    // temporaries, its FENCE); taken in the constructor already where the directory existed.
+    if (!run_lock_) run_lock_ = std::make_unique<RunDirLock>(run_dir_, leased());
     // The lease's token goes into checkpoint.dir's FENCE now, not at the first save: a holder
     // this run took the lease from must not commit in between.
     if (fencing_token_) claim_checkpoint_fence(checkpoint_dir_, *fencing_token_);

@@ -143,7 +143,9 @@ class Trainer {
   std::vector<size_t> shard_counts_;  // ZeRO-1: elements per dp×cp rank
   double flops_per_token_ = 0;
   std::string run_dir_, checkpoint_dir_;
-  std::unique_ptr<RunDirLock> run_lock_;  // rank 0, while run() trains
+  std::unique_ptr<RunDirLock> run_lock_;  // rank 0, until run() ends
+  // Whether this launch trains under a lease (a reservation, or one booked on demand).
+  bool leased() const { return cfg_.reservation.id > 0 || cfg_.reservation.without == "on-demand"; }
   int64_t start_step_ = 0;
   std::vector<std::vector<char>> leaked_;  // debug.leak_mib_per_step
   std::optional<int64_t> fencing_token_;

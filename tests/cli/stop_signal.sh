@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A stop signal ends `berth train` at the next step with a checkpoint, its files committed and its
-# lease given back (exit 6), and `--resume auto` continues; a second signal ends it at once. A
-# second launch on a live run's directory is refused.
+# lease given back (exit 6), and `--resume auto` continues. A repeated SIGTERM does not stop the
+# save it asked for; a second Ctrl-C ends the process at once. A second launch on a live run's
+# directory is refused.
 #   stop_signal.sh BERTH
 set -u
 berth=$1
@@ -25,10 +26,10 @@ wait_lines() {
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 60) > "$tmp/a.txt"
 "$berth" data import --format text "$tmp/a.txt" --out "$tmp/d.h5" >/dev/null
 cfg="$(dirname "$0")/../../configs/tiny.toml"
-# 100 steps of at least 0.1 s each (debug.slow_rank): the signal lands mid-run.
+# 400 steps of at least 0.1 s each (debug.slow_rank): the signals land mid-run.
 args=(train "$cfg" --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2
       --set model.max_seq_len=16 --set data.seq_len=16 --set train.micro_batch_size=2
-      --set train.steps=100 --set eval.interval=0 --set data.val= --set "data.train=$tmp/d.h5"
+      --set train.steps=400 --set eval.interval=0 --set data.val= --set "data.train=$tmp/d.h5"
       --set "run.out_dir=$tmp/runs" --set debug.slow_rank=0 --set debug.slow_rank_s=0.1)
 run="$tmp/runs/tiny"
 
@@ -64,12 +65,15 @@ rc=$?
 check "resume auto continues from step $saved to the end (rc $rc)" $?
 
 # Under a lease (SIGINT, Ctrl-C): the lease is given back, so the same booking trains again at
-# once instead of being refused as held by a dead process.
+# once instead of being refused as held by a dead process. (Job control on, as in a terminal: a
+# background job of a script ignores SIGINT, and berth leaves an ignored signal ignored.)
 export BERTH_LEDGER="$tmp/ledger.db"
 "$berth" devices register --cpu-slots 1 >/dev/null 2>&1
 id=$("$berth" reserve --gpus 1 --duration 30m --print-id 2>"$tmp/reserve.log")
+set -m
 "$berth" "${args[@]}" --set run.name=leased --reservation "$id" > "$tmp/int.log" 2>&1 &
 pid=$!
+set +m
 wait_lines "$tmp/runs/leased/metrics.jsonl.partial" 2
 kill -INT "$pid"
 wait "$pid"
@@ -77,15 +81,18 @@ rc=$?
 pid=""
 [ $rc -eq 6 ] && grep -q "SIGINT received" "$tmp/int.log"
 check "SIGINT under a lease: exit 6 (rc $rc)" $?
+saved=$(sed -n 's/.*SIGINT received; checkpoint step-\([0-9]*\) saved.*/\1/p' "$tmp/int.log")
+saved=$((10#${saved:-0}))
 timeout 60 "$berth" "${args[@]}" --set run.name=leased --reservation "$id" --resume auto \
-  --set train.steps=4 --set debug.slow_rank=-1 --set debug.slow_rank_s=0 > "$tmp/again.log" 2>&1
+  --set train.steps=$((saved + 2)) --set debug.slow_rank=-1 --set debug.slow_rank_s=0 \
+  > "$tmp/again.log" 2>&1
 rc=$?
 [ $rc -eq 0 ]
 check "the lease was given back: the same booking trains again at once (rc $rc)" $?
 
-# A second signal while the first one's checkpoint is being saved ends the process at once, as
-# the signal would without berth, and leaves no checkpoint half-written.
-"$berth" "${args[@]}" --set run.name=twice --set debug.checkpoint_pause_s=20 > "$tmp/twice.log" 2>&1 &
+# SIGTERM twice (Slurm signals every task and the launcher, which forwards it again): the second
+# does not kill the checkpoint the first asked for.
+"$berth" "${args[@]}" --set run.name=twice --set debug.checkpoint_pause_s=3 > "$tmp/twice.log" 2>&1 &
 pid=$!
 wait_lines "$tmp/runs/twice/metrics.jsonl.partial" 2
 kill -TERM "$pid"
@@ -93,15 +100,35 @@ for _ in $(seq 300); do
   compgen -G "$tmp/runs/twice/checkpoints/step-*.tmp-*" > /dev/null && break
   sleep 0.1
 done
-start=$(date +%s)
 kill -TERM "$pid"
 wait "$pid"
 rc=$?
 pid=""
-[ $rc -eq 143 ] && [ $(( $(date +%s) - start )) -lt 10 ] &&
-  [ -z "$(ls "$tmp/runs/twice/checkpoints" | grep -v '\.tmp-')" ]
-check "a second SIGTERM ends it at once (rc $rc), no complete checkpoint" $?
+[ $rc -eq 6 ] && [ -n "$(ls "$tmp/runs/twice/checkpoints" | grep -v '\.tmp-')" ]
+check "a repeated SIGTERM is ignored: the checkpoint completes, exit 6 (rc $rc)" $?
 
-[ $fail -ne 0 ] && cat "$tmp/term.log" "$tmp/second.log" "$tmp/resume.log" "$tmp/int.log" "$tmp/again.log" "$tmp/twice.log"
+# A second Ctrl-C while the first one's checkpoint is being saved ends the process at once, as it
+# would without berth, and leaves no checkpoint half-written.
+set -m
+"$berth" "${args[@]}" --set run.name=ctrlc --set debug.checkpoint_pause_s=20 > "$tmp/ctrlc.log" 2>&1 &
+pid=$!
+set +m
+wait_lines "$tmp/runs/ctrlc/metrics.jsonl.partial" 2
+kill -INT "$pid"
+for _ in $(seq 300); do
+  compgen -G "$tmp/runs/ctrlc/checkpoints/step-*.tmp-*" > /dev/null && break
+  sleep 0.1
+done
+start=$(date +%s)
+kill -INT "$pid"
+wait "$pid"
+rc=$?
+pid=""
+[ $rc -eq 130 ] && [ $(( $(date +%s) - start )) -lt 10 ] &&
+  [ -z "$(ls "$tmp/runs/ctrlc/checkpoints" | grep -v '\.tmp-')" ]
+check "a second Ctrl-C ends it at once (rc $rc), no complete checkpoint" $?
+
+[ $fail -ne 0 ] && cat "$tmp/term.log" "$tmp/second.log" "$tmp/resume.log" "$tmp/int.log" \
+  "$tmp/again.log" "$tmp/twice.log" "$tmp/ctrlc.log"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
