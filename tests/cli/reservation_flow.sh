@@ -359,5 +359,19 @@ rc=$?
 [ $rc -eq 1 ] && grep -q "say which hardware to plan for with --gpu" "$tmp/noprof.log"
 check "reserve --config without a profile asks for --gpu (rc $rc)" $?
 
+# ---- timeline marks: by place in the listing (ids 1 and 63 both drew 'A') ------------------------
+(
+  export BERTH_LEDGER="$tmp/marks.db"
+  "$berth" devices register --cpu-slots 1 > /dev/null 2>&1
+  for i in $(seq 1 63); do
+    "$berth" reserve --gpus 1 --duration 1m \
+      --start "$(date -u -d "+$((10 + 2 * i)) min" +%Y-%m-%dT%H:%M:00Z)" > /dev/null 2>&1 || exit 1
+  done
+  for i in $(seq 2 62); do "$berth" cancel "$i" > /dev/null 2>&1 || exit 1; done
+  "$berth" timeline --hours 4 > "$tmp/marks.log" 2>&1
+)
+grep -q "^  A = reservation 1 " "$tmp/marks.log" && grep -q "^  B = reservation 63 " "$tmp/marks.log"
+check "timeline marks the bookings it shows apart (reservations 1 and 63: A and B)" $?
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
