@@ -166,12 +166,14 @@ TEST_F(CheckpointTest, ResumeWithALongerScheduleWarns) {
   a.run();
   RunConfig longer = first;
   longer.train.steps = 30;
-  Trainer b(longer, test::world());
-  ::testing::internal::CaptureStderr();
-  b.resume(a.checkpoint_dir() + "/" + checkpoint_dir_name(10));
-  const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(err.find("with other settings than the run that saved it"), std::string::npos) << err;
-  EXPECT_NE(err.find("train.steps 12 → 30"), std::string::npos) << err;
+  {  // a Trainer holds its run directory's lock while it lives (run_dir_lock.h)
+    Trainer b(longer, test::world());
+    ::testing::internal::CaptureStderr();
+    b.resume(a.checkpoint_dir() + "/" + checkpoint_dir_name(10));
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("with other settings than the run that saved it"), std::string::npos) << err;
+    EXPECT_NE(err.find("train.steps 12 → 30"), std::string::npos) << err;
+  }
   ::testing::internal::CaptureStderr();
   Trainer c(first, test::world());
   c.resume(a.checkpoint_dir() + "/" + checkpoint_dir_name(10));

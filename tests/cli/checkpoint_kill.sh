@@ -7,19 +7,10 @@ berth=$1
 tmp=$(mktemp -d)
 pid=""
 trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-check() {  # check NAME STATUS
-  if [ "$2" -eq 0 ]; then echo "ok   $1"; pass=$((pass + 1)); else echo "FAIL $1"; fail=$((fail + 1)); fi
-}
+source "$(dirname "$0")/checks.sh"  # check NAME STATUS
 
-printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 60) > "$tmp/a.txt"
-"$berth" data import --format text "$tmp/a.txt" --out "$tmp/d.h5" >/dev/null
-cfg="$(dirname "$0")/../../configs/tiny.toml"
-args=(train "$cfg" --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2
-      --set model.max_seq_len=16 --set data.seq_len=16 --set train.micro_batch_size=2
-      --set train.steps=6 --set eval.interval=0 --set data.val= --set "data.train=$tmp/d.h5"
-      --set "run.out_dir=$tmp/runs" --set checkpoint.interval=2 --set parallel.zero=0)
+tiny_setup "$berth"
+args=("${tiny[@]}" --set train.steps=6 --set checkpoint.interval=2 --set parallel.zero=0)
 ck="$tmp/runs/tiny/checkpoints"
 
 # Every save pauses 2 s before its commit; kill while the step-4 save is paused.

@@ -16,18 +16,7 @@ mpiexec=$2
 tmp=$(mktemp -d)
 pids=()
 trap 'kill -9 "${pids[@]}" 2>/dev/null; rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-# check NAME CONDITION-EXIT-CODE: on a failure it shows the end of the newest log, the one the
-# scenario just wrote, so a failure in CI says why where it is reported.
-check() {
-  if [ "$2" -eq 0 ]; then echo "ok   $1"; pass=$((pass + 1)); return; fi
-  echo "FAIL $1"
-  fail=$((fail + 1))
-  local log
-  log=$(ls -t "$tmp"/*.log 2>/dev/null | head -1)
-  [ -n "$log" ] && { echo "---- the end of $log:"; grep -v '^[a-z_0-9]* = ' "$log" | tail -n 25; echo "----"; }
-}
+source "$(dirname "$0")/checks.sh"  # check NAME STATUS
 export BERTH_LEDGER="$tmp/ledger.db"
 mpi=("$mpiexec" --oversubscribe --allow-run-as-root --bind-to none)
 booked_id() { python3 -c "import json,sys; print(json.load(sys.stdin)['reservations'][0]['id'])"; }

@@ -9,10 +9,14 @@ berth=$1
 tmp=$(mktemp -d)
 pid=""
 trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-check() {  # check NAME STATUS
-  if [ "$2" -eq 0 ]; then echo "ok   $1"; pass=$((pass + 1)); else echo "FAIL $1"; fail=$((fail + 1)); fi
+source "$(dirname "$0")/checks.sh"  # check NAME STATUS
+# wait_saving RUN_DIR: until a checkpoint save is in progress there (at most 30 s)
+wait_saving() {
+  for _ in $(seq 300); do
+    compgen -G "$1/checkpoints/step-*.tmp-*" > /dev/null && return 0
+    sleep 0.1
+  done
+  return 1
 }
 # wait_lines FILE N: until FILE has N lines (at most 30 s)
 wait_lines() {
@@ -23,14 +27,9 @@ wait_lines() {
   return 1
 }
 
-printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 60) > "$tmp/a.txt"
-"$berth" data import --format text "$tmp/a.txt" --out "$tmp/d.h5" >/dev/null
-cfg="$(dirname "$0")/../../configs/tiny.toml"
+tiny_setup "$berth"
 # 400 steps of at least 0.1 s each (debug.slow_rank): the signals land mid-run.
-args=(train "$cfg" --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2
-      --set model.max_seq_len=16 --set data.seq_len=16 --set train.micro_batch_size=2
-      --set train.steps=400 --set eval.interval=0 --set data.val= --set "data.train=$tmp/d.h5"
-      --set "run.out_dir=$tmp/runs" --set debug.slow_rank=0 --set debug.slow_rank_s=0.1)
+args=("${tiny[@]}" --set train.steps=400 --set debug.slow_rank=0 --set debug.slow_rank_s=0.1)
 run="$tmp/runs/tiny"
 
 # SIGTERM (Slurm's time limit, scancel) after a few steps.
@@ -96,10 +95,7 @@ check "the lease was given back: the same booking trains again at once (rc $rc)"
 pid=$!
 wait_lines "$tmp/runs/twice/metrics.jsonl.partial" 2
 kill -TERM "$pid"
-for _ in $(seq 300); do
-  compgen -G "$tmp/runs/twice/checkpoints/step-*.tmp-*" > /dev/null && break
-  sleep 0.1
-done
+wait_saving "$tmp/runs/twice"
 kill -TERM "$pid"
 wait "$pid"
 rc=$?
@@ -115,10 +111,7 @@ pid=$!
 set +m
 wait_lines "$tmp/runs/ctrlc/metrics.jsonl.partial" 2
 kill -INT "$pid"
-for _ in $(seq 300); do
-  compgen -G "$tmp/runs/ctrlc/checkpoints/step-*.tmp-*" > /dev/null && break
-  sleep 0.1
-done
+wait_saving "$tmp/runs/ctrlc"
 start=$(date +%s)
 kill -INT "$pid"
 wait "$pid"

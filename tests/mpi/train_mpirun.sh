@@ -11,11 +11,7 @@ berth=$1
 mpiexec=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-check() {  # check NAME CONDITION-EXIT-CODE
-  if [ "$2" -eq 0 ]; then echo "ok   $1"; pass=$((pass + 1)); else echo "FAIL $1"; fail=$((fail + 1)); fi
-}
+source "$(dirname "$0")/../cli/checks.sh"  # check NAME STATUS
 
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 40) > "$tmp/a.txt"
 printf 'pack my box with five dozen liquor jugs! %.0s' $(seq 40) > "$tmp/b.txt"
