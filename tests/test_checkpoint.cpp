@@ -362,6 +362,11 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   fs::resize_file(work / "truncated" / "optimizer.h5", fs::file_size(work / "truncated" / "optimizer.h5") / 2);
   test::expect_error([&] { load_checkpoint((work / "truncated").string(), true); },
                      {"optimizer.h5", "unreadable"});
+  // A file missing (a partial copy): an older checkpoint is the way on, as for a truncated one.
+  fs::copy(good, work / "no_optimizer", fs::copy_options::recursive);
+  fs::remove(work / "no_optimizer" / "optimizer.h5");
+  test::expect_error([&] { load_checkpoint((work / "no_optimizer").string(), true); },
+                     {"optimizer.h5' is missing", "resume from an older checkpoint"});
 
   // meta.json of the wrong shape or types: a berth::Error naming the file, not a JSON exception.
   fs::copy(good, work / "array_meta", fs::copy_options::recursive);
@@ -484,7 +489,8 @@ TEST_F(CheckpointTest, AClaimedFenceRefusesLowerTokens) {
   claim_checkpoint_fence(fenced.string(), 2);
   ck.meta.fencing_token = 1;
   test::expect_error([&] { save_checkpoint((fenced / checkpoint_dir_name(10)).string(), ck); },
-                     {"checkpoint commit refused", "token 2 already committed"});
+                     {"checkpoint commit refused", "token 2 already committed",
+                      "restored from a backup", "remove " + (fenced / "FENCE").string()});
   EXPECT_FALSE(fs::exists(fenced / checkpoint_dir_name(10)));
   ck.meta.fencing_token = 2;
   save_checkpoint((fenced / checkpoint_dir_name(10)).string(), ck);

@@ -1,12 +1,14 @@
 // ProgressPredictor on synthetic traces generated here (each phenomenon alone), the file readers'
 // error messages, and the bench protocol over shared/eta/traces when that directory is present.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
+#include <string>
 
 #include "runtime/cluster/progress.h"
 #include "runtime/core/check.h"
@@ -527,6 +529,23 @@ TEST(ProgressFiles, JsonFactsAndErrors) {
 }
 
 // ---- bench over the development traces (only where shared/eta/traces is present) -------------
+
+TEST(ProgressBench, AOneStepSessionIsRefusedNamingItsEntry) {
+  // Its queries would lie between its first and last step: none (std::clamp's bounds crossed).
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("berth_bench1_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "one.csv") << kHeader << "1,1,4194304,4096,1,0,0,0,58,\n";
+  std::ofstream(dir / "index.json")
+      << R"([{"file":"one.csv","max_steps":1,"start_step":0,"session_steps":1,"ckpt_interval":0,
+            "eval_interval":0,"schedule":[[0,4096,4194304]],"hidden_size":4096,
+            "mem_capacity_gib":80.0,"lease_s":10.0,"true_total_s":1.5}])";
+  const std::string msg = error_of([&] { run_eta_bench(dir.string()); });
+  EXPECT_NE(msg.find("\"one.csv\"): a session of 1 step leaves nothing to predict"),
+            std::string::npos)
+      << msg;
+  std::filesystem::remove_all(dir);
+}
 
 TEST(ProgressBench, BeatsLinearOnTheDevelopmentTraces) {
   std::filesystem::path dir;
