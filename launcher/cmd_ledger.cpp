@@ -355,7 +355,7 @@ void size_from_plan(const std::string& config, const std::vector<std::string>& o
     const int64_t evals = cfg.eval.interval > 0 ? steps / cfg.eval.interval + 1 : 0;
     const double pauses_s = double(saves) * rc.checkpoint_estimate_s +
                             double(evals * cfg.eval.batches) * p.step.total() / 3;
-    const double reserve_s = 1.5 * rc.checkpoint_estimate_s + rc.stop_margin_s + 2 * p.step.total();
+    const double reserve_s = stop_reserve_s(rc) + 2 * p.step.total();
     const int64_t minutes = std::max<int64_t>(
         1, int64_t(std::ceil((p.total_s * margin + pauses_s + reserve_s) / 60.0)));
     *duration = fmt::format("{}m", minutes);

@@ -638,13 +638,13 @@ void validate_config(const RunConfig& cfg) {
   }
   // An on-demand booking no longer than the stop reserve could run no step: the launch was
   // refused after booking (and cancelling) it, advising an extension of a booking now gone.
-  const double stop_reserve_s = 1.5 * rv.checkpoint_estimate_s + rv.stop_margin_s;
-  if (rv.id == 0 && rv.without == "on-demand" && rv.on_demand_s <= stop_reserve_s) {
+  const double reserve_s = stop_reserve_s(rv);
+  if (rv.id == 0 && rv.without == "on-demand" && rv.on_demand_s <= reserve_s) {
     BERTH_FAIL(
         "{}: reservation.on_demand_s = {} s is no longer than the stop reserve a leased run "
         "keeps before its window ends ({} s: 1.5 × checkpoint_estimate_s {} + "
         "stop_margin_s {}), so no step could run: raise on_demand_s (e.g. 3600)",
-        w, rv.on_demand_s, stop_reserve_s, rv.checkpoint_estimate_s, rv.stop_margin_s);
+        w, rv.on_demand_s, reserve_s, rv.checkpoint_estimate_s, rv.stop_margin_s);
   }
   const DebugSection& d = cfg.debug;
   for (const auto& [name, v] : {std::pair{"checkpoint_pause_s", d.checkpoint_pause_s},
@@ -734,6 +734,10 @@ std::string config_to_toml(const RunConfig& cfg) {
     out += fmt::format("{} = {}\n", f.key, toml_value(f, copy));
   }
   return out;
+}
+
+double stop_reserve_s(const ReservationSection& r, double checkpoint_s) {
+  return 1.5 * checkpoint_s + r.stop_margin_s;
 }
 
 std::vector<std::string> config_differences(const RunConfig& a, const RunConfig& b) {

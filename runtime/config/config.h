@@ -153,6 +153,13 @@ void validate_config(const RunConfig& cfg);
 // parse_config to the same values.
 std::string config_to_toml(const RunConfig& cfg);
 
+// What a leased run keeps before its window ends to stop cleanly: 1.5 × a checkpoint save
+// (`checkpoint_s`; reservation.checkpoint_estimate_s before one was measured) + stop_margin_s.
+double stop_reserve_s(const ReservationSection& r, double checkpoint_s);
+inline double stop_reserve_s(const ReservationSection& r) {
+  return stop_reserve_s(r, r.checkpoint_estimate_s);
+}
+
 // The fields whose values differ, in config order, each as "section.key = A vs B" (values written
 // as in config_to_toml): what a user must make the same.
 std::vector<std::string> config_differences(const RunConfig& a, const RunConfig& b);

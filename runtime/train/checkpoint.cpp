@@ -381,6 +381,10 @@ void claim_checkpoint_fence(const std::string& checkpoint_dir, int64_t token) {
   const FenceLock fence(token, fs::path(checkpoint_dir));
 }
 
+int64_t checkpoint_step(const std::string& path) {
+  return step_of_name(fs::path(path).filename().string());
+}
+
 std::string checkpoint_dir_name(int64_t step) { return fmt::format("{}{:08d}", kStepPrefix, step); }
 
 double save_checkpoint(const std::string& dir, const CheckpointData& d, double pause_s) {

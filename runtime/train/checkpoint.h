@@ -78,6 +78,8 @@ void warn_non_finite(const CheckpointData& data, const ParamLayout& layout,
 
 // "step-00000120" for step 120: the name of a training checkpoint inside checkpoint.dir.
 std::string checkpoint_dir_name(int64_t step);
+// The step of a step-NNNNNNNN name (its last path component), or -1 for any other name.
+int64_t checkpoint_step(const std::string& path);
 
 // The newest complete checkpoint (highest step with meta.json) in `checkpoint_dir`, or nullopt.
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir);

@@ -133,7 +133,7 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
         // A window that ends before the first step could start would stop at once, saving
         // nothing: say so now.
         const double now = unix_now();
-        const double needed = 1.5 * rc.checkpoint_estimate_s + rc.stop_margin_s;
+        const double needed = stop_reserve_s(rc);
         if (l.lease.window_end - now <= needed) {
           // An on-demand booking is cancelled with this refusal: extending it cannot help.
           const std::string fix =
@@ -336,7 +336,7 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
                                        format_utc_iso(renewed), format_utc_iso(expiry), failed);
       }
     }
-    const double stop_at = window_end - (1.5 * ckpt + rc.stop_margin_s);
+    const double stop_at = window_end - stop_reserve_s(rc, ckpt);
     if (d == kContinue && now + with_pauses_s >= stop_at) {
       d = kStopWindow;
       reason_ = fmt::format(

@@ -10,26 +10,10 @@
 
 #include "runtime/core/check.h"
 #include "runtime/core/clock.h"
+#include "runtime/core/fs.h"
 #include "runtime/core/log.h"
 
 namespace berth {
-
-namespace {
-
-std::string read_all(int fd) {
-  std::string text;
-  char buf[512];
-  for (off_t at = 0;;) {
-    const ssize_t n = ::pread(fd, buf, sizeof buf, at);
-    if (n <= 0) break;
-    text.append(buf, size_t(n));
-    at += n;
-  }
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
-  return text;
-}
-
-}  // namespace
 
 RunDirLock::RunDirLock(const std::string& run_dir, bool leased) {
   const std::string path = run_dir + "/.berth.lock";
@@ -44,9 +28,10 @@ RunDirLock::RunDirLock(const std::string& run_dir, bool leased) {
           run_dir, path, std::strerror(err));
       return;  // kept open, unlocked: nothing to release
     }
-    const std::string holder = read_all(fd_);
     ::close(fd_);
     fd_ = -1;
+    std::string holder = read_text_file(path);  // who holds it, as it wrote itself in
+    while (!holder.empty() && holder.back() == '\n') holder.pop_back();
     if (leased && holder.find("(under a lease)") != std::string::npos) {
       log_warn(
           "the run directory {} is also held by {}: under a lease too, so the ledger decides "

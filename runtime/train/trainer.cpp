@@ -237,10 +237,10 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
   // A launch on a live run's directory is refused before it loads data and builds a model (which
   // takes minutes for big ones), and before it reads checkpoints that run may be pruning. A run
   // directory made later (run()) is locked there.
-  const std::string run_dir = (std::filesystem::path(cfg_.run.out_dir) / cfg_.run.name).string();
+  run_dir_ = (std::filesystem::path(cfg_.run.out_dir) / cfg_.run.name).string();
   std::error_code dir_ec;
-  if (world_.rank() == 0 && std::filesystem::is_directory(run_dir, dir_ec)) {
-    run_lock_ = std::make_unique<RunDirLock>(run_dir, leased());
+  if (world_.rank() == 0 && std::filesystem::is_directory(run_dir_, dir_ec)) {
+    run_lock_ = std::make_unique<RunDirLock>(run_dir_, leased());
   }
   // The pre-flight plan of this config on this machine (berth plan), made once: checked here
   // against the host on the CPU, logged by run() and set beside the measured figures at its end.
@@ -380,7 +380,6 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
   flops_per_token_ = gpt_flops_per_token(canonical_, T);
   batches_.resize(size_t(cfg_.parallel.microbatches));
   for (PackedBatch& b : batches_) reset_rows(&b, B, T);
-  run_dir_ = (std::filesystem::path(cfg_.run.out_dir) / cfg_.run.name).string();
   checkpoint_dir_ = cfg_.checkpoint.dir.empty() ? run_dir_ + "/checkpoints" : cfg_.checkpoint.dir;
   if (!cfg_.model.init_from.empty()) {
     const auto t_load = std::chrono::steady_clock::now();
@@ -479,8 +478,7 @@ void Trainer::resume(const std::string& spec) {
       latest = latest_checkpoint(checkpoint_dir_).value_or("");
       // A newer step directory without meta.json (emptied or partly copied by hand) is passed
       // by: say so, or the run silently goes back past it.
-      const std::string name = std::filesystem::path(latest).filename().string();
-      const int64_t latest_step = latest.empty() ? -1 : std::stoll(name.substr(name.find('-') + 1));
+      const int64_t latest_step = latest.empty() ? -1 : checkpoint_step(latest);
       for (const auto& [step, dir] : incomplete_checkpoints(checkpoint_dir_)) {
         if (step > latest_step) {
           log_warn(
@@ -857,7 +855,7 @@ std::vector<StepStats> Trainer::run() {
   // hours of training. Checked before anything is taken or written.
   if (const std::optional<std::string> newest = latest_checkpoint(checkpoint_dir_)) {
     const std::string name = std::filesystem::path(*newest).filename().string();
-    const int64_t step = std::stoll(name.substr(name.find('-') + 1));
+    const int64_t step = checkpoint_step(*newest);
     BERTH_CHECK(step <= start_step_,
                 "checkpoint.dir {} already holds checkpoints of an earlier run (the newest, {}, "
                 "is at step {}) and this run starts at step {}: continue that run with --resume "
@@ -1035,7 +1033,7 @@ std::vector<StepStats> Trainer::run() {
       outcome_reason_ = fmt::format("{} received", StopSignals::name(sig));
       log_info("stopping before step {}: {}; {}continue with --resume auto", step + 1,
                outcome_reason_,
-               step > start_step_ ? fmt::format("checkpoint step-{:08d} saved; ", step) : "");
+               step > start_step_ ? "checkpoint " + checkpoint_dir_name(step) + " saved; " : "");
       break;
     }
     // Rank 0 decides for everyone whether this step may start (lease, end of window).
