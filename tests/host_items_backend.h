@@ -1,7 +1,8 @@
-// A test backend that runs the CUDA backend's op wiring (kernels/cuda/item_backend.h) and thread
-// bodies (kernels/cuda/thread_bodies.h) on the host: one loop per kernel launch, host memory, the
-// CPU reference's GEMMs. Whatever the CUDA backend computes per work item, this computes too, on
-// any machine.
+// A test backend that runs the CUDA backend's op wiring (kernels/cuda/item_backend.h) and kernel
+// bodies (thread_bodies.h, row_bodies.h, flash_bodies.h) on the host: one loop per kernel launch
+// (a block kernel's blocks in turn, each played by one thread or in SIMT mode by a host thread per
+// GPU thread), host memory, the CPU reference's GEMMs. Whatever the CUDA backend computes per work
+// item or block, this computes too, on any machine.
 //
 // Guarded (make_host_items_backend(true)): its memory is unreadable between its calls (pages
 // mapped PROT_NONE, opened only while one of its ops or memory calls runs), so host code that

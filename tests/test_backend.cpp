@@ -1,10 +1,13 @@
 // Every Backend op against the CPU reference (kernels/ops.h), on the backend under test:
 //   - test_backend (label cpu): "host-items", the CUDA backend's op wiring (item_backend.h) and
-//     thread bodies (thread_bodies.h) run one work item at a time on the host, so the CUDA
-//     backend's indexing, masking and accumulation are checked on any machine;
+//     kernel bodies (thread_bodies.h a work item at a time; row_bodies.h and flash_bodies.h a
+//     block at a time, played by one thread or, in the SIMT tests, a host thread per GPU thread)
+//     run on the host, so the CUDA backend's indexing, masking and accumulation are checked on
+//     any machine;
 //   - test_backend_gpu (label gpu, BERTH_TEST_CUDA): the CUDA backend itself, on a GPU; without
 //     one every test skips and says why.
 // Plus the CPU backend's memory accounting and the factory's errors.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -128,17 +131,19 @@ class BackendOps : public ::testing::Test {
   struct MatmulRef {
     std::vector<float> out, dinp, dweight, dbias;  // dweight, dbias accumulate onto 0.5
   };
-  // The backend's matmul_forward + matmul_backward (in its current precision) against `ref`;
+  // The backend's matmul_forward + matmul_backward (in its current precision) of the rows of `inp`
+  // against `ref`;
   // the inputs must come back unchanged.
   void check_matmul(const std::vector<float>& inp, const std::vector<float>& w,
                     const std::vector<float>& b, const std::vector<float>& dout, int IC, int OC,
                     const MatmulRef& ref, const std::string& what) {
+    const int N = int(inp.size() / size_t(IC));
     auto d_inp = up(inp), d_w = up(w), d_b = up(b), d_dout = up(dout);
-    DeviceBuffer<float> d_out(*be_, int64_t(kN) * OC), d_dinp(*be_, int64_t(kN) * IC);
+    DeviceBuffer<float> d_out(*be_, int64_t(N) * OC), d_dinp(*be_, int64_t(N) * IC);
     auto d_dw = up(std::vector<float>(w.size(), 0.5f)), d_db = up(std::vector<float>(OC, 0.5f));
-    be_->matmul_forward(d_out.data(), d_inp.data(), d_w.data(), d_b.data(), kN, IC, OC);
+    be_->matmul_forward(d_out.data(), d_inp.data(), d_w.data(), d_b.data(), N, IC, OC);
     be_->matmul_backward(d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
-                         d_w.data(), kN, IC, OC);
+                         d_w.data(), N, IC, OC);
     check(d_out, ref.out, (what + " out").c_str());
     check(d_dinp, ref.dinp, (what + " dinp").c_str());
     check(d_dw, ref.dweight, (what + " dweight (+=)").c_str());
@@ -186,6 +191,102 @@ class BackendOps : public ::testing::Test {
     r.dk1 = down(d_dk1), r.dv1 = down(d_dv1), r.dk2 = down(d_dk2), r.dv2 = down(d_dv2);
     return r;
   }
+  // The row reductions (kernels/cuda/row_bodies.h on the CUDA backend) against the CPU reference.
+  // layernorm forward and backward of N rows of C channels; dinp, dweight, dbias accumulate.
+  void check_layernorm(int N, int C) {
+    const auto inp = randn(size_t(N) * C, 4), w = randn(size_t(C), 5), b = randn(size_t(C), 6);
+    const auto dout = randn(size_t(N) * C, 7);
+    std::vector<float> out(inp.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N)),
+        dinp(inp.size(), 0.1f), dw(size_t(C), 0.2f), db(size_t(C), 0.3f);
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N,
+                           C);
+    cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                            mean.data(), rstd.data(), N, C);
+    auto d_inp = up(inp), d_w = up(w), d_b = up(b), d_dout = up(dout);
+    DeviceBuffer<float> d_out(*be_, int64_t(N) * C), d_mean(*be_, N), d_rstd(*be_, N);
+    auto d_dinp = up(std::vector<float>(inp.size(), 0.1f));
+    auto d_dw = up(std::vector<float>(size_t(C), 0.2f)),
+         d_db = up(std::vector<float>(size_t(C), 0.3f));
+    be_->layernorm_forward(d_out.data(), d_mean.data(), d_rstd.data(), d_inp.data(), d_w.data(),
+                           d_b.data(), N, C);
+    be_->layernorm_backward(d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
+                            d_w.data(), d_mean.data(), d_rstd.data(), N, C);
+    check(d_out, out, "layernorm out");
+    check(d_mean, mean, "layernorm mean");
+    check(d_rstd, rstd, "layernorm rstd");
+    check(d_dinp, dinp, "layernorm dinp (+=)");
+    check(d_dw, dw, "layernorm dweight (+=)");
+    check(d_db, db, "layernorm dbias (+=)");
+  }
+  // Logits all below 0 (a max seeded with 0 instead of −inf shows), outputs filled with NaN first
+  // (one a kernel leaves unwritten, such as an ignored row's loss, shows).
+  static std::vector<float> shifted(std::vector<float> v, float by) {
+    for (float& x : v) x += by;
+    return v;
+  }
+  DeviceBuffer<float> nans(int64_t n) {
+    DeviceBuffer<float> d(*be_, n);
+    be_->fill(d.data(), n, std::nanf(""));
+    return d;
+  }
+  // Targets: every fifth ignored (−1), the others spread over the vocabulary.
+  static std::vector<int32_t> ce_targets(int N, int V) {
+    std::vector<int32_t> t(static_cast<size_t>(N));
+    for (int n = 0; n < N; ++n)
+      t[size_t(n)] = n % 5 == 4 ? -1 : int32_t((int64_t(n) * 7919 + 11) % V);
+    return t;
+  }
+  // Cross-entropy over V real columns of rows Vp wide, the backward in place.
+  void check_crossentropy(int N, int V, int Vp) {
+    const auto logits = shifted(randn(size_t(N) * Vp, 23, 2.0f), -20.0f);
+    const auto targets = ce_targets(N, V);
+    std::vector<float> losses(static_cast<size_t>(N)), dl(logits.size());
+    const float dloss = 1.0f / 47;
+    cpu::crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V, Vp);
+    cpu::crossentropy_backward(dl.data(), logits.data(), targets.data(), dloss, N, V, Vp);
+    auto d_logits = up(logits);
+    auto d_t = up(targets);
+    DeviceBuffer<float> d_losses = nans(N);
+    be_->crossentropy_forward(d_losses.data(), d_logits.data(), d_t.data(), N, V, Vp);
+    be_->crossentropy_backward(d_logits.data(), d_logits.data(), d_t.data(), dloss, N, V, Vp);
+    check(d_losses, losses, "cross-entropy losses");
+    check(d_logits, dl, "cross-entropy dlogits (in place)");
+  }
+  // The three steps of the vocabulary-parallel cross-entropy on the shard [off, off + Vpl) of a
+  // vocabulary of off + real (real ≤ Vpl columns of it real), the backward in place.
+  void check_vocab_crossentropy(int N, int Vpl, int off, int real) {
+    const auto logits = shifted(randn(size_t(N) * Vpl, 33, 2.0f), -20.0f);
+    const auto targets = ce_targets(N, off + real);
+    std::vector<float> mx(static_cast<size_t>(N)), st(2 * size_t(N)),
+        losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N)), dl(logits.size());
+    cpu::vocab_ce_max(mx.data(), logits.data(), N, real, Vpl);
+    cpu::vocab_ce_partials(st.data(), logits.data(), mx.data(), targets.data(), N, real, Vpl, off);
+    cpu::vocab_ce_finish(losses.data(), lse.data(), mx.data(), st.data(), targets.data(), N);
+    cpu::vocab_ce_backward(dl.data(), logits.data(), lse.data(), targets.data(), 0.25f, N, real,
+                           Vpl, off);
+    auto d_logits = up(logits);
+    auto d_t = up(targets);
+    DeviceBuffer<float> d_mx = nans(N), d_st = nans(2 * int64_t(N)), d_losses = nans(N),
+                        d_lse = nans(N);
+    be_->vocab_ce_max(d_mx.data(), d_logits.data(), N, real, Vpl);
+    be_->vocab_ce_partials(d_st.data(), d_logits.data(), d_mx.data(), d_t.data(), N, real, Vpl,
+                           off);
+    be_->vocab_ce_finish(d_losses.data(), d_lse.data(), d_mx.data(), d_st.data(), d_t.data(), N);
+    be_->vocab_ce_backward(d_logits.data(), d_logits.data(), d_lse.data(), d_t.data(), 0.25f, N,
+                           real, Vpl, off);
+    check(d_mx, mx, "vocab ce max");
+    check(d_st, st, "vocab ce partials");
+    check(d_losses, losses, "vocab ce losses");
+    check(d_lse, lse, "vocab ce lse");
+    check(d_logits, dl, "vocab ce dlogits (in place)");
+  }
+  void check_sum_squares(const std::vector<float>& x) {
+    auto d_x = up(x);
+    const int64_t n = int64_t(x.size());
+    const double ref = cpu::sum_squares(x.data(), n), got = be_->sum_squares(d_x.data(), n);
+    EXPECT_NEAR(got, ref, 1e-12 * ref) << n << " values";
+  }
+
   // The bf16 attention checks below, at these head counts (C = 128).
   void check_bf16_varlen(int C, const std::vector<int>& head_counts);
   void check_bf16_ring_blocks(int C, const std::vector<int>& head_counts);
@@ -213,41 +314,20 @@ TEST_F(BackendOps, EncoderForwardAndBackward) {
   check(d_dwpe, dwpe, "encoder dwpe");
 }
 
-TEST_F(BackendOps, LayerNormForwardAndBackward) {
-  const int C = 48;
-  const auto inp = randn(size_t(kN) * C, 4), w = randn(C, 5), b = randn(C, 6);
-  const auto dout = randn(size_t(kN) * C, 7);
-  std::vector<float> out(inp.size()), mean(kN), rstd(kN), dinp(inp.size(), 0.1f), dw(C, 0.2f),
-      db(C, 0.3f);
-  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), kN,
-                         C);
-  cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
-                          mean.data(), rstd.data(), kN, C);
-  auto d_inp = up(inp), d_w = up(w), d_b = up(b), d_dout = up(dout);
-  DeviceBuffer<float> d_out(*be_, kN * C), d_mean(*be_, kN), d_rstd(*be_, kN);
-  auto d_dinp = up(std::vector<float>(inp.size(), 0.1f));
-  auto d_dw = up(std::vector<float>(C, 0.2f)), d_db = up(std::vector<float>(C, 0.3f));
-  be_->layernorm_forward(d_out.data(), d_mean.data(), d_rstd.data(), d_inp.data(), d_w.data(),
-                         d_b.data(), kN, C);
-  be_->layernorm_backward(d_dinp.data(), d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
-                          d_w.data(), d_mean.data(), d_rstd.data(), kN, C);
-  check(d_out, out, "layernorm out");
-  check(d_mean, mean, "layernorm mean");
-  check(d_rstd, rstd, "layernorm rstd");
-  check(d_dinp, dinp, "layernorm dinp (+=)");
-  check(d_dw, dw, "layernorm dweight (+=)");
-  check(d_db, db, "layernorm dbias (+=)");
-}
+TEST_F(BackendOps, LayerNormForwardAndBackward) { check_layernorm(kN, 48); }
 
+// 59 rows, and 150: more than one 64-row part of the CUDA backend's bias-gradient sums.
 TEST_F(BackendOps, MatmulForwardAndBackward) {
   const int IC = 40, OC = 24;
-  const auto inp = randn(size_t(kN) * IC, 8), w = randn(size_t(OC) * IC, 9), b = randn(OC, 10);
-  const auto dout = randn(size_t(kN) * OC, 11);
-  std::vector<float> out(size_t(kN) * OC), dinp(inp.size()), dw(w.size(), 0.5f), db(OC, 0.5f);
-  cpu::matmul_forward(out.data(), inp.data(), w.data(), b.data(), kN, IC, OC);
-  cpu::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), kN, IC,
-                       OC);
-  check_matmul(inp, w, b, dout, IC, OC, {out, dinp, dw, db}, "matmul");
+  for (const int N : {kN, 150}) {
+    const auto inp = randn(size_t(N) * IC, 8), w = randn(size_t(OC) * IC, 9), b = randn(OC, 10);
+    const auto dout = randn(size_t(N) * OC, 11);
+    std::vector<float> out(size_t(N) * OC), dinp(inp.size()), dw(w.size(), 0.5f), db(OC, 0.5f);
+    cpu::matmul_forward(out.data(), inp.data(), w.data(), b.data(), N, IC, OC);
+    cpu::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N,
+                         IC, OC);
+    check_matmul(inp, w, b, dout, IC, OC, {out, dinp, dw, db}, fmt::format("matmul, {} rows", N));
+  }
 }
 
 // bf16 precision: the backend's GEMMs equal the fp32 GEMMs of inputs rounded to bf16 (products
@@ -709,36 +789,16 @@ TEST_F(BackendOps, ElementwiseOps) {
   check(d_f, std::vector<float>(size_t(n), -2.5f), "fill");
 }
 
-TEST_F(BackendOps, CrossEntropyOverTheRealVocabulary) {
-  const int V = 100, Vp = 128;
-  const auto logits = randn(size_t(kN) * Vp, 23, 2.0f);
-  std::vector<int32_t> targets(kN);
-  for (int n = 0; n < kN; ++n) targets[size_t(n)] = n % 5 == 4 ? -1 : (n * 13) % V;
-  std::vector<float> losses(kN), dl(logits.size());
-  const float dloss = 1.0f / 47;
-  cpu::crossentropy_forward(losses.data(), logits.data(), targets.data(), kN, V, Vp);
-  cpu::crossentropy_backward(dl.data(), logits.data(), targets.data(), dloss, kN, V, Vp);
-  auto d_logits = up(logits);
-  auto d_t = up(targets);
-  DeviceBuffer<float> d_losses(*be_, kN);
-  be_->crossentropy_forward(d_losses.data(), d_logits.data(), d_t.data(), kN, V, Vp);
-  be_->crossentropy_backward(d_logits.data(), d_logits.data(), d_t.data(), dloss, kN, V, Vp);
-  check(d_losses, losses, "cross-entropy losses");
-  check(d_logits, dl, "cross-entropy dlogits (in place)");
-}
+TEST_F(BackendOps, CrossEntropyOverTheRealVocabulary) { check_crossentropy(kN, 100, 128); }
 
 // A tensor-parallel rank's pieces: vocabulary shard [64, 128) of a vocabulary of 100 (36 real
 // columns), the embedding with and without wpe, the three cross-entropy steps, the bias add.
 TEST_F(BackendOps, VocabularyShardOps) {
   const int C = 32, Vpl = 64, off = 64, real = 100 - off, maxT = 64;
-  std::vector<int32_t> tok(kN), pos(kN), targets(kN);
-  for (int n = 0; n < kN; ++n) {
-    tok[size_t(n)] = (n * 7) % 100, pos[size_t(n)] = n % 31;
-    targets[size_t(n)] = n % 6 == 5 ? -1 : (n * 11) % 100;
-  }
+  std::vector<int32_t> tok(kN), pos(kN);
+  for (int n = 0; n < kN; ++n) tok[size_t(n)] = (n * 7) % 100, pos[size_t(n)] = n % 31;
   const auto wte = randn(size_t(Vpl) * C, 30), wpe = randn(size_t(maxT) * C, 31),
-             dout = randn(size_t(kN) * C, 32), logits = randn(size_t(kN) * Vpl, 33, 2.0f),
-             bias = randn(C, 34);
+             dout = randn(size_t(kN) * C, 32), bias = randn(C, 34);
   std::vector<float> e1(size_t(kN) * C), e2(e1.size()), dw(wte.size(), 0.5f), dp(wpe.size(), 0.f);
   cpu::vocab_embedding_forward(e1.data(), tok.data(), pos.data(), wte.data(), wpe.data(), kN, C,
                                Vpl, off);
@@ -746,43 +806,25 @@ TEST_F(BackendOps, VocabularyShardOps) {
                                static_cast<const float*>(nullptr), kN, C, Vpl, off);
   cpu::vocab_embedding_backward(dw.data(), dp.data(), dout.data(), tok.data(), pos.data(), kN, C,
                                 Vpl, off);
-  std::vector<float> mx(kN), st(2 * size_t(kN)), losses(kN), lse(kN), dl(logits.size());
-  cpu::vocab_ce_max(mx.data(), logits.data(), kN, real, Vpl);
-  cpu::vocab_ce_partials(st.data(), logits.data(), mx.data(), targets.data(), kN, real, Vpl, off);
-  cpu::vocab_ce_finish(losses.data(), lse.data(), mx.data(), st.data(), targets.data(), kN);
-  cpu::vocab_ce_backward(dl.data(), logits.data(), lse.data(), targets.data(), 0.25f, kN, real,
-                         Vpl, off);
   std::vector<float> biased = e1;
   cpu::bias_add(biased.data(), bias.data(), kN, C);
 
-  auto d_tok = up(tok), d_pos = up(pos), d_t = up(targets);
-  auto d_wte = up(wte), d_wpe = up(wpe), d_dout = up(dout), d_logits = up(logits),
-       d_bias = up(bias);
-  DeviceBuffer<float> d_e1(*be_, kN * C), d_e2(*be_, kN * C), d_mx(*be_, kN),
-      d_st(*be_, 2 * kN), d_losses(*be_, kN), d_lse(*be_, kN);
+  auto d_tok = up(tok), d_pos = up(pos);
+  auto d_wte = up(wte), d_wpe = up(wpe), d_dout = up(dout), d_bias = up(bias);
+  DeviceBuffer<float> d_e1(*be_, kN * C), d_e2(*be_, kN * C);
   auto d_dw = up(std::vector<float>(wte.size(), 0.5f)), d_dp = up(std::vector<float>(wpe.size()));
   be_->vocab_embedding_forward(d_e1.data(), d_tok.data(), d_pos.data(), d_wte.data(),
                                d_wpe.data(), kN, C, Vpl, off);
   be_->vocab_embedding_forward(d_e2.data(), d_tok.data(), d_pos.data(), d_wte.data(), nullptr, kN,
                                C, Vpl, off);
-  be_->vocab_embedding_backward(d_dw.data(), d_dp.data(), d_dout.data(), d_tok.data(),
-                                d_pos.data(), kN, C, Vpl, off);
-  be_->vocab_ce_max(d_mx.data(), d_logits.data(), kN, real, Vpl);
-  be_->vocab_ce_partials(d_st.data(), d_logits.data(), d_mx.data(), d_t.data(), kN, real, Vpl,
-                         off);
-  be_->vocab_ce_finish(d_losses.data(), d_lse.data(), d_mx.data(), d_st.data(), d_t.data(), kN);
-  be_->vocab_ce_backward(d_logits.data(), d_logits.data(), d_lse.data(), d_t.data(), 0.25f, kN,
-                         real, Vpl, off);  // in place
+  be_->vocab_embedding_backward(d_dw.data(), d_dp.data(), d_dout.data(), d_tok.data(), d_pos.data(),
+                                kN, C, Vpl, off);
   be_->bias_add(d_e1.data(), d_bias.data(), kN, C);
   check(d_e1, biased, "vocab embedding + wpe + bias");
   check(d_e2, e2, "vocab embedding, no wpe");
   check(d_dw, dw, "vocab embedding dwte (+=)");
   check(d_dp, dp, "vocab embedding dwpe (+=)");
-  check(d_mx, mx, "vocab ce max");
-  check(d_st, st, "vocab ce partials");
-  check(d_losses, losses, "vocab ce losses");
-  check(d_lse, lse, "vocab ce lse");
-  check(d_logits, dl, "vocab ce dlogits (in place)");
+  check_vocab_crossentropy(kN, Vpl, off, real);
 }
 
 TEST_F(BackendOps, AdamWAndSumSquares) {
@@ -800,9 +842,56 @@ TEST_F(BackendOps, AdamWAndSumSquares) {
   check(d_p, p, "adamw params");
   check(d_m, m, "adamw m");
   check(d_v, v, "adamw v");
-  const double ref = cpu::sum_squares(g.data(), n), got = be_->sum_squares(d_g.data(), n);
-  EXPECT_NEAR(got, ref, 1e-12 * ref);
+  check_sum_squares(g);
 }
+
+// Rows longer than a block's 256 threads (each thread strides over several elements, the last
+// stride partial), more rows than one part of the parameter-gradient sums (64), a shard whose real
+// columns end inside the row, a squared sum of several parts.
+TEST_F(BackendOps, RowReductionsOverLongRows) {
+  check_layernorm(150, 700);
+  check_crossentropy(9, 1000, 1024);
+  check_vocab_crossentropy(9, 640, 640, 601);
+  check_sum_squares(randn(50000, 40));
+  check_sum_squares(randn(1, 41));
+}
+
+#if !BERTH_TEST_CUDA
+// The block-per-row kernels (kernels/cuda/row_bodies.h) with a host thread per GPU thread and real
+// barriers (SIMT mode): the tree reductions in shared memory in the GPU's order, against the CPU
+// reference. A missing barrier in a reduction lets a thread read a partial sum before its
+// neighbour wrote it (0xff NaN fill or a stale value), and fails here or under ThreadSanitizer
+// (scripts/race_check).
+TEST_F(BackendOps, RowKernelsAreRightWithEveryThreadOfABlockRunning) {
+  be_ = test::make_host_items_backend(false, 0, SIZE_MAX, /*simt=*/true);
+  check_layernorm(3, 300);
+  check_layernorm(2, 48);  // fewer channels than threads: the idle threads' zeros join the tree
+  check_crossentropy(5, 600, 640);
+  check_vocab_crossentropy(5, 320, 320, 290);
+  check_vocab_crossentropy(5, 128, 128, 100);  // idle threads' −inf and 0
+  check_sum_squares(randn(40000, 42));
+}
+
+// The bodies of a GEMM's bias gradient on the CUDA backend (backend.cu's weight_grads; the
+// host-items backend's GEMMs are the CPU's, so gpu.BackendOps.MatmulForwardAndBackward is what
+// runs the wiring): parts of 64 rows, then each column's parts, onto what the gradient held.
+TEST(CudaBodies, BiasGradientSumsRowsInParts) {
+  const int N = 150, OC = 37;
+  const auto dout = randn(size_t(N) * OC, 43);
+  const int parts = cuda::body::column_parts(N);
+  ASSERT_EQ(parts, 3);
+  std::vector<float> part(size_t(parts) * OC, std::nanf("")), dbias(size_t(OC), 0.5f);
+  for (int64_t i = 0; i < int64_t(part.size()); ++i)
+    cuda::body::bias_grad_partial(i, part.data(), dout.data(), N, OC);
+  for (int o = 0; o < OC; ++o)
+    cuda::body::add_column_parts(o, dbias.data(), part.data(), parts, OC);
+  for (int o = 0; o < OC; ++o) {
+    double ref = 0.5;
+    for (int n = 0; n < N; ++n) ref += dout[size_t(n) * OC + size_t(o)];
+    EXPECT_NEAR(dbias[size_t(o)], ref, 1e-5 * (1 + std::abs(ref))) << "column " << o;
+  }
+}
+#endif
 
 TEST_F(BackendOps, MemoryIsAccountedAndReturned) {
   const int64_t before = be_->bytes_in_use();

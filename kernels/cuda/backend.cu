@@ -1,13 +1,14 @@
-// The CUDA backend: memory from the device's stream-ordered pool (cudaMallocAsync with the
+// The CUDA backend: memory from a stream-ordered pool of its own (cudaMallocAsync with the
 // release threshold at its maximum, so freed blocks stay cached and a steady step allocates
 // nothing from the driver), every op queued on one stream, GEMMs through cuBLAS in fp32 (no TF32:
 // the fp32 mode compares with the CPU reference) or, in bf16 precision, on bf16 copies of their
 // inputs with fp32 accumulation and output (cublasGemmEx, tensor cores); a forward GEMM with a
 // bias through cuBLASLt with the bias (and for the MLP's first layer the GELU) in its epilogue,
 // and in bf16 the MLP's GELU derivative in the epilogue of the backward GEMM before it; the other
-// ops as one thread per work item running the bodies of thread_bodies.h, and in bf16
-// the attention as the tiled tensor-core kernels of flash_bodies.h. Every launch is checked, with
-// the kernel's name.
+// ops as item_backend.h wires them: one thread per work item running the bodies of
+// thread_bodies.h, a block per row for the row reductions of row_bodies.h, and in bf16 the
+// attention as the tiled tensor-core kernels of flash_bodies.h. Every launch is checked, with the
+// kernel's name.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -98,7 +99,13 @@ class CudaExec : public Backend {
     name_ = fmt::format("cuda:{} {}", device, prop.name);
     max_shared_ = prop.sharedMemPerBlockOptin;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device));
+    // A pool of its own, not the device's default one (which every cudaMallocAsync of the process
+    // without a pool shares): its used and high-water figures are this backend's alone.
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
     uint64_t keep = UINT64_MAX;  // never give cached blocks back to the driver
     CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     CUBLAS_CHECK(cublasCreate(&cublas_));
@@ -121,6 +128,9 @@ class CudaExec : public Backend {
       cudaFreeHost(st.host);
     }
     if (lt_workspace_ != nullptr) cudaFreeAsync(lt_workspace_, stream_);
+    // Its memory goes back to the driver once the frees queued above have run and any block
+    // still held has been freed: cudaMemPoolDestroy does not wait for them.
+    cudaMemPoolDestroy(pool_);
     if (std::uncaught_exceptions() > 0) return;  // cublasDestroy synchronizes the device
     cublasLtDestroy(lt_);
     cublasDestroy(cublas_);
@@ -284,9 +294,14 @@ class CudaExec : public Backend {
     if (dweight != nullptr)
       gemm(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, operand(inp, int64_t(N) * IC, 0), IC, d, OC, 1.0f,
            dweight, IC);
-    if (dbias != nullptr)
-      launch_on("bias_grad", stream_, OC,
-                [=] __device__(int64_t o) { body::bias_grad(int(o), dbias, dout, N, OC); });
+    if (dbias == nullptr) return;
+    const int parts = body::column_parts(N);
+    DeviceBuffer<float> part(*this, int64_t(parts) * OC);
+    float* p = part.data();
+    launch_on("bias_grad_partial", stream_, int64_t(parts) * OC,
+              [=] __device__(int64_t i) { body::bias_grad_partial(i, p, dout, N, OC); });
+    launch_on("bias_grad", stream_, OC,
+              [=] __device__(int64_t o) { body::add_column_parts(int(o), dbias, p, parts, OC); });
   }
   // A block per tile, `threads` threads and `shared` bytes of dynamic shared memory each; above
   // the default 48 KiB the kernel is allowed that much first.

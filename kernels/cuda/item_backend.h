@@ -1,5 +1,6 @@
-// The ops of the CUDA backend that run one thread per work item (every op but the GEMMs), and the
-// tiled tensor-core attention of bf16 precision, written once over an executor:
+// The ops of the CUDA backend other than the GEMMs: one thread per work item (thread_bodies.h), a
+// block per row for the row reductions (row_bodies.h), and the tiled tensor-core attention of
+// bf16 precision (flash_bodies.h), written once over an executor:
 //   class Exec : public Backend {  // memory, synchronize, matmul_*, and
 //     template <typename F> void launch(const char* name, int64_t n, F f);  // f(i), i < n
 //     // k.run(block, team, shared memory) for each block, `threads` threads and `shared` bytes
@@ -9,15 +10,17 @@
 //   };
 // kernels/cuda/backend.cu instantiates it with the CUDA executor (a kernel per launch on the
 // backend's stream, GEMMs in cuBLAS); tests/test_backend.cpp with a host executor (a loop per
-// launch), which runs this same wiring and the bodies of thread_bodies.h on any machine against
+// launch), which runs this same wiring and the bodies on any machine against
 // the CPU reference. Lambdas are __host__ __device__ under nvcc (--extended-lambda).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "kernels/cuda/flash_bodies.h"
+#include "kernels/cuda/row_bodies.h"
 #include "kernels/cuda/thread_bodies.h"
 #include "runtime/core/backend.h"
 #include "runtime/core/check.h"
@@ -52,18 +55,26 @@ class ItemBackend final : public Exec {
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int N, int C) override {
-    this->launch("layernorm_forward", N, [=] BERTH_LAMBDA(int64_t n) {
-      body::layernorm_forward(int(n), out, mean, rstd, inp, weight, bias, C);
-    });
+    launch_rows("layernorm_forward",
+                rows::LayerNormForward{out, mean, rstd, inp, weight, bias, N, C});
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, const float* mean,
                           const float* rstd, int N, int C) override {
-    this->launch("layernorm_backward_row", N, [=] BERTH_LAMBDA(int64_t n) {
-      body::layernorm_backward_row(int(n), dinp, dout, inp, weight, mean, rstd, C);
+    launch_rows("layernorm_backward",
+                rows::LayerNormBackward{dinp, dout, inp, weight, mean, rstd, N, C});
+    const int parts = body::column_parts(N);
+    DeviceBuffer<float> part(*this, 2 * int64_t(parts) * C);
+    float* pdw = part.data();
+    float* pdb = pdw + int64_t(parts) * C;
+    this->launch("layernorm_param_partials", int64_t(parts) * C, [=] BERTH_LAMBDA(int64_t i) {
+      body::layernorm_param_partials(i, pdw, pdb, dout, inp, mean, rstd, N, C);
     });
-    this->launch("layernorm_param_grads", C, [=] BERTH_LAMBDA(int64_t c) {
-      body::layernorm_param_grads(int(c), dweight, dbias, dout, inp, mean, rstd, N, C);
+    this->launch("layernorm_dweight", C, [=] BERTH_LAMBDA(int64_t c) {
+      body::add_column_parts(int(c), dweight, pdw, parts, C);
+    });
+    this->launch("layernorm_dbias", C, [=] BERTH_LAMBDA(int64_t c) {
+      body::add_column_parts(int(c), dbias, pdb, parts, C);
     });
   }
   void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens,
@@ -161,15 +172,13 @@ class ItemBackend final : public Exec {
   }
   void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
                             int V, int Vp) override {
-    this->launch("crossentropy_forward", N, [=] BERTH_LAMBDA(int64_t n) {
-      body::crossentropy_forward(int(n), losses, logits, targets, V, Vp);
-    });
+    launch_rows("crossentropy_forward",
+                rows::CrossEntropyForward{losses, logits, targets, N, V, Vp});
   }
   void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                              float dloss, int N, int V, int Vp) override {
-    this->launch("crossentropy_backward", N, [=] BERTH_LAMBDA(int64_t n) {
-      body::crossentropy_backward(int(n), dlogits, logits, targets, dloss, V, Vp);
-    });
+    launch_rows("crossentropy_backward",
+                rows::CrossEntropyBackward{dlogits, logits, targets, dloss, N, V, Vp});
   }
   void vocab_embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,
                                const float* wte_local, const float* wpe, int N, int C,
@@ -188,16 +197,13 @@ class ItemBackend final : public Exec {
     });
   }
   void vocab_ce_max(float* mx, const float* logits_local, int N, int real, int Vp_local) override {
-    this->launch("vocab_ce_max", N, [=] BERTH_LAMBDA(int64_t n) {
-      body::vocab_ce_max(int(n), mx, logits_local, real, Vp_local);
-    });
+    launch_rows("vocab_ce_max", rows::VocabCeMax{mx, logits_local, N, real, Vp_local});
   }
   void vocab_ce_partials(float* st, const float* logits_local, const float* mx,
                          const int32_t* targets, int N, int real, int Vp_local,
                          int offset) override {
-    this->launch("vocab_ce_partials", N, [=] BERTH_LAMBDA(int64_t n) {
-      body::vocab_ce_partials(int(n), st, logits_local, mx, targets, real, Vp_local, offset);
-    });
+    launch_rows("vocab_ce_partials",
+                rows::VocabCePartials{st, logits_local, mx, targets, N, real, Vp_local, offset});
   }
   void vocab_ce_finish(float* losses, float* lse, const float* mx, const float* st,
                        const int32_t* targets, int N) override {
@@ -208,9 +214,9 @@ class ItemBackend final : public Exec {
   void vocab_ce_backward(float* dlogits_local, const float* logits_local, const float* lse,
                          const int32_t* targets, float dloss, int N, int real, int Vp_local,
                          int offset) override {
-    this->launch("vocab_ce_backward", N, [=] BERTH_LAMBDA(int64_t n) {
-      body::vocab_ce_backward(int(n), dlogits_local, logits_local, lse, targets, dloss, real,
-                              Vp_local, offset);
+    this->launch("vocab_ce_backward", int64_t(N) * Vp_local, [=] BERTH_LAMBDA(int64_t i) {
+      body::vocab_ce_backward(i, dlogits_local, logits_local, lse, targets, dloss, real, Vp_local,
+                              offset);
     });
   }
   void bias_add(float* out, const float* bias, int N, int OC) override {
@@ -227,16 +233,15 @@ class ItemBackend final : public Exec {
                          inv_bc1, inv_bc2);
     });
   }
-  // Fixed parts summed on the host in order: deterministic.
+  // A block per contiguous part (at most 1024, of at least 16 Ki values), the parts' sums added
+  // on the host in order: deterministic.
   double sum_squares(const float* x, int64_t n) override {
-    constexpr int kParts = 4096;
-    DeviceBuffer<double> partial(*this, kParts);
-    double* out = partial.data();
-    this->launch("sum_squares", kParts, [=] BERTH_LAMBDA(int64_t p) {
-      out[p] = body::sum_squares_part(int(p), kParts, x, n);
-    });
-    std::vector<double> host(kParts);
-    this->download(host.data(), out, partial.bytes());
+    if (n <= 0) return 0;
+    const int parts = int(std::min<int64_t>(1024, (n + kSumSquaresPart - 1) / kSumSquaresPart));
+    DeviceBuffer<double> partial(*this, parts);
+    launch_rows("sum_squares", rows::SumSquares{partial.data(), x, n, parts});
+    std::vector<double> host(size_t(parts), 0.0);
+    this->download(host.data(), partial.data(), partial.bytes());
     double total = 0;
     for (double d : host) total += d;
     return total;
@@ -325,6 +330,11 @@ class ItemBackend final : public Exec {
   void launch_flash(const char* name, const K& k) {
     this->launch_tiles(name, k.blocks(), flash::kThreads, K::shared_bytes(), k);
   }
+  // A kernel of row_bodies.h: a block per row (or part).
+  template <class K>
+  void launch_rows(const char* name, const K& k) {
+    this->launch_tiles(name, k.blocks(), rows::kThreads, K::shared_bytes(), k);
+  }
 
  private:
   // bf16 precision runs the varlen attention and ring attention's blocks on tensor cores
@@ -346,6 +356,7 @@ class ItemBackend final : public Exec {
     this->upload(d.data(), off.data(), d.bytes());  // `off` may go: upload consumed it
     return d;
   }
+  static constexpr int64_t kSumSquaresPart = 16 * 1024;
   static void check_head_size(int C, int NH) {
     BERTH_CHECK(C / NH <= body::kMaxHeadSize,
                 "cuda attention: head size {} is above the {} these kernels support", C / NH,

@@ -2,13 +2,15 @@
 //
 // The CUDA kernels (kernels/cuda/*.cu) are launched with one thread per work item and call these
 // bodies; written without CUDA types or intrinsics, the same bodies compile as host C++, so
-// tests/test_cuda_bodies.cpp runs every work item on the CPU and checks the indexing and the
-// arithmetic against the CPU reference (kernels/ops.h) on any machine, GPU or not. Shared outputs
-// are accumulated with atomic_add (atomicAdd on the device, += on the host).
+// tests/test_backend.cpp runs every work item on the CPU (tests/host_items_backend.h) and checks
+// the indexing and the arithmetic against the CPU reference (kernels/ops.h) on any machine, GPU or
+// not. Shared outputs are accumulated with atomic_add (atomicAdd on the device, += on the host).
 //
-// These are the fp32 kernels: one thread per row or per (query, head), correct before fast, and the
-// ones the fp32 mode compares with the CPU reference. In bf16 precision the varlen attention and
-// ring attention's block kernels run the tiled tensor-core kernels of flash_bodies.h instead.
+// These are the fp32 kernels: one thread per element, per (row part, column) or per (query, head),
+// and the ones the fp32 mode compares with the CPU reference. The ops that reduce along a long row
+// (layernorm, cross-entropy, the squared sum) are a block per row in row_bodies.h; in bf16
+// precision the varlen attention and ring attention's block kernels run the tiled tensor-core
+// kernels of flash_bodies.h instead.
 #pragma once
 
 #include <cmath>
@@ -47,64 +49,43 @@ BERTH_HD void encoder_backward(int64_t i, float* dwte, float* dwpe, const float*
   atomic_add(dwpe + int64_t(positions[n]) * C + c, dout[i]);
 }
 
-// ---- layernorm: row n ---------------------------------------------------------------------------
-BERTH_HD void layernorm_forward(int n, float* out, float* mean, float* rstd, const float* inp,
-                                const float* weight, const float* bias, int C) {
-  const float* x = inp + int64_t(n) * C;
-  float m = 0;
-  for (int c = 0; c < C; c++) m += x[c];
-  m /= float(C);
-  float var = 0;
-  for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
-  var /= float(C);
-  const float s = 1.0f / sqrtf(var + 1e-5f);
-  float* o = out + int64_t(n) * C;
-  for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
-  mean[n] = m;
-  rstd[n] = s;
-}
-// dinp of row n (+=); the parameter gradients by layernorm_param_grads (one thread per channel).
-BERTH_HD void layernorm_backward_row(int n, float* dinp, const float* dout, const float* inp,
-                                     const float* weight, const float* mean, const float* rstd,
-                                     int C) {
-  const float* d = dout + int64_t(n) * C;
-  const float* x = inp + int64_t(n) * C;
-  const float m = mean[n], s = rstd[n];
-  float dm = 0, dnm = 0;
-  for (int c = 0; c < C; c++) {
-    const float dnorm = weight[c] * d[c];
-    dm += dnorm;
-    dnm += dnorm * (x[c] - m) * s;
-  }
-  dm /= float(C);
-  dnm /= float(C);
-  float* di = dinp + int64_t(n) * C;
-  for (int c = 0; c < C; c++) {
-    const float norm = (x[c] - m) * s;
-    di[c] += (weight[c] * d[c] - dm - norm * dnm) * s;
-  }
-}
-BERTH_HD void layernorm_param_grads(int c, float* dweight, float* dbias, const float* dout,
-                                    const float* inp, const float* mean, const float* rstd, int N,
-                                    int C) {
+// ---- sums over rows, in two stages (layernorm's parameter gradients, a GEMM's bias gradient) --
+// Part k of column_parts(N) sums rows [k·kRowsPerPart, (k+1)·kRowsPerPart) of column c (item
+// k·C + c: neighbouring threads read neighbouring columns), then add_column_parts adds column c's
+// parts in order: spread over N/64 × C threads instead of C, and deterministic (no atomics).
+constexpr int kRowsPerPart = 64;
+BERTH_HD int column_parts(int N) { return (N + kRowsPerPart - 1) / kRowsPerPart; }
+BERTH_HD void layernorm_param_partials(int64_t i, float* part_dw, float* part_db, const float* dout,
+                                       const float* inp, const float* mean, const float* rstd,
+                                       int N, int C) {
+  const int k = int(i / C), c = int(i % C);
+  const int end = (k + 1) * kRowsPerPart < N ? (k + 1) * kRowsPerPart : N;
   float dw = 0, db = 0;
-  for (int n = 0; n < N; n++) {
+  for (int n = k * kRowsPerPart; n < end; n++) {
     const float d = dout[int64_t(n) * C + c];
     dw += (inp[int64_t(n) * C + c] - mean[n]) * rstd[n] * d;
     db += d;
   }
-  dweight[c] += dw;
-  dbias[c] += db;
+  part_dw[i] = dw;
+  part_db[i] = db;
+}
+BERTH_HD void bias_grad_partial(int64_t i, float* part, const float* dout, int N, int OC) {
+  const int k = int(i / OC), o = int(i % OC);
+  const int end = (k + 1) * kRowsPerPart < N ? (k + 1) * kRowsPerPart : N;
+  float acc = 0;
+  for (int n = k * kRowsPerPart; n < end; n++) acc += dout[int64_t(n) * OC + o];
+  part[i] = acc;
+}
+// out[c] += Σ_k part[k·C + c], k in order
+BERTH_HD void add_column_parts(int c, float* out, const float* part, int parts, int C) {
+  float acc = 0;
+  for (int k = 0; k < parts; k++) acc += part[int64_t(k) * C + c];
+  out[c] += acc;
 }
 
-// ---- matmul bias: column o over OC
-// ----------------------------------------------------------------
+// ---- matmul bias: item i over N·OC
+// ---------------------------------------------------------------
 BERTH_HD void add_bias(int64_t i, float* out, const float* bias, int OC) { out[i] += bias[i % OC]; }
-BERTH_HD void bias_grad(int o, float* dbias, const float* dout, int N, int OC) {
-  float acc = 0;
-  for (int n = 0; n < N; n++) acc += dout[int64_t(n) * OC + o];
-  dbias[o] += acc;
-}
 
 // ---- element-wise: item i -----------------------------------------------------------------------
 BERTH_HD void gelu_forward(int64_t i, float* out, const float* inp) {
@@ -120,36 +101,6 @@ BERTH_HD void gelu_backward(int64_t i, float* dinp, const float* inp, const floa
 }
 BERTH_HD void residual_forward(int64_t i, float* out, const float* a, const float* b) {
   out[i] = a[i] + b[i];
-}
-
-// ---- cross-entropy over the real vocabulary: row n
-// -----------------------------------------------
-BERTH_HD float row_logsumexp(const float* row, int V) {
-  float mx = row[0];
-  for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
-  float sum = 0;
-  for (int v = 0; v < V; v++) sum += expf(row[v] - mx);
-  return mx + logf(sum);
-}
-BERTH_HD void crossentropy_forward(int n, float* losses, const float* logits,
-                                   const int32_t* targets, int V, int Vp) {
-  const int32_t t = targets[n];
-  const float* row = logits + int64_t(n) * Vp;
-  losses[n] = t < 0 ? 0.0f : row_logsumexp(row, V) - row[t];
-}
-BERTH_HD void crossentropy_backward(int n, float* dlogits, const float* logits,
-                                    const int32_t* targets, float dloss, int V, int Vp) {
-  const int32_t t = targets[n];
-  const float* row = logits + int64_t(n) * Vp;
-  float* drow = dlogits + int64_t(n) * Vp;
-  if (t < 0) {
-    for (int v = 0; v < Vp; v++) drow[v] = 0;
-    return;
-  }
-  const float lse = row_logsumexp(row, V);
-  for (int v = 0; v < V; v++) drow[v] = dloss * expf(row[v] - lse);  // in place: read, then write
-  drow[t] -= dloss;
-  for (int v = V; v < Vp; v++) drow[v] = 0;
 }
 
 // ---- tensor parallelism: vocabulary shards --------------------------------------------------------
@@ -171,40 +122,25 @@ BERTH_HD void vocab_embedding_backward(int64_t i, float* dwte_local, float* dwpe
   if (t >= 0 && t < Vp_local) atomic_add(dwte_local + int64_t(t) * C + c, dout[i]);
   if (dwpe != nullptr) atomic_add(dwpe + int64_t(positions[n]) * C + c, dout[i]);
 }
-// row n
-BERTH_HD void vocab_ce_max(int n, float* mx, const float* logits_local, int real, int Vp_local) {
-  const float* row = logits_local + int64_t(n) * Vp_local;
-  float m = neg_inf();
-  for (int v = 0; v < real; v++) m = row[v] > m ? row[v] : m;
-  mx[n] = m;
-}
-BERTH_HD void vocab_ce_partials(int n, float* st, const float* logits_local, const float* mx,
-                                const int32_t* targets, int real, int Vp_local, int offset) {
-  const float* row = logits_local + int64_t(n) * Vp_local;
-  float sum = 0;
-  for (int v = 0; v < real; v++) sum += expf(row[v] - mx[n]);
-  st[2 * int64_t(n)] = sum;
-  const int32_t t = targets[n];
-  st[2 * int64_t(n) + 1] = t >= offset && t < offset + real ? row[t - offset] : 0.0f;
-}
+// row n (the max and partial sums are row_bodies.h's block reductions)
 BERTH_HD void vocab_ce_finish(int n, float* losses, float* lse, const float* mx, const float* st,
                               const int32_t* targets) {
   lse[n] = mx[n] + logf(st[2 * int64_t(n)]);
   losses[n] = targets[n] < 0 ? 0.0f : lse[n] - st[2 * int64_t(n) + 1];
 }
-BERTH_HD void vocab_ce_backward(int n, float* dlogits_local, const float* logits_local,
+// item i over N·Vp_local; in place if dlogits_local is logits_local (read, then write)
+BERTH_HD void vocab_ce_backward(int64_t i, float* dlogits_local, const float* logits_local,
                                 const float* lse, const int32_t* targets, float dloss, int real,
                                 int Vp_local, int offset) {
-  const float* row = logits_local + int64_t(n) * Vp_local;
-  float* drow = dlogits_local + int64_t(n) * Vp_local;
+  const int64_t n = i / Vp_local;
+  const int v = int(i % Vp_local);
   const int32_t t = targets[n];
-  if (t < 0) {
-    for (int v = 0; v < Vp_local; v++) drow[v] = 0;
+  if (t < 0 || v >= real) {
+    dlogits_local[i] = 0;
     return;
   }
-  for (int v = 0; v < real; v++) drow[v] = dloss * expf(row[v] - lse[n]);  // read, then write
-  for (int v = real; v < Vp_local; v++) drow[v] = 0;
-  if (t >= offset && t < offset + real) drow[t - offset] -= dloss;
+  const float p = dloss * expf(logits_local[i] - lse[n]);
+  dlogits_local[i] = t - offset == v ? p - dloss : p;
 }
 
 // ---- AdamW: item i (inv_bc1, inv_bc2 = 1 / bias corrections, computed once on the host) ---------
@@ -217,13 +153,6 @@ BERTH_HD void adamw_update(int64_t i, float* params, const float* grads, float* 
   m[i] = mi;
   v[i] = vi;
   params[i] -= lr * ((mi * inv_bc1) / (sqrtf(vi * inv_bc2) + eps) + weight_decay * params[i]);
-}
-// Σ x² of the contiguous range of part `p` of `parts`, in double.
-BERTH_HD double sum_squares_part(int p, int parts, const float* x, int64_t n) {
-  const int64_t begin = n * p / parts, end = n * (p + 1) / parts;
-  double acc = 0;
-  for (int64_t i = begin; i < end; i++) acc += double(x[i]) * double(x[i]);
-  return acc;
 }
 
 // ---- causal attention per sequence, probabilities kept: item (token n, head h) -----------------

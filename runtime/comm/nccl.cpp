@@ -136,6 +136,13 @@ class NcclCommunicator final : public Communicator {
     NCCL_CHECK(ncclCommCount(comm_, &size_));
     CUDA_RT_CHECK(cudaSetDevice(device_));
     CUDA_RT_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // Staged host values (a loss, a norm: every step) come from the device's default pool: keep
+    // its freed blocks cached, so a steady step asks the driver for nothing (its release
+    // threshold is 0 by default: everything back at each synchronization).
+    cudaMemPool_t pool = nullptr;
+    CUDA_RT_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    uint64_t keep = UINT64_MAX;
+    CUDA_RT_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     CUDA_RT_CHECK(cudaEventCreateWithFlags(&before_, cudaEventDisableTiming));
     CUDA_RT_CHECK(cudaEventCreateWithFlags(&after_, cudaEventDisableTiming));
   }
