@@ -22,6 +22,7 @@
 #include "runtime/core/check.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/host_memory.h"
 #include "runtime/train/lease_keeper.h"
 #include "runtime/train/preflight.h"
 #include "runtime/train/step_metrics.h"

@@ -483,9 +483,9 @@ TEST_F(IoTest, ReadChunkedAndCompressedTokensWithAPartialLastChunk) {
   }
 }
 
-// A dataset whose stored size matches a header larger than the machine's memory (space allocated,
-// never written: a sparse file) is refused before the allocation fails, when its values are to be
-// read; its shape alone (berth plan, which reads headers) still reads.
+// A dataset whose stored size matches a header larger than the memory the process may use (space
+// allocated, never written: a sparse file) is refused before the allocation fails, when its values
+// are to be read; its shape alone (berth plan, which reads headers) still reads.
 TEST_F(IoTest, ReadTokensLargerThanMemoryIsRefusedButItsShapeReads) {
   write_token_dataset(path("big.h5"), small_dataset(257, false));
   const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
@@ -507,8 +507,7 @@ TEST_F(IoTest, ReadTokensLargerThanMemoryIsRefusedButItsShapeReads) {
   }
   expect_error([&] { read_token_dataset(path("big.h5")); },
                {"/tokens declares " + std::to_string(n) + " values",
-                "more than this machine's "
-                "memory"});
+                "more than this process may use", "cgroup's limit"});
   EXPECT_EQ(read_token_dataset_shape(path("big.h5")).n_tokens, int64_t(n));
   std::filesystem::remove(path("big.h5"));
 }

@@ -491,8 +491,7 @@ TEST_F(ModelFormats, HfBadInput) {
   write_bytes(st, good);
   expect_error([&] { read_hf_gpt2(dir_.string()); },
                {"config.json' describes a model of", "n_layer=4096",
-                "more than this machine's "
-                "memory"});
+                "more than this process may use", "cgroup's limit"});
   write_config(dir_.string(), m);
   // A sharded checkpoint: "model.safetensors does not exist" said nothing of the shards.
   fs::create_directories(path("sharded"));

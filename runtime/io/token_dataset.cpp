@@ -2,7 +2,6 @@
 #include "runtime/io/token_dataset.h"
 
 #include <hdf5.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +14,7 @@
 
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/host_memory.h"
 #include "runtime/io/hdf5_util.h"
 #include "runtime/io/importers.h"
 
@@ -216,13 +216,14 @@ IntShape check_int_1d(hid_t dset, const char* name, const char* expected, const 
           path, name, shape.n, chunks_declared, chunks, kImportHint);
     }
   }
-  // Reading allocates the declared size: more than this machine holds is a damaged header (or a
-  // dataset for a bigger machine), said before the allocation fails.
-  const double memory = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  // Reading allocates the declared size: more than this process may hold is a damaged header (or
+  // a dataset for a bigger machine), said before the allocation fails (or the cgroup's OOM kill).
+  const double memory = host_memory_limit_bytes();
   if (to_read && memory > 0 && declared > memory) {
     BERTH_FAIL(
-        "'{}': /{} declares {} values ({:.1f} GiB), more than this machine's memory "
-        "({:.1f} GiB): a damaged header, or a dataset for a bigger machine",
+        "'{}': /{} declares {} values ({:.1f} GiB), more than this process may use "
+        "({:.1f} GiB: the host's memory or its cgroup's limit): a damaged header, or a dataset "
+        "for a bigger machine",
         path, name, shape.n, declared / 1073741824.0, memory / 1073741824.0);
   }
   return shape;

@@ -10,6 +10,7 @@
 
 #include "runtime/config/cluster_files.h"
 #include "runtime/core/clock.h"
+#include "runtime/core/host_memory.h"
 #include "runtime/core/log.h"
 #include "runtime/train/step_metrics.h"
 

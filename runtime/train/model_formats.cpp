@@ -33,15 +33,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The fp32 weights are read whole: a model larger than this host's memory (a sparse file whose
-// size matches its header, a config.json of another model) is said before the allocation fails.
+// The fp32 weights are read whole: a model larger than the memory this process may use (a sparse
+// file whose size matches its header, a config.json of another model) is said before the allocation
+// fails.
 void require_weights_fit_memory(const std::string& path, const std::string& dims, int64_t numel) {
   constexpr double kGiB = 1073741824.0;
   const double bytes = double(numel) * double(sizeof(float));
   const double memory = host_capacity_gib_per_rank(1) * kGiB;
   BERTH_CHECK(memory <= 0 || bytes <= memory,
               "'{}' describes a model of {} parameters ({}), {:.1f} GiB in fp32: more than this "
-              "machine's memory ({:.1f} GiB); import it on a larger machine, or check the file",
+              "process may use ({:.1f} GiB: the host's memory or its cgroup's limit); import it "
+              "on a larger machine, or check the file",
               path, numel, dims, bytes / kGiB, memory / kGiB);
 }
 

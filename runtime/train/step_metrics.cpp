@@ -9,6 +9,7 @@
 
 #include "kernels/ops.h"
 #include "runtime/core/check.h"
+#include "runtime/core/host_memory.h"
 #include "runtime/core/log.h"
 
 namespace berth {
@@ -16,14 +17,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr size_t kNameBytes = 64;
-
-// First number in `path` (0 when missing or "max").
-double read_number(const std::string& path) {
-  std::ifstream in(path);
-  double v = 0;
-  if (in >> v) return v;
-  return 0;
-}
 
 }  // namespace
 
@@ -45,22 +38,8 @@ double heap_in_use_bytes() {
   return double(mi.uordblks) + double(mi.hblkhd);
 }
 
-double host_meminfo_bytes(const std::string& field) {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key >> kib) {
-    if (key == field + ":") return kib * 1024;
-    in.ignore(256, '\n');
-  }
-  return 0;
-}
-
 double host_capacity_gib_per_rank(int ranks_on_host) {
-  double total = host_meminfo_bytes("MemTotal");
-  const double cgroup = read_number("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" reads 0
-  if (cgroup > 0 && (total == 0 || cgroup < total)) total = cgroup;
-  return total / kGiB / static_cast<double>(std::max(1, ranks_on_host));
+  return host_memory_limit_bytes() / kGiB / static_cast<double>(std::max(1, ranks_on_host));
 }
 
 void warn_if_threads_oversubscribed(const LocalRank& local, const std::string& consequence) {

@@ -16,11 +16,9 @@ double host_peak_rss_gib();
 // Bytes this process holds from malloc/new now (glibc mallinfo2: in-use chunks of every arena
 // plus large mmap()ed ones): what berth allocates, without the binary, libraries and stacks.
 double heap_in_use_bytes();
-// Memory a rank may use on this host: the cgroup limit (memory.max) if set, else MemTotal,
-// divided by the ranks on this host.
+// Memory a rank may use on this host: host_memory_limit_bytes() (MemTotal, or the tighter limit of
+// the process's cgroup) divided by the ranks on this host.
 double host_capacity_gib_per_rank(int ranks_on_host);
-// A /proc/meminfo field in bytes ("MemTotal", "MemAvailable"); 0 when it cannot be read.
-double host_meminfo_bytes(const std::string& field);
 
 // On the host's local rank 0: logs kernels/ops.h's oversubscription_warning for this host's
 // ranks and this process's OpenMP threads, if any, followed by "; " + `consequence`.
