@@ -357,8 +357,18 @@ void size_from_plan(const std::string& config, const std::vector<std::string>& o
     const double pauses_s = double(saves) * rc.checkpoint_estimate_s +
                             double(evals * cfg.eval.batches) * p.step.total() / 3;
     const double reserve_s = stop_reserve_s(rc) + 2 * p.step.total();
-    const int64_t minutes = std::max<int64_t>(
-        1, int64_t(std::ceil((p.total_s * margin + pauses_s + reserve_s) / 60.0)));
+    const double needed_s = p.total_s * margin + pauses_s + reserve_s;
+    // A request covers at most a year (in 7-day segments with --allow-split); a longer one was
+    // refused naming a --duration the user never gave.
+    BERTH_CHECK(needed_s <= kMaxRequestS,
+                "reserve --config: {} needs {} on {} x {} ({} for {} steps × margin {:.2f}, with "
+                "its checkpoint saves, evaluations and stop reserve): more than the year one "
+                "booking request may cover. Book and train it in parts (fewer train.steps per "
+                "booking, each part resuming with --resume auto), or check train.steps and the "
+                "plan (berth plan {})",
+                config, format_duration(needed_s), devices, hw.name, format_duration(p.total_s),
+                steps, margin, config);
+    const int64_t minutes = std::max<int64_t>(1, int64_t(std::ceil(needed_s / 60.0)));
     *duration = fmt::format("{}m", minutes);
     std::fprintf(out,
                  "  duration       %s (predicted %s for %lld steps × margin %.2f, + %s for %lld "
@@ -479,7 +489,9 @@ void register_ledger_commands(CLI::App& app) {
     auto a = std::make_shared<Args>();
     CLI::App* cmd = app.add_subcommand("reserve", "Book devices for a window");
     CLI::Option* print_id = cmd->add_flag(
-        "--print-id", a->print_id, "On success print only the reservation id (for batch scripts)");
+        "--print-id", a->print_id,
+        "On success print only the reservation id, one line per segment with --allow-split (for "
+        "batch scripts)");
     add_ledger_option(cmd, &a->l);
     print_id->excludes("--json");  // two different stdout formats
     cmd->add_option("--gpus", a->gpus, "Number of devices (with --config: from the plan)")
@@ -555,8 +567,9 @@ void register_ledger_commands(CLI::App& app) {
         if (!r.booked) throw ExitStatus{kExitNotNow};
         return;
       }
-      if (r.booked && a->print_id) {
-        std::printf("%lld\n", static_cast<long long>(r.reservations.front().id));
+      if (r.booked && a->print_id) {  // every segment's, in order (--allow-split)
+        for (const Reservation& x : r.reservations)
+          std::printf("%lld\n", static_cast<long long>(x.id));
         return;
       }
       if (r.booked) {

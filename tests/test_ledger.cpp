@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <random>
 #include <set>
@@ -113,6 +114,45 @@ TEST_F(LedgerTest, TouchingWindowsBothSucceedOverlapsAreRefused) {
     EXPECT_GE(r.earliest_start, kT0 + 5 * kH);
   }
   EXPECT_EQ(overlaps(), 0);
+}
+
+// Bookings are shown to the second, so they start and end on whole seconds: a start taken from
+// a clock at 20:00:00.43 printed as 20:00:00, its end as 21:00:00, and a booking asked for at that
+// printed end overlapped the first by 0.43 s and was refused, suggesting the same start forever.
+TEST_F(LedgerTest, WindowsAreWholeSecondsSoTheShownEndCanBeBooked) {
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  now_ = kT0 + 0.43;
+  ReserveRequest first = req(1, kT0, 1);
+  first.start.reset();  // --start earliest
+  const BookingResult a = l->reserve(first);
+  ASSERT_TRUE(a.booked);
+  EXPECT_EQ(a.reservations.front().start, kT0 + 1);
+  EXPECT_EQ(a.reservations.front().end, kT0 + 1 + kH);
+  const double shown_end = std::floor(a.reservations.front().end);  // as format_utc_iso shows it
+  EXPECT_TRUE(l->reserve(req(1, shown_end, 1)).booked);
+  // A start asked within the past slack, and a fractional one, are rounded up; so is a duration
+  // (an on-demand booking sized from a config asks for fractions).
+  ReserveRequest late = req(1, kT0 + 0.2, 0);
+  late.duration_s = 90.25;
+  l->register_devices(slots("n2", 1));
+  const BookingResult b = l->reserve(late);
+  ASSERT_TRUE(b.booked) << b.reason;
+  EXPECT_EQ(b.reservations.front().start, kT0 + 1);
+  EXPECT_EQ(b.reservations.front().end, kT0 + 1 + 91);
+  EXPECT_EQ(overlaps(), 0);
+}
+
+// Behind a booking with a fractional end (a ledger written before windows were whole seconds):
+// the earliest start is the next whole second.
+TEST(Booking, EarliestStartIsAWholeSecondAfterAFractionalEnd) {
+  const std::vector<Device> devs = {Device{1, "n1", "cpu", 0, "cpu", int64_t(8) << 30, ""}};
+  const std::vector<Busy> busy = {Busy{1, 7, kT0, kT0 + 3600.43, 3, "bob", false}};
+  const SlotAnswer a = find_slot(devs, busy, SlotRequest{1, "", 0, kT0 + 0.2, kH, 3, false});
+  ASSERT_TRUE(a.found);
+  EXPECT_EQ(a.start, kT0 + 3601);
+  const SlotAnswer b = find_slot(devs, {}, SlotRequest{1, "", 0, kT0 + 0.2, kH, 3, false});
+  EXPECT_EQ(b.start, kT0 + 1);
 }
 
 TEST_F(LedgerTest, EarliestStartNamesBlockersAndFewestHosts) {

@@ -1,6 +1,7 @@
 #include "runtime/cluster/booking.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -94,9 +95,11 @@ SlotAnswer find_slot(const std::vector<Device>& devices, const std::vector<Busy>
     }
   }
   if (int64_t(match.size()) < req.count) return ans;
-  std::vector<double> candidates = {req.start};
+  // Whole seconds, as bookings are shown: a start of 13:33:12.43 would print as 13:33:12, and
+  // asking for that start again would overlap by 0.43 s, forever.
+  std::vector<double> candidates = {std::ceil(req.start)};
   for (const Busy* b : blocking) {
-    if (b->end > req.start) candidates.push_back(b->end);
+    if (b->end > req.start) candidates.push_back(std::ceil(b->end));
   }
   std::sort(candidates.begin(), candidates.end());
   candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());

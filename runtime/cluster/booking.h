@@ -56,8 +56,9 @@ struct SlotAnswer {
 std::vector<const Device*> matching_devices(const std::vector<Device>& devices,
                                             const SlotRequest& req);
 
-// Exact earliest start: candidate starts are request.start and every end of a booking on a
-// matching device after it (availability over [t, t + d) can only improve when t passes an end).
+// Exact earliest start in whole seconds: candidate starts are request.start and every end of a
+// booking on a matching device after it, rounded up to the second (availability over [t, t + d)
+// can only improve when t passes an end).
 SlotAnswer find_slot(const std::vector<Device>& devices, const std::vector<Busy>& busy,
                      const SlotRequest& req);
 

@@ -22,6 +22,7 @@
 namespace berth {
 
 constexpr double kMaxSegmentS = 7 * 86400.0;  // one reservation lasts at most 7 days
+constexpr double kMaxRequestS = 366 * 86400.0;  // one request (its segments) at most a year
 
 // Injectable wall clock (Unix seconds).
 using Clock = std::function<double()>;

@@ -256,13 +256,7 @@ class SqliteLedger : public LedgerStore {
     }
     try {
       sqlite3_busy_timeout(db_, int(o_.busy_timeout_s * 1000));
-      {
-        Stmt wal(db_, "PRAGMA journal_mode=WAL");
-        BERTH_CHECK(wal.step() && wal.text(0) == "wal",
-                    "ledger {}: cannot switch to WAL mode (is the file a berth ledger on a local "
-                    "disk?)",
-                    path);
-      }
+      switch_to_wal(path);
       exec(db_, "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;");
       migrate();
     } catch (const Error& e) {
@@ -277,6 +271,40 @@ class SqliteLedger : public LedgerStore {
     }
   }
   ~SqliteLedger() override { sqlite3_close(db_); }
+
+  // Processes that open a new ledger at once (two `devices register`, two quickstart jobs) all
+  // switch it to WAL mode, and SQLite answers some of them "database is locked" at once, without
+  // calling the busy handler (one holds a shared lock that another's switch must wait out, so
+  // waiting in place could deadlock): 5 of 20 such pairs failed. The switch is tried again, its
+  // statement finalized and so its lock released, until the busy timeout.
+  void switch_to_wal(const std::string& path) {
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(o_.busy_timeout_s);
+    for (;;) {
+      sqlite3_stmt* st = nullptr;
+      int rc = sqlite3_prepare_v2(db_, "PRAGMA journal_mode=WAL", -1, &st, nullptr);
+      std::string mode;
+      if (rc == SQLITE_OK) {
+        rc = sqlite3_step(st);
+        const unsigned char* t = rc == SQLITE_ROW ? sqlite3_column_text(st, 0) : nullptr;
+        if (t != nullptr) mode = reinterpret_cast<const char*>(t);
+      }
+      const std::string err = sqlite3_errmsg(db_);
+      sqlite3_finalize(st);
+      const int primary = rc & 0xff;
+      if ((primary == SQLITE_BUSY || primary == SQLITE_LOCKED) &&
+          std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      if (rc != SQLITE_ROW) fail_sqlite(db_, "PRAGMA journal_mode=WAL", err);
+      BERTH_CHECK(mode == "wal",
+                  "ledger {}: cannot switch to WAL mode (is the file a berth ledger on a local "
+                  "disk?)",
+                  path);
+      return;
+    }
+  }
 
   int schema_version() override {
     Stmt s(db_, "PRAGMA user_version");
@@ -313,9 +341,13 @@ class SqliteLedger : public LedgerStore {
     return out;
   }
 
-  BookingResult reserve(const ReserveRequest& req) override {
+  BookingResult reserve(const ReserveRequest& asked) override {
     const double now = o_.clock();
-    validate_request(req, now);
+    validate_request(asked, now);
+    // Windows are whole seconds, as they are shown: the duration rounded up (an on-demand booking
+    // sized from a config asks for fractions), the start by find_slot.
+    ReserveRequest req = asked;
+    req.duration_s = std::ceil(req.duration_s - 1e-6);
     WriteTxn t(db_);
     BookingResult out;
     const std::vector<Device> devs = devices();
@@ -366,7 +398,8 @@ class SqliteLedger : public LedgerStore {
         return out;
       }
     }
-    const double start = std::max(now, req.start.value_or(now));
+    // Bookings start on whole seconds (find_slot), as they are shown and asked for.
+    const double start = std::ceil(std::max(now, req.start.value_or(now)));
     if (req.duration_s > kMaxSegmentS + 1e-9 && !req.allow_split) {
       for (double s = start; s < start + req.duration_s - 1e-9; s += kMaxSegmentS) {
         out.proposed_split.push_back({s, std::min(s + kMaxSegmentS, start + req.duration_s)});
@@ -410,7 +443,7 @@ class SqliteLedger : public LedgerStore {
       }
     }
     BERTH_CHECK(ans.found, "no feasible window found for {} device(s)", req.count);
-    if (req.start && ans.start > std::max(now, *req.start) + 1e-9) {
+    if (req.start && ans.start > start + 1e-9) {
       out.earliest_start = ans.start;
       out.blockers = ans.blockers;
       out.reason = "the devices are booked when asked" + notice;
@@ -671,7 +704,7 @@ class SqliteLedger : public LedgerStore {
     BERTH_CHECK(std::isfinite(q.duration_s) && q.duration_s >= 1,
                 "--duration must be at least 1s (the window must end after it starts), got {} s",
                 q.duration_s);
-    BERTH_CHECK(q.duration_s <= 366 * 86400.0, "--duration {} is longer than a year",
+    BERTH_CHECK(q.duration_s <= kMaxRequestS, "--duration {} is longer than a year",
                 format_duration(q.duration_s));
     BERTH_CHECK(q.priority >= 0 && q.priority <= 3, "priority must be P0..P3, got {}", q.priority);
     BERTH_CHECK(q.min_free_mem_bytes >= 0, "--min-free-mem must be >= 0");

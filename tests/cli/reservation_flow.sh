@@ -54,6 +54,29 @@ small=(--set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set m
 "$berth" devices register --cpu-slots 2 > "$tmp/reg.log" 2>&1
 check "devices register --cpu-slots 2" $?
 
+# ---- two processes opening a new ledger at once (two jobs' first `devices register`): SQLite
+# refused one's switch to WAL mode at once, "database is locked" (5 of 20 pairs) ----------------
+failed=0
+for i in $(seq 10); do
+  "$berth" devices register --cpu-slots 1 --ledger "$tmp/race$i.db" > "$tmp/race_a.log" 2>&1 &
+  a=$!
+  "$berth" devices register --cpu-slots 1 --ledger "$tmp/race$i.db" > "$tmp/race_b.log" 2>&1 &
+  b=$!
+  wait $a || { failed=$((failed + 1)); cat "$tmp/race_a.log"; }
+  wait $b || { failed=$((failed + 1)); cat "$tmp/race_b.log"; }
+done
+[ $failed -eq 0 ]
+check "two processes registering on a new ledger at once both succeed (10 pairs)" $?
+
+# ---- the end a booking shows can be booked: windows are whole seconds (an earliest start of
+# 12:40:42.43 showed as 12:40:42, and --start at the shown end was refused forever) -------------
+sec=(--ledger "$tmp/seconds.db")
+"$berth" devices register --cpu-slots 1 "${sec[@]}" > /dev/null 2>&1
+end=$("$berth" reserve --gpus 1 --duration 1h --json "${sec[@]}" 2> "$tmp/sec.log" |
+      python3 -c "import json,sys; print(json.load(sys.stdin)['reservations'][0]['end'])")
+"$berth" reserve --gpus 1 --duration 1h --start "$end" "${sec[@]}" >> "$tmp/sec.log" 2>&1
+check "a booking at the end another booking shows succeeds" $?
+
 # ---- bad requests, and a booking that cannot start when asked ----------------------------------
 "$berth" reserve --gpus 0 --duration 1h > "$tmp/bad1.log" 2>&1; rc=$?
 [ $rc -eq 1 ] && grep -q -- "--gpus must be between 1 and 4096, got 0" "$tmp/bad1.log"
