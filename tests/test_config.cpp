@@ -423,6 +423,10 @@ TEST(Config, ValidationOptimizer) {
   EXPECT_CONTAINS(msg, "train.beta2 must be in [0, 1), got -0.1");
   msg = parse_error("[train]\neps = 0\n");
   EXPECT_CONTAINS(msg, "train.eps");
+  // 0 in fp32, where AdamW updates: it divided by zero and the run diverged
+  msg = parse_error("[train]\neps = 1e-46\n");
+  EXPECT_CONTAINS(msg,
+                  "train.eps must be a finite number >= 1.17549e-38 (the smallest normal fp32");
   msg = parse_error("[train]\nweight_decay = -1\n");
   EXPECT_CONTAINS(msg, "train.weight_decay");
   msg = parse_error("[train]\ngrad_clip = -1\n");
@@ -542,8 +546,8 @@ TEST(Config, RoundTripNonDefaults) {
   cfg.train.warmup_steps = 700;
   cfg.train.beta1 = 1.0 / 3.0;
   cfg.train.beta2 = 0.999;
-  cfg.train.eps = 5e-324;  // smallest subnormal
-  cfg.train.weight_decay = 1e16;
+  cfg.train.eps = double(std::numeric_limits<float>::min());  // the smallest accepted
+  cfg.train.weight_decay = 5e-324;                            // the smallest subnormal double
   cfg.train.grad_clip = 0.1;
   cfg.train.log_interval = 3;
   cfg.eval.interval = 50;
@@ -572,9 +576,9 @@ TEST(Config, RoundTripManyDoubles) {
                    std::nextafter(0.9, 1.0), std::numeric_limits<double>::min(), 123456789.0,
                    1e15, 1e22, 4.9406564584124654e-320}) {
     RunConfig cfg;
-    cfg.train.eps = v;
+    cfg.train.weight_decay = v;
     const RunConfig back = parse_config(config_to_toml(cfg), "x.toml");
-    EXPECT_EQ(back.train.eps, v) << "eps written as: " << config_to_toml(cfg);
+    EXPECT_EQ(back.train.weight_decay, v) << "weight_decay written as: " << config_to_toml(cfg);
   }
 }
 

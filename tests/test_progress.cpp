@@ -437,6 +437,15 @@ TEST(ProgressFiles, CsvErrorsAreSpecific) {
                   write_tmp("n.csv", std::string(kHeader) + "1,abc,4194304,4096,1,0,0,0,58,\n"));
             }).find("duration_s 'abc' is not a number"),
             std::string::npos);
+  // decimal only: strtod alone read "0x10" as 16 s and " 2" as 2
+  for (const char* cell : {"0x10", " 2", "infinity"}) {
+    EXPECT_NE(error_of([&] {
+                read_trace_csv(write_tmp(
+                    "x.csv", std::string(kHeader) + "1," + cell + ",4194304,4096,1,0,0,0,58,\n"));
+              }).find(std::string("duration_s '") + cell + "' is not a number"),
+              std::string::npos)
+        << cell;
+  }
   EXPECT_NE(error_of([] {
               read_trace_csv(write_tmp(
                   "o.csv", std::string(kHeader) + "2,1,1,1,1,0,0,0,58,\n1,1,1,1,1,0,0,0,58,\n"));

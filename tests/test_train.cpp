@@ -17,6 +17,7 @@
 #include "kernels/ops.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/core/check.h"
+#include "runtime/core/fs.h"
 #include "runtime/io/importers.h"
 #include "runtime/io/token_dataset.h"
 #include "runtime/train/checkpoint.h"
@@ -274,6 +275,37 @@ TEST_F(TrainTest, RunWritesConfigAndMetricsAndEvaluates) {
   // The saved config is the resolved one: it loads back to the same values.
   const RunConfig again = load_config(run + "/config.toml");
   EXPECT_EQ(config_to_toml(again), config_to_toml(cfg));
+}
+
+// A new run (no --resume) of a name whose directory holds an earlier run's results and no
+// checkpoint (that run saved none) is refused before it writes anything: it replaced
+// metrics.jsonl, config.toml and trace.csv without a word. Under --resume auto (a requeued run
+// that never saved) the directory is the same run's, and it starts again.
+TEST_F(TrainTest, ANewRunLeavesAnEarlierRunsResultsAloneWithoutACheckpoint) {
+  RunConfig cfg = config(3);
+  cfg.checkpoint.final = false;
+  cfg.checkpoint.interval = 0;
+  std::string metrics, config_toml;
+  {
+    Trainer t(cfg, *world());
+    t.run();
+    metrics = read_text_file(t.run_dir() + "/metrics.jsonl");
+    config_toml = read_text_file(t.run_dir() + "/config.toml");
+  }
+  cfg.train.lr = 2e-3;
+  {
+    Trainer t(cfg, *world());
+    test::expect_error([&] { t.run(); },
+                       {"holds an earlier run of this name (metrics.jsonl records steps up to 3) "
+                        "and no checkpoint to continue it from",
+                        "another run.name"});
+    EXPECT_EQ(read_text_file(t.run_dir() + "/metrics.jsonl"), metrics) << "left as it was";
+    EXPECT_EQ(read_text_file(t.run_dir() + "/config.toml"), config_toml) << "left as it was";
+  }
+  Trainer t(cfg, *world());
+  t.resume("auto");
+  EXPECT_EQ(t.run().size(), 3u);
+  EXPECT_NE(read_text_file(t.run_dir() + "/config.toml"), config_toml) << "the new run's";
 }
 
 TEST_F(TrainTest, DatasetVocabLargerThanModelIsRejected) {

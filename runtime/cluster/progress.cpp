@@ -483,11 +483,13 @@ std::vector<StepRecord> read_trace_csv(const std::string& path) {
     StepRecord r;
     auto num = [&](size_t k, const char* name) {
       // strtod, not stod: stod refuses a value that underflows (a denormal such as 1e-320) as
-      // out of range, like one that overflows.
+      // out of range, like one that overflows. Decimal only: strtod also reads hexadecimal
+      // ("0x10" as 16), "inf", "nan" and leading blanks, which no trace writer means.
       const char* begin = f[k].c_str();
       char* end = nullptr;
       const double v = std::strtod(begin, &end);
-      if (f[k].empty() || end != begin + f[k].size()) {
+      if (f[k].empty() || f[k].find_first_not_of("0123456789.eE+-") != std::string::npos ||
+          end != begin + f[k].size()) {
         BERTH_FAIL("trace {} line {}: {} '{}' is not a number", path, lineno, name, f[k]);
       }
       if (!std::isfinite(v)) {

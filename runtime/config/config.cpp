@@ -554,8 +554,13 @@ void validate_config(const RunConfig& cfg) {
   if (!(t.beta2 >= 0 && t.beta2 < 1)) {
     BERTH_FAIL("{}: train.beta2 must be in [0, 1), got {}", w, t.beta2);
   }
-  if (!(std::isfinite(t.eps) && t.eps > 0)) {
-    BERTH_FAIL("{}: train.eps must be a finite number > 0, got {}", w, t.eps);
+  // AdamW runs in fp32: an eps below the smallest normal float (1e-46: 0 in fp32) divided by
+  // zero at the first gradient of 0, and the run diverged with advice to lower train.lr.
+  if (!(std::isfinite(t.eps) && t.eps >= double(std::numeric_limits<float>::min()))) {
+    BERTH_FAIL(
+        "{}: train.eps must be a finite number >= {:g} (the smallest normal fp32 value: AdamW "
+        "updates in fp32, where a smaller eps rounds to 0 or loses its precision), got {}",
+        w, double(std::numeric_limits<float>::min()), t.eps);
   }
   if (!(std::isfinite(t.weight_decay) && t.weight_decay >= 0)) {
     BERTH_FAIL("{}: train.weight_decay must be a finite number >= 0, got {}", w, t.weight_decay);

@@ -117,6 +117,21 @@ double unique_sum_squares(Backend& be, const ParamLayout& layout, const float* g
   return sum;
 }
 
+// The last step recorded in a metrics file (metrics.jsonl, or a killed run's .partial); none when
+// the file is missing or holds no step record.
+std::optional<int64_t> last_recorded_step(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  std::optional<int64_t> last;
+  std::istringstream in(read_text_file(path));
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer())
+      last = std::max(last.value_or(0), j["step"].get<int64_t>());
+  }
+  return last;
+}
+
 }  // namespace
 
 void check_dataset_fits(const TokenDataset& ds, const char* key, const RunConfig& cfg) {
@@ -469,6 +484,7 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
 }
 
 void Trainer::resume(const std::string& spec) {
+  resume_asked_ = true;
   // Rank 0 (the writer) resolves `auto` and every rank loads that checkpoint: with checkpoint.dir
   // on each host's own disk, the other hosts would find nothing and start afresh.
   std::string path = spec;
@@ -861,6 +877,21 @@ std::vector<StepStats> Trainer::run() {
                 "is at step {}) and this run starts at step {}: continue that run with --resume "
                 "auto, or give this one another run.name or checkpoint.dir",
                 checkpoint_dir_, name, step, start_step_);
+  }
+  // Nor with an earlier run's results when there is no checkpoint to continue it from
+  // (checkpoint.interval = 0, checkpoint.final = false): a new run of the same name replaced its
+  // metrics.jsonl, config.toml and trace.csv without a word. Under --resume (auto finding no
+  // checkpoint: a requeued run that never saved) they are the same run's, and start again.
+  if (world_.rank() == 0 && !resume_asked_) {
+    for (const char* file : {"metrics.jsonl", "metrics.jsonl.partial"}) {
+      const std::string path = run_dir_ + "/" + file;
+      const std::optional<int64_t> last = last_recorded_step(path);
+      BERTH_CHECK(!last,
+                  "the run directory {} holds an earlier run of this name ({} records steps up "
+                  "to {}) and no checkpoint to continue it from: give this run another run.name "
+                  "(or run.out_dir), or move that directory away to run it again",
+                  run_dir_, file, last.value_or(0));
+    }
   }
   // A step directory without meta.json (not a checkpoint berth saved) where this run's config
   // saves would fail that save, after the steps before it.
