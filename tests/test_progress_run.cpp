@@ -69,7 +69,7 @@ class ProgressRunTest : public ::testing::Test {
       t.run();
     }
     std::vector<nlohmann::json> out;
-    std::istringstream in(read_text_file((dir_ / "runs/p/metrics.jsonl").string()));
+    std::istringstream in(read_text_file((dir_ / "runs" / c.run.name / "metrics.jsonl").string()));
     for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
     return out;
   }
@@ -145,6 +145,7 @@ TEST_F(ProgressRunTest, LeakRaisesMemoryWarning) {
   c.progress.mem_capacity_gib = host_rss_gib() + 0.2;
   EXPECT_TRUE(warned(train(c), "memory"));
   RunConfig clean = config(60);
+  clean.run.name = "p-clean";  // a run of its own: "p" holds the leaking run's results
   clean.progress.interval = 20;
   clean.progress.mem_capacity_gib = c.progress.mem_capacity_gib;
   EXPECT_FALSE(warned(train(clean), "memory"));

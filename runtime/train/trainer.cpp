@@ -117,8 +117,8 @@ double unique_sum_squares(Backend& be, const ParamLayout& layout, const float* g
   return sum;
 }
 
-// The last step recorded in a metrics file (metrics.jsonl, or a killed run's .partial); none when
-// the file is missing or holds no step record.
+// The last step recorded in a metrics.jsonl; none when the file is missing or holds no step
+// record.
 std::optional<int64_t> last_recorded_step(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return std::nullopt;
@@ -878,20 +878,19 @@ std::vector<StepStats> Trainer::run() {
                 "auto, or give this one another run.name or checkpoint.dir",
                 checkpoint_dir_, name, step, start_step_);
   }
-  // Nor with an earlier run's results when there is no checkpoint to continue it from
+  // Nor with an earlier run's committed results when there is no checkpoint to continue it from
   // (checkpoint.interval = 0, checkpoint.final = false): a new run of the same name replaced its
   // metrics.jsonl, config.toml and trace.csv without a word. Under --resume (auto finding no
-  // checkpoint: a requeued run that never saved) they are the same run's, and start again.
+  // checkpoint: a requeued run that never saved) they are the same run's, and start again. A
+  // killed or stopped run's metrics.jsonl.partial does not count: its relaunch, or a launch
+  // taking its lease over, continues that run.
   if (world_.rank() == 0 && !resume_asked_) {
-    for (const char* file : {"metrics.jsonl", "metrics.jsonl.partial"}) {
-      const std::string path = run_dir_ + "/" + file;
-      const std::optional<int64_t> last = last_recorded_step(path);
-      BERTH_CHECK(!last,
-                  "the run directory {} holds an earlier run of this name ({} records steps up "
-                  "to {}) and no checkpoint to continue it from: give this run another run.name "
-                  "(or run.out_dir), or move that directory away to run it again",
-                  run_dir_, file, last.value_or(0));
-    }
+    const std::optional<int64_t> last = last_recorded_step(run_dir_ + "/metrics.jsonl");
+    BERTH_CHECK(!last,
+                "the run directory {} holds an earlier run of this name (its metrics.jsonl "
+                "records steps up to {}) and no checkpoint to continue it from: give this run "
+                "another run.name (or run.out_dir), or move that directory away to run it again",
+                run_dir_, last.value_or(0));
   }
   // A step directory without meta.json (not a checkpoint berth saved) where this run's config
   // saves would fail that save, after the steps before it.

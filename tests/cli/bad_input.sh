@@ -486,6 +486,19 @@ expect_error "reservations_on_an_empty_file" "is an empty file, not a ledger" ""
 report "empty_ledger_file_untouched" "$([ -s "$tmp/empty.db" ] && echo " the empty file was written")"
 expect_error "reserve_json_and_print_id" "--print-id excludes --json" "$tmp/l.db" \
   "$BERTH" reserve --gpus 1 --duration 1h --json --print-id --ledger "$tmp/l.db"
+# A run that needs more than the year one request covers: the config and its time are named,
+# not a --duration the user never gave ("--duration 694d10h is longer than a year").
+"$BERTH" devices register --cpu-slots 1 --ledger "$tmp/year.db" >/dev/null 2>&1
+expect_error "reserve_config_longer_than_a_year" "more than the year one booking request may cover" \
+  "" "$BERTH" reserve --config "$TINY_TOML" --gpu cpu --set train.steps=100000000 --margin 10 \
+  --ledger "$tmp/year.db"
+report "reserve_config_year_names_no_duration_flag" \
+  "$(grep -q -- '--duration' "$log" && echo ' names --duration')"
+# --allow-split --print-id: every segment's id, one a line (3 for 15 days), not the first alone.
+"$BERTH" reserve --gpus 1 --duration 15d --allow-split --print-id --ledger "$tmp/year.db" \
+  >"$log" 2>&1
+report "reserve_split_print_id_prints_every_segment" \
+  "$([ "$(cat "$log")" = "$(printf '1\n2\n3')" ] || echo ' not the ids 1, 2, 3 a line each')"
 # Outputs into a directory that does not exist are refused before the inputs are read, naming it.
 expect_error "import_into_missing_directory" "the directory '$tmp/nodir' does not exist" \
   "$tmp/nodir" "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/nodir/d.h5"
