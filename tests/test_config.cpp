@@ -426,7 +426,7 @@ TEST(Config, ValidationOptimizer) {
   // 0 in fp32, where AdamW updates: it divided by zero and the run diverged
   msg = parse_error("[train]\neps = 1e-46\n");
   EXPECT_CONTAINS(msg,
-                  "train.eps must be a finite number >= 1.17549e-38 (the smallest normal fp32");
+                  "train.eps must be a finite number >= 1.17549435e-38 (the smallest normal fp32");
   msg = parse_error("[train]\nweight_decay = -1\n");
   EXPECT_CONTAINS(msg, "train.weight_decay");
   msg = parse_error("[train]\ngrad_clip = -1\n");

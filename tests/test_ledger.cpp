@@ -124,23 +124,45 @@ TEST_F(LedgerTest, WindowsAreWholeSecondsSoTheShownEndCanBeBooked) {
   l->register_devices(slots("n1", 1));
   now_ = kT0 + 0.43;
   ReserveRequest first = req(1, kT0, 1);
-  first.start.reset();  // --start earliest
+  first.start.reset();  // --start earliest: now, rounded down
   const BookingResult a = l->reserve(first);
   ASSERT_TRUE(a.booked);
-  EXPECT_EQ(a.reservations.front().start, kT0 + 1);
-  EXPECT_EQ(a.reservations.front().end, kT0 + 1 + kH);
-  const double shown_end = std::floor(a.reservations.front().end);  // as format_utc_iso shows it
-  EXPECT_TRUE(l->reserve(req(1, shown_end, 1)).booked);
-  // A start asked within the past slack, and a fractional one, are rounded up; so is a duration
-  // (an on-demand booking sized from a config asks for fractions).
-  ReserveRequest late = req(1, kT0 + 0.2, 0);
-  late.duration_s = 90.25;
+  EXPECT_EQ(a.reservations.front().start, kT0);
+  EXPECT_EQ(a.reservations.front().end, kT0 + kH);
+  EXPECT_TRUE(l->reserve(req(1, a.reservations.front().end, 1)).booked) << "at the shown end";
+  // A fractional duration is rounded up; a fractional start asked for, down (its replay with
+  // the same idempotency key is the same request).
   l->register_devices(slots("n2", 1));
+  ReserveRequest late = req(1, kT0 + 1800.5, 0);
+  late.duration_s = 90.25;
+  late.idempotency_key = "k1";
   const BookingResult b = l->reserve(late);
   ASSERT_TRUE(b.booked) << b.reason;
-  EXPECT_EQ(b.reservations.front().start, kT0 + 1);
-  EXPECT_EQ(b.reservations.front().end, kT0 + 1 + 91);
+  EXPECT_EQ(b.reservations.front().start, kT0 + 1800);
+  EXPECT_EQ(b.reservations.front().end, kT0 + 1800 + 91);
+  const BookingResult again = l->reserve(late);
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again.reservations.front().id, b.reservations.front().id);
+  // berth extend --by 1.5s: the end stays a whole second
+  const Reservation x = l->extend(b.reservations.front().id, 1.5, "alice");
+  EXPECT_EQ(x.end, kT0 + 1800 + 93);
   EXPECT_EQ(overlaps(), 0);
+}
+
+// A booking for now takes its lease at once even where the policy allows no start slack (its
+// start is now rounded down, not up into the next second).
+TEST_F(LedgerTest, ABookingForNowTakesItsLeaseAtOnceWithNoStartSlack) {
+  LedgerOptions o = options();
+  o.policy.start_slack_s = 0;
+  auto l = open_sqlite_ledger(path_, o);
+  l->register_devices(slots("n1", 1));
+  now_ = kT0 + 0.9;
+  ReserveRequest q = req(1, kT0, 1);
+  q.start.reset();
+  const BookingResult r = l->reserve(q);
+  ASSERT_TRUE(r.booked);
+  const LeaseResult lease = l->acquire_lease(r.reservations.front().id, "alice", "n1", 10, 60);
+  EXPECT_TRUE(lease.ok) << lease.reason;
 }
 
 // Behind a booking with a fractional end (a ledger written before windows were whole seconds):

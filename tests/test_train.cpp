@@ -278,9 +278,8 @@ TEST_F(TrainTest, RunWritesConfigAndMetricsAndEvaluates) {
 }
 
 // A new run (no --resume) of a name whose directory holds an earlier run's results and no
-// checkpoint (that run saved none) is refused before it writes anything: it replaced
-// metrics.jsonl, config.toml and trace.csv without a word. Under --resume auto (a requeued run
-// that never saved) the directory is the same run's, and it starts again.
+// checkpoint (that run saved none) is refused before it writes anything, also under --resume auto
+// finding nothing: it replaced metrics.jsonl, config.toml and trace.csv without a word.
 TEST_F(TrainTest, ANewRunLeavesAnEarlierRunsResultsAloneWithoutACheckpoint) {
   RunConfig cfg = config(3);
   cfg.checkpoint.final = false;
@@ -302,10 +301,15 @@ TEST_F(TrainTest, ANewRunLeavesAnEarlierRunsResultsAloneWithoutACheckpoint) {
     EXPECT_EQ(read_text_file(t.run_dir() + "/metrics.jsonl"), metrics) << "left as it was";
     EXPECT_EQ(read_text_file(t.run_dir() + "/config.toml"), config_toml) << "left as it was";
   }
+  {  // a batch script that always passes --resume auto: nothing to resume, and still refused
+    Trainer t(cfg, *world());
+    t.resume("auto");
+    test::expect_error([&] { t.run(); }, {"holds an earlier run of this name"});
+    EXPECT_EQ(read_text_file(t.run_dir() + "/metrics.jsonl"), metrics) << "left as it was";
+  }
+  cfg.run.name = "t2";
   Trainer t(cfg, *world());
-  t.resume("auto");
   EXPECT_EQ(t.run().size(), 3u);
-  EXPECT_NE(read_text_file(t.run_dir() + "/config.toml"), config_toml) << "the new run's";
 }
 
 TEST_F(TrainTest, DatasetVocabLargerThanModelIsRejected) {

@@ -362,9 +362,12 @@ class SqliteLedger : public LedgerStore {
         double total = 0;
         for (const Reservation& c : chain) total += c.end - c.start;
         const bool same = int64_t(r.devices.size()) == req.count && r.model == req.model &&
-                          r.priority == req.priority && std::fabs(total - req.duration_s) < 1e-6 &&
+                          r.priority == req.priority &&
+                          (std::fabs(total - req.duration_s) < 1e-6 ||
+                           std::fabs(total - asked.duration_s) < 1e-6) &&  // booked unrounded
                           r.min_free_mem_bytes == req.min_free_mem_bytes &&
-                          (!req.start || std::fabs(*req.start - r.start) < 1e-6);
+                          (!req.start || std::fabs(std::floor(*req.start) - r.start) < 1e-6 ||
+                           std::fabs(*req.start - r.start) < 1e-6);
         BERTH_CHECK(same,
                     "idempotency key '{}' was already used by {} for a different request "
                     "(reservation {}); use a new key",
@@ -398,8 +401,10 @@ class SqliteLedger : public LedgerStore {
         return out;
       }
     }
-    // Bookings start on whole seconds (find_slot), as they are shown and asked for.
-    const double start = std::ceil(std::max(now, req.start.value_or(now)));
+    // Bookings start on whole seconds, as they are shown and asked for: the request's start (now,
+    // for earliest) rounded down, so a lease taken at once finds its window open even with no
+    // start slack; find_slot's later candidates (ends of other bookings) rounded up.
+    const double start = std::floor(std::max(now, req.start.value_or(now)));
     if (req.duration_s > kMaxSegmentS + 1e-9 && !req.allow_split) {
       for (double s = start; s < start + req.duration_s - 1e-9; s += kMaxSegmentS) {
         out.proposed_split.push_back({s, std::min(s + kMaxSegmentS, start + req.duration_s)});
@@ -532,7 +537,8 @@ class SqliteLedger : public LedgerStore {
                 id, r.state);
     BERTH_CHECK(r.end > now, "reservation {} ended at {}; book a new window instead", id,
                 format_utc_minute(r.end));
-    BERTH_CHECK(r.end + by_s - r.start <= kMaxSegmentS + 1e-9,
+    const double end = std::ceil(r.end + by_s - 1e-6);  // whole seconds, as shown
+    BERTH_CHECK(end - r.start <= kMaxSegmentS + 1e-9,
                 "extending reservation {} by {} would make it longer than the 7-day limit; book "
                 "the extra time as a new reservation starting at {}",
                 id, format_duration(by_s), format_utc_iso(r.end));
@@ -541,7 +547,7 @@ class SqliteLedger : public LedgerStore {
     std::optional<Busy> first;  // the nearest booking in the way, of any priority
     for (const Busy& b : active_busy(now)) {
       if (b.reservation == id || !mine.count(b.device)) continue;
-      if (b.start < r.end + by_s && r.end < b.end && (!first || b.start < first->start)) first = b;
+      if (b.start < end && r.end < b.end && (!first || b.start < first->start)) first = b;
     }
     if (first) {
       BERTH_FAIL("cannot extend reservation {} by {}: its device is booked from {} by "
@@ -551,7 +557,7 @@ class SqliteLedger : public LedgerStore {
                  format_duration(std::max(0.0, first->start - r.end)));
     }
     Stmt u(db_, "UPDATE reservations SET end=? WHERE id=?");
-    u.bind(1, r.end + by_s).bind(2, id).run();
+    u.bind(1, end).bind(2, id).run();
     t.commit();
     return load(id);
   }

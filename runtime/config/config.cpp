@@ -558,7 +558,7 @@ void validate_config(const RunConfig& cfg) {
   // zero at the first gradient of 0, and the run diverged with advice to lower train.lr.
   if (!(std::isfinite(t.eps) && t.eps >= double(std::numeric_limits<float>::min()))) {
     BERTH_FAIL(
-        "{}: train.eps must be a finite number >= {:g} (the smallest normal fp32 value: AdamW "
+        "{}: train.eps must be a finite number >= {:.9g} (the smallest normal fp32 value: AdamW "
         "updates in fp32, where a smaller eps rounds to 0 or loses its precision), got {}",
         w, double(std::numeric_limits<float>::min()), t.eps);
   }

@@ -484,7 +484,6 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
 }
 
 void Trainer::resume(const std::string& spec) {
-  resume_asked_ = true;
   // Rank 0 (the writer) resolves `auto` and every rank loads that checkpoint: with checkpoint.dir
   // on each host's own disk, the other hosts would find nothing and start afresh.
   std::string path = spec;
@@ -880,11 +879,12 @@ std::vector<StepStats> Trainer::run() {
   }
   // Nor with an earlier run's committed results when there is no checkpoint to continue it from
   // (checkpoint.interval = 0, checkpoint.final = false): a new run of the same name replaced its
-  // metrics.jsonl, config.toml and trace.csv without a word. Under --resume (auto finding no
-  // checkpoint: a requeued run that never saved) they are the same run's, and start again. A
-  // killed or stopped run's metrics.jsonl.partial does not count: its relaunch, or a launch
+  // metrics.jsonl, config.toml and trace.csv without a word, also under --resume auto finding no
+  // checkpoint (a batch script that always passes it). Only a run that ended normally commits
+  // metrics.jsonl, and one stopped early (window, signal) saves a checkpoint; a killed, failed or
+  // fenced-out run leaves metrics.jsonl.partial, which does not count: its relaunch, or a launch
   // taking its lease over, continues that run.
-  if (world_.rank() == 0 && !resume_asked_) {
+  if (world_.rank() == 0 && start_step_ == 0) {
     const std::optional<int64_t> last = last_recorded_step(run_dir_ + "/metrics.jsonl");
     BERTH_CHECK(!last,
                 "the run directory {} holds an earlier run of this name (its metrics.jsonl "

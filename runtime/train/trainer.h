@@ -147,7 +147,6 @@ class Trainer {
   // Whether this launch trains under a lease (a reservation, or one booked on demand).
   bool leased() const { return cfg_.reservation.id > 0 || cfg_.reservation.without == "on-demand"; }
   int64_t start_step_ = 0;
-  bool resume_asked_ = false;              // --resume given (auto finding nothing included)
   std::vector<std::vector<char>> leaked_;  // debug.leak_mib_per_step
   std::optional<int64_t> fencing_token_;
   double heap_baseline_ = 0, heap_peak_ = 0;
