@@ -345,7 +345,7 @@ class SqliteLedger : public LedgerStore {
     const double now = o_.clock();
     validate_request(asked, now);
     // Windows are whole seconds, as they are shown: the duration rounded up (an on-demand booking
-    // sized from a config asks for fractions), the start by find_slot.
+    // sized from a config asks for fractions), the start below.
     ReserveRequest req = asked;
     req.duration_s = std::ceil(req.duration_s - 1e-6);
     WriteTxn t(db_);
