@@ -54,17 +54,25 @@ BERTH_DEV T block_reduce(const Team& team, T* scratch, T mine, Op op) {
 // The shared memory of the float kernels: one float per thread.
 constexpr size_t kFloatScratch = size_t(kThreads) * sizeof(float);
 
+// max of row[0, n) (−inf when n ≤ 0), on every thread
+BERTH_DEV float row_max(const Team& team, float* scratch, const float* row, int n) {
+  float m = body::neg_inf();
+  for (int v = team.tid; v < n; v += team.n) m = row[v] > m ? row[v] : m;
+  return block_reduce(team, scratch, m, Max{});
+}
+// Σ exp(x − mx) over row[0, n), on every thread
+BERTH_DEV float row_sum_exp(const Team& team, float* scratch, const float* row, int n, float mx) {
+  float s = 0;
+  for (int v = team.tid; v < n; v += team.n) s += expf(row[v] - mx);
+  return block_reduce(team, scratch, s, Sum{});
+}
 // max and Σ exp(x − max) of row[0, n), on every thread (the log-sum-exp is mx + log(sum)).
 struct RowExp {
   float mx, sum;
 };
 BERTH_DEV RowExp row_exp(const Team& team, float* scratch, const float* row, int n) {
-  float m = body::neg_inf();
-  for (int v = team.tid; v < n; v += team.n) m = row[v] > m ? row[v] : m;
-  const float mx = block_reduce(team, scratch, m, Max{});
-  float s = 0;
-  for (int v = team.tid; v < n; v += team.n) s += expf(row[v] - mx);
-  return {mx, block_reduce(team, scratch, s, Sum{})};
+  const float mx = row_max(team, scratch, row, n);
+  return {mx, row_sum_exp(team, scratch, row, n, mx)};
 }
 
 // ---- layernorm (eps 1e-5): block n is row n
@@ -169,10 +177,8 @@ struct VocabCeMax {
   int64_t blocks() const { return N; }
   static constexpr size_t shared_bytes() { return kFloatScratch; }
   BERTH_DEV void run(int n, const Team& team, unsigned char* smem) const {
-    const float* row = logits_local + int64_t(n) * Vp_local;
-    float m = body::neg_inf();
-    for (int v = team.tid; v < real; v += team.n) m = row[v] > m ? row[v] : m;
-    m = block_reduce(team, reinterpret_cast<float*>(smem), m, Max{});
+    const float m =
+        row_max(team, reinterpret_cast<float*>(smem), logits_local + int64_t(n) * Vp_local, real);
     if (team.tid == 0) mx[n] = m;
   }
 };
@@ -187,9 +193,7 @@ struct VocabCePartials {
   static constexpr size_t shared_bytes() { return kFloatScratch; }
   BERTH_DEV void run(int n, const Team& team, unsigned char* smem) const {
     const float* row = logits_local + int64_t(n) * Vp_local;
-    float s = 0;
-    for (int v = team.tid; v < real; v += team.n) s += expf(row[v] - mx[n]);
-    s = block_reduce(team, reinterpret_cast<float*>(smem), s, Sum{});
+    const float s = row_sum_exp(team, reinterpret_cast<float*>(smem), row, real, mx[n]);
     if (team.tid != 0) return;
     const int32_t t = targets[n];
     st[2 * int64_t(n)] = s;

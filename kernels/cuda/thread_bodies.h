@@ -55,11 +55,15 @@ BERTH_HD void encoder_backward(int64_t i, float* dwte, float* dwpe, const float*
 // parts in order: spread over N/64 × C threads instead of C, and deterministic (no atomics).
 constexpr int kRowsPerPart = 64;
 BERTH_HD int column_parts(int N) { return (N + kRowsPerPart - 1) / kRowsPerPart; }
+// the end of part k's rows
+BERTH_HD int part_end(int k, int N) {
+  return (k + 1) * kRowsPerPart < N ? (k + 1) * kRowsPerPart : N;
+}
 BERTH_HD void layernorm_param_partials(int64_t i, float* part_dw, float* part_db, const float* dout,
                                        const float* inp, const float* mean, const float* rstd,
                                        int N, int C) {
   const int k = int(i / C), c = int(i % C);
-  const int end = (k + 1) * kRowsPerPart < N ? (k + 1) * kRowsPerPart : N;
+  const int end = part_end(k, N);
   float dw = 0, db = 0;
   for (int n = k * kRowsPerPart; n < end; n++) {
     const float d = dout[int64_t(n) * C + c];
@@ -71,7 +75,7 @@ BERTH_HD void layernorm_param_partials(int64_t i, float* part_dw, float* part_db
 }
 BERTH_HD void bias_grad_partial(int64_t i, float* part, const float* dout, int N, int OC) {
   const int k = int(i / OC), o = int(i % OC);
-  const int end = (k + 1) * kRowsPerPart < N ? (k + 1) * kRowsPerPart : N;
+  const int end = part_end(k, N);
   float acc = 0;
   for (int n = k * kRowsPerPart; n < end; n++) acc += dout[int64_t(n) * OC + o];
   part[i] = acc;

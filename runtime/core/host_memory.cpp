@@ -1,8 +1,11 @@
 #include "runtime/core/host_memory.h"
 
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include "runtime/core/decimal.h"
 
 namespace berth {
 namespace {
@@ -11,18 +14,14 @@ namespace {
 // this large is no limit.
 constexpr double kNoLimit = 1152921504606846976.0;  // 2^60
 
-// The limit in `file`: its first token as a number of bytes, 0 when missing, "max" or not one.
+// The limit in `file`: its first token as a whole number of bytes, 0 when missing, "max" or not
+// one.
 double read_limit(const std::string& file) {
   std::ifstream in(file);
   std::string token;
-  if (!(in >> token)) return 0;
-  try {
-    size_t used = 0;
-    const double v = std::stod(token, &used);
-    return used == token.size() && v > 0 && v < kNoLimit ? v : 0;
-  } catch (const std::exception&) {  // "max", or garbage
-    return 0;
-  }
+  int64_t v = 0;
+  if (!(in >> token) || !parse_whole_number(token, &v)) return 0;
+  return v > 0 && double(v) < kNoLimit ? double(v) : 0;
 }
 
 // The smallest limit in `file_name` of `dir` = mount + path and its ancestors up to `mount`.

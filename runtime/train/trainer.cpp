@@ -117,19 +117,29 @@ double unique_sum_squares(Backend& be, const ParamLayout& layout, const float* g
   return sum;
 }
 
-// The last step recorded in a metrics.jsonl; none when the file is missing or holds no step
-// record.
+// The step of a line of metrics.jsonl; none for a line that is not a step record (empty, or cut
+// short by a run killed while writing it).
+std::optional<int64_t> record_step(const std::string& line) {
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) return std::nullopt;
+  return j["step"].get<int64_t>();
+}
+
+// The last step recorded in a metrics.jsonl (its records are in step order: read from the end);
+// none when the file is missing or holds no step record.
 std::optional<int64_t> last_recorded_step(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return std::nullopt;
-  std::optional<int64_t> last;
-  std::istringstream in(read_text_file(path));
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("step") && j["step"].is_number_integer())
-      last = std::max(last.value_or(0), j["step"].get<int64_t>());
+  const std::string text = read_text_file(path);
+  for (size_t end = text.size(); end > 0;) {
+    const size_t nl = text.rfind('\n', end - 1);
+    const size_t begin = nl == std::string::npos ? 0 : nl + 1;
+    if (const std::optional<int64_t> step = record_step(text.substr(begin, end - begin)))
+      return step;
+    if (nl == std::string::npos) break;
+    end = nl;
   }
-  return last;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -1023,11 +1033,10 @@ std::vector<StepStats> Trainer::run() {
       int64_t unreadable = 0;
       for (std::string line; std::getline(in, line);) {
         if (line.empty()) continue;
-        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-        if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
-            !j["step"].is_number_integer()) {
+        const std::optional<int64_t> step = record_step(line);
+        if (!step) {
           ++unreadable;  // a run killed mid-write leaves its last line cut short
-        } else if (j["step"].get<int64_t>() <= start_step_) {
+        } else if (*step <= start_step_) {
           metrics += line + "\n";
         }
       }
