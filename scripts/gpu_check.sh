@@ -5,7 +5,8 @@
 #      scripts/gpu_debs downloaded beforehand (.gpu-debs/), unpacked with dpkg -x into a prefix;
 #   2. build (BERTH_GPU_CHECK: the backend, its tests and bench_gpu_ops; sm_90 unless
 #      BERTH_CUDA_ARCHS says otherwise), or reuse BUILD_DIR if it already holds a GPU-check build;
-#   3. GPU tests: ctest -L gpu (gpu.BackendOps.*, gpu.ModelOnBackend.*), and the measured
+#   3. GPU tests: ctest -L gpu (gpu.BackendOps.*, gpu.ModelOnBackend.*, and gpu.single.Nccl.*: the
+#      NCCL communicator on one rank, NCCL from the toolkit or PyTorch's wheel), and the measured
 #      CUDA-vs-CPU errors of every op (BERTH_TOL_REPORT=1);
 #   4. benchmark: bench_gpu_ops and bench/gpu/torch_reference.py, one after the other on this GPU,
 #      then bench/gpu/compare.py's berth/PyTorch ratios;
@@ -46,6 +47,12 @@ if compgen -G "$debs/*.deb" >/dev/null; then
   log "unpacked $(ls "$debs"/*.deb | wc -l) packages from $debs into $prefix"
 fi
 command -v ninja >/dev/null && [ ! -f "$build/CMakeCache.txt" ] && cmake_args+=(-G Ninja)
+# NCCL: the CUDA toolkit's when it has one, else PyTorch's nvidia-nccl wheel (header and
+# libnccl.so.2), so the one-rank NCCL tests (gpu.single.Nccl.*) run on a box without MPI.
+if [ -z "${NCCL_ROOT:-}" ] && [ ! -f "$(dirname "$(command -v nvcc)")/../include/nccl.h" ]; then
+  NCCL_ROOT=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+fi
+[ -n "${NCCL_ROOT:-}" ] && cmake_args+=("-DNCCL_ROOT=$NCCL_ROOT")
 
 # A build made elsewhere (carried to the GPU box) is used only when it was built from these very
 # sources: their hash is stored next to it. Anything else is (re)built.
@@ -73,6 +80,7 @@ else
   echo "$src_hash" > "$build/.berth-src-hash"
   log "built"
 fi
+log "NCCL: $(grep -o 'NCCL_LIBRARY:FILEPATH=.*' "$build/CMakeCache.txt" | cut -d= -f2) (NOTFOUND: the NCCL tests skip)"
 
 # The GPU tests alone first: the host runs of the same binaries (label cpu; the tiled kernels
 # emulated thread by thread take minutes) must not use up their time. Those run last, in parallel.

@@ -1,8 +1,12 @@
-// The NCCL communicator on the CUDA backend (label gpu, under mpirun): every collective on device
-// buffers and on host buffers (staged), uneven ZeRO counts, grouped send/recv around a ring,
-// split, and ring attention on the CUDA backend over NCCL against the CPU backend over MPI. One
-// rank per GPU: NCCL refuses two ranks of one communicator on the same device, so a one-GPU
-// machine runs this with -np 1. Without a GPU or without NCCL every test skips and says why.
+// The NCCL communicator on the CUDA backend (label gpu): every collective on device buffers and on
+// host buffers (staged), uneven ZeRO counts, grouped send/recv around a ring, split, and ring
+// attention on the CUDA backend over NCCL against the CPU backend. One rank per GPU: NCCL refuses
+// two ranks of one communicator on the same device, so a one-GPU machine runs one rank. Two builds:
+//   - under mpirun (tests/mpi_test_main.cpp): the world communicator, bootstrapped over MPI, and
+//     the CPU ring over MPI;
+//   - without MPI (BERTH_TEST_NO_MPI, the GPU check's box has no MPI): one rank made by make_nccl
+//     alone, so the check still runs every NCCL call on the GPU.
+// Without a GPU or without NCCL every test skips and says why.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -15,8 +19,10 @@
 #include "parallel/context_parallel.h"
 #include "runtime/comm/nccl.h"
 #include "runtime/core/check.h"
-#include "tests/mpi_world.h"
 #include "tests/tolerance.h"
+#if !BERTH_TEST_NO_MPI
+#include "tests/mpi_world.h"
+#endif
 
 namespace berth {
 namespace {
@@ -30,27 +36,47 @@ struct Gpu {
 Gpu& gpu() {
   static Gpu g = [] {
     Gpu x;
-    const LocalRank local = mpi_local_rank();
+#if BERTH_TEST_NO_MPI
+    const int local_rank = 0;
+#else
+    const int local_rank = mpi_local_rank().rank;
+#endif
     if (!nccl_built()) {
       x.why_not = "this berth has no NCCL communicator";
     } else {
       try {
-        x.be = make_backend("cuda", local.rank);
+        x.be = make_backend("cuda", local_rank);
+#if BERTH_TEST_NO_MPI
+        x.comm = make_nccl(*x.be);
+#else
         x.comm = make_nccl_world(*x.be);
+#endif
       } catch (const Error& e) {
         x.why_not = e.what();
         x.be.reset();
       }
     }
+#if !BERTH_TEST_NO_MPI
     // every rank skips or none does
     const int ok = test::world().all_reduce_value(int(x.comm != nullptr), ReduceOp::SUM);
     if (ok != test::world().size()) {
       x.comm.reset(), x.be.reset();
       if (x.why_not.empty()) x.why_not = "another rank has no usable GPU";
     }
+#endif
     return x;
   }();
   return g;
+}
+
+// The communicator of the CPU ring the GPU ring is checked against: MPI over the same ranks, or,
+// on one rank without MPI, the NCCL communicator itself (a ring of one rank makes no calls).
+Communicator& host_ring() {
+#if BERTH_TEST_NO_MPI
+  return *gpu().comm;
+#else
+  return test::world();
+#endif
 }
 
 #define NEED_GPU()                                                    \
@@ -148,11 +174,11 @@ TEST(Nccl, RingAttentionOnTheGpuEqualsTheCpuRing) {
   // CPU + MPI
   Backend& cpu = cpu_backend();
   std::vector<float> o(q.size()), lse(size_t(n) * NH), dq(q.size()), dk(q.size()), dv(q.size());
-  ring_attention_forward(cpu, test::world(), o.data(), lse.data(), q.data(), k.data(), v.data(),
+  ring_attention_forward(cpu, host_ring(), o.data(), lse.data(), q.data(), k.data(), v.data(),
                          seq.data(), pos.data(), n, C, NH);
-  ring_attention_backward(cpu, test::world(), dq.data(), dk.data(), dv.data(), dout.data(),
-                          o.data(), lse.data(), q.data(), k.data(), v.data(), seq.data(),
-                          pos.data(), n, C, NH);
+  ring_attention_backward(cpu, host_ring(), dq.data(), dk.data(), dv.data(), dout.data(), o.data(),
+                          lse.data(), q.data(), k.data(), v.data(), seq.data(), pos.data(), n, C,
+                          NH);
   // CUDA + NCCL
   Backend& be = *gpu().be;
   auto d_q = up(q), d_k = up(k), d_v = up(v), d_do = up(dout);

@@ -12,8 +12,23 @@
 // rank block; even ones are ncclReduceScatter / ncclAllGather.
 #include "runtime/comm/nccl.h"
 
+#include "runtime/core/check.h"
+
+namespace berth {
+bool nccl_built() { return BERTH_NCCL != 0; }
+}  // namespace berth
+
+#if !BERTH_NCCL
+namespace berth {
+std::unique_ptr<Communicator> make_nccl(Backend&, const NcclBootstrap&) {
+  BERTH_FAIL(
+      "this berth has no NCCL communicator (built without CUDA, or NCCL was not found: install "
+      "it with the CUDA toolkit, or point NCCL_ROOT at it, and rebuild)");
+}
+}  // namespace berth
+#else
+
 #include <cuda_runtime.h>
-#include <mpi.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -24,9 +39,7 @@
 #include <vector>
 
 #include "runtime/comm/call_timer.h"
-#include "runtime/comm/check_mpi.h"
 #include "runtime/comm/watchdog.h"
-#include "runtime/core/check.h"
 
 #define NCCL_CHECK(expr)                                                                       \
   do {                                                                                         \
@@ -129,8 +142,8 @@ class EventPool {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, cudaStream_t compute, int device)
-      : comm_(comm), compute_(compute), device_(device) {
+  NcclCommunicator(ncclComm_t comm, cudaStream_t compute, int device, void (*abort_world)(int code))
+      : comm_(comm), compute_(compute), device_(device), abort_world_(abort_world) {
     probe_comm_->comm = comm_;
     NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
     NCCL_CHECK(ncclCommCount(comm_, &size_));
@@ -287,7 +300,7 @@ class NcclCommunicator final : public Communicator {
     const WatchedCall watch("split", 0, size_);
     NCCL_CHECK(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr));
     if (color < 0 || sub == nullptr) return nullptr;
-    return std::make_unique<NcclCommunicator>(sub, compute_, device_);
+    return std::make_unique<NcclCommunicator>(sub, compute_, device_, abort_world_);
   }
 
   void barrier() override {
@@ -297,7 +310,7 @@ class NcclCommunicator final : public Communicator {
 
   [[noreturn]] void abort(int code) override {
     ncclCommAbort(comm_);
-    MPI_Abort(MPI_COMM_WORLD, code);
+    if (abort_world_ != nullptr) abort_world_(code);
     std::_Exit(code != 0 ? code : 1);
   }
 
@@ -438,6 +451,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t compute_, stream_ = nullptr;
   cudaEvent_t before_ = nullptr, after_ = nullptr;
   int device_ = 0, rank_ = 0, size_ = 1;
+  void (*abort_world_)(int code) = nullptr;  // ends every rank of the job (MPI_Abort), or null
   bool in_group_ = false, in_flight_ = false;
   size_t group_bytes_ = 0;  // payload of the send/recv group being built
   std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>(device_);
@@ -445,21 +459,26 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_world(Backend& be) {
+std::unique_ptr<Communicator> make_nccl(Backend& be, const NcclBootstrap& how) {
   BERTH_CHECK(be.kind() == DeviceKind::kCuda && be.stream_handle() != nullptr,
               "the NCCL communicator needs the CUDA backend (this one is {})", be.name());
-  int rank = 0, size = 1, device = 0;
-  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  BERTH_CHECK(how.size >= 1 && how.rank >= 0 && how.rank < how.size,
+              "NCCL bootstrap: rank {} of {} ranks", how.rank, how.size);
+  BERTH_CHECK(how.size == 1 || how.share_id,
+              "NCCL bootstrap of {} ranks without a way to share "
+              "the unique id",
+              how.size);
+  int device = 0;
   CUDA_RT_CHECK(cudaGetDevice(&device));
   ncclUniqueId id{};
-  const WatchedCall watch("NCCL bootstrap", sizeof id, size);
-  if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-  MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
+  const WatchedCall watch("NCCL bootstrap", sizeof id, how.size);
+  if (how.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  if (how.size > 1) how.share_id(&id, sizeof id);
   ncclComm_t comm = nullptr;
-  NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank));
+  NCCL_CHECK(ncclCommInitRank(&comm, how.size, id, how.rank));
   return std::make_unique<NcclCommunicator>(comm, static_cast<cudaStream_t>(be.stream_handle()),
-                                            device);
+                                            device, how.abort_world);
 }
 
 }  // namespace berth
+#endif  // BERTH_NCCL

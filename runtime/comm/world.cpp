@@ -1,19 +1,23 @@
-// The communicator factory: the one place in runtime/comm outside nccl.cpp that knows whether NCCL
-// was built.
+// The communicator factory over MPI_COMM_WORLD: MPI for the CPU backend, NCCL bootstrapped over MPI
+// for the CUDA backend.
+#include <mpi.h>
+
+#include "runtime/comm/check_mpi.h"
 #include "runtime/comm/nccl.h"
 #include "runtime/core/check.h"
 
 namespace berth {
 
-bool nccl_built() { return BERTH_NCCL != 0; }
-
-#if !BERTH_NCCL
-std::unique_ptr<Communicator> make_nccl_world(Backend&) {
-  BERTH_FAIL(
-      "this berth has no NCCL communicator (built without CUDA, or NCCL was not found: install "
-      "it with the CUDA toolkit, or point NCCL_ROOT at it, and rebuild)");
+std::unique_ptr<Communicator> make_nccl_world(Backend& be) {
+  NcclBootstrap how;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &how.rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &how.size));
+  how.share_id = [](void* id, size_t bytes) {
+    MPI_CHECK(MPI_Bcast(id, static_cast<int>(bytes), MPI_BYTE, 0, MPI_COMM_WORLD));
+  };
+  how.abort_world = [](int code) { MPI_Abort(MPI_COMM_WORLD, code); };
+  return make_nccl(be, how);
 }
-#endif
 
 std::unique_ptr<Communicator> make_world(Backend& be) {
   if (be.kind() == DeviceKind::kCuda) return make_nccl_world(be);
