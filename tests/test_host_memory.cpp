@@ -31,7 +31,11 @@ class CgroupLimit : public ::testing::Test {
   }
   double limit(const std::string& proc_self_cgroup) {
     std::ofstream(root_ / "cgroup") << proc_self_cgroup;
-    return cgroup_memory_limit_bytes((root_ / "cgroup").string(), (root_ / "sys").string());
+    return memory(proc_self_cgroup).limit_bytes;
+  }
+  CgroupMemory memory(const std::string& proc_self_cgroup) {
+    std::ofstream(root_ / "cgroup") << proc_self_cgroup;
+    return cgroup_memory((root_ / "cgroup").string(), (root_ / "sys").string());
   }
   fs::path root_;
 };
@@ -91,15 +95,40 @@ TEST_F(CgroupLimit, NoLimitIsZero) {
   EXPECT_EQ(limit("0::/not/there\n"), 0);
   EXPECT_EQ(limit("garbage without colons\n"), 0);
   EXPECT_EQ(limit(""), 0);
-  EXPECT_EQ(cgroup_memory_limit_bytes((root_ / "missing").string(), (root_ / "sys").string()), 0);
+  EXPECT_EQ(cgroup_memory((root_ / "missing").string(), (root_ / "sys").string()).limit_bytes, 0);
+  EXPECT_EQ(memory("0::/\n").headroom_bytes, -1) << "no limit, no headroom";
 }
 
-// This process: at most MemTotal, and positive on Linux.
+// The headroom: the least of (limit − working set) over the limited groups, the working set being
+// the usage less the inactive page cache (v2 inactive_file, v1 total_inactive_file); a group
+// whose usage cannot be read gives none; a group over its limit has 0.
+TEST_F(CgroupLimit, HeadroomIsTheLimitLessTheWorkingSet) {
+  put("job/memory.max", "17179869184\n");  // 16 GiB
+  EXPECT_EQ(memory("0::/job/step\n").headroom_bytes, -1) << "usage unreadable";
+  put("job/memory.current", "12884901888\n");  // 12 GiB, of which 3 GiB inactive page cache
+  put("job/memory.stat", "anon 9663676416\nfile 3221225472\ninactive_file 3221225472\n");
+  EXPECT_EQ(memory("0::/job/step\n").headroom_bytes, 7 * kGiB);
+  put("memory.max", "8589934592\n");  // the parent: 8 GiB limit, 2 GiB used, more room than the job
+  put("memory.current", "2147483648\n");
+  EXPECT_EQ(memory("0::/job/step\n").headroom_bytes, 6 * kGiB);
+  EXPECT_EQ(memory("0::/job/step\n").limit_bytes, 8 * kGiB);
+  put("memory.current", "9663676416\n");  // 9 GiB: over its limit
+  EXPECT_EQ(memory("0::/job/step\n").headroom_bytes, 0);
+  put("memory/slurm/job_7/memory.limit_in_bytes", "4294967296\n");
+  put("memory/slurm/job_7/memory.usage_in_bytes", "3221225472\n");
+  put("memory/slurm/job_7/memory.stat", "cache 2147483648\ntotal_inactive_file 1073741824\n");
+  EXPECT_EQ(memory("3:memory:/slurm/job_7/step_0\n").headroom_bytes, 2 * kGiB);
+}
+
+// This process: the limit and what is available at most MemTotal, both positive on Linux.
 TEST(HostMemory, LimitIsPositiveAndAtMostMemTotal) {
   const double total = host_meminfo_bytes("MemTotal"), limit = host_memory_limit_bytes();
   ASSERT_GT(total, 0);
   EXPECT_GT(limit, 0);
   EXPECT_LE(limit, total);
+  const double avail = host_memory_available_bytes();
+  EXPECT_GT(avail, 0);
+  EXPECT_LE(avail, total);
 }
 
 }  // namespace

@@ -11,18 +11,28 @@ namespace berth {
 // A /proc/meminfo field in bytes ("MemTotal", "MemAvailable"); 0 when it cannot be read.
 double host_meminfo_bytes(const std::string& field);
 
-// The tightest memory limit of this process's control groups, in bytes; 0 when none is set (or
-// none can be read). `proc_self_cgroup` is /proc/self/cgroup's path and `cgroup_root` where the
-// hierarchies are mounted (/sys/fs/cgroup; parameters for the tests). Every line of the cgroup
-// file counts: cgroup v2 ("0::PATH", memory.max, "max" meaning none) and the v1 memory hierarchy
-// ("N:...memory...:PATH", memory/…/memory.limit_in_bytes, values of 2^60 bytes and more meaning
-// none). A group's ancestors limit it too, so the directory of PATH and each one above it, up to
-// the mount point, are read: on a node the job's own group (Slurm's job_N/step_M), in a container
-// with its own cgroup namespace the mount point itself.
-double cgroup_memory_limit_bytes(const std::string& proc_self_cgroup = "/proc/self/cgroup",
-                                 const std::string& cgroup_root = "/sys/fs/cgroup");
+// This process's control groups' memory: every line of the cgroup file counts: cgroup v2
+// ("0::PATH", memory.max, "max" meaning none) and the v1 memory hierarchy ("N:...memory...:PATH",
+// memory/…/memory.limit_in_bytes, values of 2^60 bytes and more meaning none). A group's ancestors
+// limit it too, so the directory of PATH and each one above it, up to the mount point, are read: on
+// a node the job's own group (Slurm's job_N/step_M), in a container with its own cgroup namespace
+// the mount point itself. `proc_self_cgroup` is /proc/self/cgroup's path and `cgroup_root` where
+// the hierarchies are mounted (/sys/fs/cgroup; parameters for the tests).
+struct CgroupMemory {
+  double limit_bytes = 0;      // the tightest limit; 0 when none is set (or none can be read)
+  double headroom_bytes = -1;  // the least (limit − working set) of the limited groups, where the
+                               // usage (memory.current, memory.usage_in_bytes) could be read;
+                               // the working set leaves out inactive page cache (memory.stat);
+                               // −1 when none
+};
+CgroupMemory cgroup_memory(const std::string& proc_self_cgroup = "/proc/self/cgroup",
+                           const std::string& cgroup_root = "/sys/fs/cgroup");
 
 // min(MemTotal, the cgroup limit), of those known; 0 when neither is.
 double host_memory_limit_bytes();
+
+// What this process could still allocate: MemAvailable, or less where a cgroup's headroom is less
+// (a Slurm job's --mem on a node with memory to spare). Used for a CPU slot's free memory.
+double host_memory_available_bytes();
 
 }  // namespace berth

@@ -83,7 +83,7 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
   const std::string host = host_name();
   std::memcpy(mine.host, host.data(), std::min(host.size(), kHostBytes - 1));
   mine.local_rank = local.rank;
-  mine.free_bytes = host_meminfo_bytes("MemAvailable") / std::max(1, local.size);
+  mine.free_bytes = host_memory_available_bytes() / std::max(1, local.size);
   std::vector<RankPlace> places(size_t(world.size()));
   world.all_gather(&mine, places.data(),
                    std::vector<size_t>(size_t(world.size()), sizeof(RankPlace)), DType::U8);
