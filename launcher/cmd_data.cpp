@@ -125,7 +125,7 @@ void register_data_commands(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto info_seq_len = std::make_shared<int64_t>(0);
   CLI::App* info = data->add_subcommand("info", "Summarize a token dataset");
-  info->add_option("dataset", *path, "Dataset (.h5)")->required();
+  info->add_option("dataset", *path, "Dataset (.h5)")->required()->check(CLI::ExistingFile);
   info->add_option("--seq-len", *info_seq_len, "Also show what packing into T-token rows achieves")
       ->check(whole_number_in(1, limits::kMaxSeqLen - 1));  // as model.max_seq_len
   info->callback([path, info_seq_len]() {

@@ -89,7 +89,9 @@ void register_model_commands(CLI::App& app) {
   import->add_option("input", imp->input, "llm.c model file or HF model directory/file")
       ->required()
       ->check(CLI::ExistingPath);
-  import->add_option("--out", imp->out, "Checkpoint directory to create")->required();
+  import->add_option("--out", imp->out, "Checkpoint directory to create")
+      ->required()
+      ->transform(without_trailing_slashes);
   import->callback([imp]() { run_import(*imp);
 });
 
@@ -107,7 +109,8 @@ export_cmd->add_option("checkpoint", exp->input, "Checkpoint directory")
     ->required()
     ->check(CLI::ExistingDirectory);
 export_cmd->add_option("--out", exp->out, "Output .bin file (llmc) or directory (hf-gpt2)")
-    ->required();
+    ->required()
+    ->transform(without_trailing_slashes);
 export_cmd->callback([exp]() { run_export(*exp); });
 }  // namespace berth
 

@@ -33,7 +33,16 @@ void calibrate(const PlanArgs& a) {
   // An --out of the user's goes into a directory that exists (a typo's were made); only the
   // default's (~/.local/share/berth/profiles) is created. Checked before the measuring, by the
   // rank that writes it.
-  if (!a.out.empty() && world->rank() == 0) check_output_file(a.out, "--out", "profile.json");
+  if (world->rank() == 0) {
+    if (!a.out.empty()) check_output_file(a.out, "--out", "profile.json");
+    // An earlier profile may be replaced; any other file (a config, a dataset) is not ours.
+    const std::string path = a.out.empty() ? default_profile_path() : a.out;
+    std::error_code ec;
+    BERTH_CHECK(!std::filesystem::exists(path, ec) || is_hardware_profile_file(path),
+                "{} '{}' exists and is not a hardware profile: calibrating would replace it; "
+                "choose another name, or remove it first",
+                a.out.empty() ? "the default profile path" : "--out", path);
+  }
   const HardwareProfile h = calibrate_profile(*world);
   if (world->rank() != 0) return;
   const std::string path = a.out.empty() ? default_profile_path() : a.out;

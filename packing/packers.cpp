@@ -218,10 +218,11 @@ std::string plan_mismatch(const PackPlan& plan, const std::vector<int64_t>& doc_
         return fmt::format("piece {} names document {}, the dataset has {}", k, p.doc, n_docs);
       }
       if (p.start < 0 || p.length <= 0 || p.start > doc_lengths[size_t(p.doc)] - p.length) {
+        // (start and length as stored: their sum may overflow in a damaged plan)
         return fmt::format(
-            "piece {} (tokens {}..{} of document {}) is not inside the document's "
+            "piece {} ({} tokens from token {} of document {}) is not inside the document's "
             "{} tokens",
-            k, p.start, p.start + p.length, p.doc, doc_lengths[size_t(p.doc)]);
+            k, p.length, p.start, p.doc, doc_lengths[size_t(p.doc)]);
       }
       used += (p.length + o.align - 1) / o.align * o.align;
     }

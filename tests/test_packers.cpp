@@ -406,7 +406,7 @@ TEST(Packers, PlanMismatchNamesEachKindOfDamage) {
   };
   expect_contains(
       damaged([&](PackPlan& p) { piece_of(p, 3, 0).start = 10; }),
-      {"piece", "(tokens 10..60 of document 3) is not inside the document's 50 tokens"});
+      {"piece", "(50 tokens from token 10 of document 3) is not inside the document's 50 tokens"});
   expect_contains(damaged([&](PackPlan& p) { piece_of(p, 0, 0).doc = 9; }),
                   {"names document 9, the dataset has 5"});
   expect_contains(damaged([&](PackPlan& p) { piece_of(p, 2, 128).start = 100; }),

@@ -221,8 +221,19 @@ TEST(Plan, ProfileFilesRoundTripAndBadOnesAreNamed) {
   test::expect_error(bad("cpu", "\"yes\""), {"'cpu' must be true or false, got \"yes\""});
   test::expect_error(bad("name", "5"), {"'name' must be a string, got 5"});
   test::expect_error(bad("gemm_rates", "[[64, 1e-300]]"), {"every 'gemm_rates' entry"});
+  // rates that may be unknown: 0, or a real rate (fp32_flops 1e-300 printed NaN step times)
+  test::expect_error(bad("fp32_flops", "1e-300"),
+                     {"'fp32_flops' is 1e-300: 0 (not known) or at least 1000000"});
+  test::expect_error(bad("block_attention_rate", "1"), {"'block_attention_rate' is 1: 0"});
+  bad("fp32_flops", "0")();
+  // only a profile may be replaced by --calibrate
+  EXPECT_TRUE(is_hardware_profile_file(path));
+  EXPECT_FALSE(is_hardware_profile_file(dir + "/other.json"));
+  EXPECT_FALSE(is_hardware_profile_file(dir + "/missing.json"));
+  EXPECT_FALSE(is_hardware_profile_file(dir));
   std::ofstream(dir + "/nan.json") << "{\"format\": NaN}";
   test::expect_error([&] { read_hardware_profile(dir + "/nan.json"); }, {"is not valid JSON"});
+  EXPECT_FALSE(is_hardware_profile_file(dir + "/nan.json"));
   std::filesystem::remove_all(dir);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/backend.h"
@@ -102,6 +103,17 @@ std::string hardware_profile_json(const HardwareProfile& h) {
   return j.dump(2) + "\n";
 }
 
+bool is_hardware_profile_file(const std::string& path) {
+  std::error_code ec;
+  // a profile is a few hundred bytes: a larger file (a dataset given by mistake) is not read
+  if (!std::filesystem::is_regular_file(path, ec) ||
+      std::filesystem::file_size(path, ec) > (size_t(1) << 20) || ec)
+    return false;
+  const nlohmann::json j = nlohmann::json::parse(read_text_file(path), nullptr, false);
+  return j.is_object() && j.contains("format") && j["format"].is_string() &&
+         j["format"].get<std::string>() == "berth-hardware-profile";
+}
+
 HardwareProfile read_hardware_profile(const std::string& path) {
   nlohmann::json j;
   try {
@@ -152,8 +164,16 @@ HardwareProfile read_hardware_profile(const std::string& path) {
                 j["cpu"].dump());
     h.cpu = j["cpu"].get<bool>();
   }
+  // A rate that may be 0 (not measured, not known), else at least `lo`: a rate of 1e-300 would
+  // print NaN step times.
+  auto rate_or_unset = [&](const char* key, double* out, double lo) {
+    if (!j.contains(key)) return;
+    number(key, out, 0, kMaxRate);
+    BERTH_CHECK(*out == 0 || *out >= lo, "'{}': '{}' is {}: 0 (not known) or at least {}", path,
+                key, *out, lo);
+  };
   number("peak_flops", &h.peak_flops, 1e6, kMaxRate);
-  if (j.contains("fp32_flops")) number("fp32_flops", &h.fp32_flops, 0, kMaxRate);
+  rate_or_unset("fp32_flops", &h.fp32_flops, 1e6);
   number("matmul_efficiency", &h.matmul_efficiency, 1e-3, 1);
   number("mem_bandwidth", &h.mem_bandwidth, kMinRate, kMaxRate);
   number("mem_capacity", &h.mem_capacity, 1 << 20, 1e15);
@@ -182,12 +202,7 @@ HardwareProfile read_hardware_profile(const std::string& path) {
   };
   table("gemm_rates", &h.gemm_rates);
   table("attention_rates", &h.attention_rates);
-  if (j.contains("block_attention_rate")) {  // 0: not measured
-    number("block_attention_rate", &h.block_attention_rate, 0, kMaxRate);
-    BERTH_CHECK(h.block_attention_rate == 0 || h.block_attention_rate >= kMinRate,
-                "'{}': 'block_attention_rate' is {}: 0 (not measured) or at least {}", path,
-                h.block_attention_rate, kMinRate);
-  }
+  rate_or_unset("block_attention_rate", &h.block_attention_rate, kMinRate);
   for (auto [key, field] : {std::pair{"layernorm_s", &h.layernorm_s},
                             {"gelu_s", &h.gelu_s},
                             {"residual_s", &h.residual_s},

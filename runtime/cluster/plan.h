@@ -54,6 +54,9 @@ HardwareProfile builtin_profile(const std::string& name);
 // unknown keys, missing or non-positive figures are errors naming the file and the key.
 std::string hardware_profile_json(const HardwareProfile& h);
 HardwareProfile read_hardware_profile(const std::string& path);
+// Whether `path` holds a hardware profile (a JSON object of format "berth-hardware-profile"):
+// `berth plan --calibrate` replaces only such a file.
+bool is_hardware_profile_file(const std::string& path);
 
 struct PlanModel {
   int64_t L = 0, NH = 0, C = 0, V = 0, maxT = 0;

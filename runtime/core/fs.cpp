@@ -15,9 +15,15 @@
 
 namespace berth {
 
+std::string without_trailing_slashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
 std::string temp_path_for(const std::string& final_path) {
   static int counter = 0;
-  return fmt::format("{}.tmp.{}.{}", final_path, static_cast<long>(getpid()), counter++);
+  return fmt::format("{}.tmp.{}.{}", without_trailing_slashes(final_path),
+                     static_cast<long>(getpid()), counter++);
 }
 
 void commit_file(const std::string& temp_path, const std::string& final_path) {

@@ -8,7 +8,11 @@
 
 namespace berth {
 
-// A unique temporary path in the same directory as `final_path` (so rename() is atomic).
+// `path` without trailing '/' (a directory written "out/"), "/" itself kept.
+std::string without_trailing_slashes(std::string path);
+
+// A unique temporary path in the same directory as `final_path` (so rename() is atomic), also
+// when `final_path` is a directory written with a trailing '/'.
 std::string temp_path_for(const std::string& final_path);
 
 // Atomically replaces `final_path` with `temp_path` (rename). Throws Error on failure.

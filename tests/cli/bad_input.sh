@@ -319,6 +319,10 @@ expect_error "import_out_under_a_file" "'$tmp/afile' is a file, not a directory"
   "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/afile/x.h5"
 
 expect_error "data_info_missing" "does not exist" "" "$BERTH" data info "$tmp/missing.h5"
+# A missing input file is a usage error (105) here too, as for every other command.
+"$BERTH" data info "$tmp/missing.h5" >"$log" 2>&1
+rc=$?
+report "data_info_missing_exit_status" "$([ $rc -eq 105 ] || echo " exit status $rc, not 105")"
 
 expect_error "data_info_garbage" "is not a readable HDF5 file" "" \
   "$BERTH" data info "$tmp/garbage.h5"
@@ -439,6 +443,12 @@ expect_error "plan_calibrate_out_empty" "--out: empty: give a file" "" \
   "$BERTH" plan --calibrate --out ""
 expect_error "plan_calibrate_out_in_missing_directory" "the directory '$tmp/nowhere' does not exist" "$tmp/nowhere" \
   "$BERTH" plan --calibrate --out "$tmp/nowhere/p.json"
+# --calibrate replaces only a profile: it replaced a config named by mistake.
+cp "$TINY_TOML" "$tmp/config_copy.toml"
+expect_error "plan_calibrate_over_another_file" "exists and is not a hardware profile" "" \
+  "$BERTH" plan --calibrate --out "$tmp/config_copy.toml"
+report "plan_calibrate_other_file_kept" \
+  "$(cmp -s "$TINY_TOML" "$tmp/config_copy.toml" || echo " the config was replaced")"
 expect_error "plan_zero_gpus" "--gpus: 0 is not a whole number in [1, 65536]" "" \
   "$BERTH" plan "$TINY_TOML" --gpus 0
 # Beyond the layout search, and 2^32 + 1 (taken before).
@@ -557,6 +567,13 @@ cp "$tmp/d.h5" "$tmp/data_copy.h5"
 expect_error "export_over_another_file" "exists and is not an llm.c model file" "" \
   "$BERTH" model export --format llmc "$ck" --out "$tmp/data_copy.h5"
 report "export_other_file_kept" "$(cmp -s "$tmp/d.h5" "$tmp/data_copy.h5" || echo " the dataset was replaced")"
+# Directory outputs written with a trailing '/': the export's temporary went inside the directory
+# to be made, and the import looked for the directory it was to create.
+"$BERTH" model export --format hf-gpt2 "$ck" --out "$tmp/hf_out/" >"$log" 2>&1 &&
+  "$BERTH" model import --format hf-gpt2 "$tmp/hf_out" --out "$tmp/ck_from_hf/" >>"$log" 2>&1
+rc=$?
+report "model_outputs_with_a_trailing_slash" \
+  "$([ $rc -eq 0 ] && [ -f "$tmp/hf_out/model.safetensors" ] && [ -d "$tmp/ck_from_hf" ] || echo " refused (rc $rc)")"
 expect_error "model_import_into_missing_directory" "the directory '$tmp/nodir2' does not exist" \
   "$tmp/nodir2" "$BERTH" model import --format llmc "$tmp/m.bin" --out "$tmp/nodir2/ck"
 expect_error "timeline_html_is_a_directory" "give a file name, e.g. $tmp/runs/timeline.html" "" \
