@@ -15,12 +15,15 @@
 
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "packing/plan_cache.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
 #include "runtime/io/importers.h"
 #include "runtime/io/token_dataset.h"
 #include "runtime/train/checkpoint.h"
+#include "runtime/train/packed_loader.h"
+#include "runtime/train/preflight.h"
 #include "runtime/train/stop_signals.h"
 #include "runtime/train/trainer.h"
 #include "tests/expect_error.h"
@@ -452,6 +455,25 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
   test::expect_error(
       [&] { Trainer t(cfg, *world()); },
       {"berth plan predicts", "more than this whole host has", "smaller parallel.microbatches"});
+  // ... also when the packed run's default plan file is damaged or stale: the trainer rebuilds it,
+  // and the pre-flight, which read it, failed and so checked nothing.
+  cfg.data.mode = "packed";
+  const std::string plan_file = packed_plan_path(cfg, cfg.data.train, pack_options(cfg, 1));
+  std::ofstream(plan_file) << "not a plan";
+  test::expect_error([&] { Trainer t(cfg, *world()); }, {"more than this whole host has"});
+  const PlanInput damaged = plan_input_from_config(cfg, 1);
+  EXPECT_EQ(damaged.attn_sq_per_row, 0);
+  ASSERT_EQ(damaged.notes.size(), 1u);
+  EXPECT_NE(damaged.notes[0].find("is not this run's"), std::string::npos) << damaged.notes[0];
+  cfg.parallel.microbatches = 1;
+  { Trainer t(cfg, *world()); }  // writes this run's plan
+  EXPECT_GT(plan_input_from_config(cfg, 1).attn_sq_per_row, 0);
+  write_plan(plan_file, read_plan(plan_file, nullptr), plan_key({0, 1}, pack_options(cfg, 1)));
+  const PlanInput stale = plan_input_from_config(cfg, 1);
+  EXPECT_EQ(stale.attn_sq_per_row, 0) << "a plan of other data was used";
+  ASSERT_EQ(stale.notes.size(), 1u);
+  EXPECT_NE(stale.notes[0].find("it was built for other data or options"), std::string::npos);
+  std::filesystem::remove(plan_file);
 
   write_token_dataset((dir_ / "one_row.h5").string(), rule_dataset(1, 40, 3));
   cfg = config(1);

@@ -237,7 +237,11 @@ void read_all(hid_t dset, hid_t mem_type, void* data, size_t n, const char* name
 }
 
 // Reads the header and the datasets' shapes; with `data`, the contents too.
-TokenDataset read_hdf5(const std::string& path, bool data, TokenDatasetShape* shape) {
+// What read_hdf5 reads besides the attributes and shapes.
+enum class Read { kShape, kOffsets, kAll };
+
+TokenDataset read_hdf5(const std::string& path, Read what, TokenDatasetShape* shape) {
+  const bool data = what == Read::kAll, offsets_too = what != Read::kShape;
   H5Id fapl(file_access_plist(), H5Pclose);
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
   if (!file.valid()) fail_corrupt(path, "opening");
@@ -273,7 +277,7 @@ TokenDataset read_hdf5(const std::string& path, bool data, TokenDatasetShape* sh
     BERTH_FAIL("'{}': /tokens has element type {}int{}, expected uint16 or uint32; {}", path,
                ts.is_signed ? "" : "u", ts.nbytes * 8, kImportHint);
   }
-  const IntShape os = check_int_1d(offsets.get(), "doc_offsets", "uint64", path, data);
+  const IntShape os = check_int_1d(offsets.get(), "doc_offsets", "uint64", path, offsets_too);
   IntShape ms;
   if (mask.valid()) {
     ms = check_int_1d(mask.get(), "loss_mask", "uint8", path, data);
@@ -289,14 +293,15 @@ TokenDataset read_hdf5(const std::string& path, bool data, TokenDatasetShape* sh
     shape->has_loss_mask = mask.valid();
     shape->vocab_size = ds.vocab_size;
   }
-  if (!data) return ds;
-  ds.tokens.resize(ts.n);
-  read_all(tokens.get(), H5T_NATIVE_UINT32, ds.tokens.data(), ts.n, "tokens", path);
+  if (!offsets_too) return ds;
   // A signed file type is read with its own sign: a negative offset (mask value) shows up as a huge
   // (>= 128) value that validate_dataset then rejects, instead of being silently clipped to 0.
   ds.doc_offsets.resize(os.n);
   read_all(offsets.get(), os.is_signed ? H5T_NATIVE_INT64 : H5T_NATIVE_UINT64,
            ds.doc_offsets.data(), os.n, "doc_offsets", path);
+  if (!data) return ds;
+  ds.tokens.resize(ts.n);
+  read_all(tokens.get(), H5T_NATIVE_UINT32, ds.tokens.data(), ts.n, "tokens", path);
   if (mask.valid()) {
     ds.loss_mask.resize(ms.n);
     read_all(mask.get(), ms.is_signed ? H5T_NATIVE_INT8 : H5T_NATIVE_UINT8, ds.loss_mask.data(),
@@ -383,8 +388,21 @@ TokenDatasetShape read_token_dataset_shape(const std::string& path) {
   require_dataset_file(path);
   H5QuietErrors quiet;
   TokenDatasetShape shape;
-  read_hdf5(path, false, &shape);
+  read_hdf5(path, Read::kShape, &shape);
   return shape;
+}
+
+std::vector<uint64_t> read_token_dataset_offsets(const std::string& path) {
+  require_dataset_file(path);
+  H5QuietErrors quiet;
+  TokenDatasetShape shape;
+  TokenDataset ds = read_hdf5(path, Read::kOffsets, &shape);
+  const auto& off = ds.doc_offsets;
+  BERTH_CHECK(!off.empty() && off.front() == 0 && std::is_sorted(off.begin(), off.end()) &&
+                  off.back() == uint64_t(shape.n_tokens),
+              "'{}': doc_offsets must start at 0, never decrease and end at the {} tokens; {}",
+              path, shape.n_tokens, kImportHint);
+  return std::move(ds.doc_offsets);
 }
 
 void write_token_dataset(const std::string& path, const TokenDataset& ds) {
@@ -406,7 +424,7 @@ void require_dataset_destination(const std::string& path, const char* what) {
 TokenDataset read_token_dataset(const std::string& path) {
   require_dataset_file(path);
   H5QuietErrors quiet;
-  TokenDataset ds = read_hdf5(path, true, nullptr);
+  TokenDataset ds = read_hdf5(path, Read::kAll, nullptr);
   validate_dataset(ds, path);
   return ds;
 }

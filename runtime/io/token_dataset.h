@@ -58,6 +58,9 @@ struct TokenDatasetShape {
   }
 };
 TokenDatasetShape read_token_dataset_shape(const std::string& path);
+// The document offsets alone (what a packing plan's key hashes), checked as read_token_dataset
+// checks them.
+std::vector<uint64_t> read_token_dataset_offsets(const std::string& path);
 
 // Summary statistics for `berth data info`.
 struct DatasetInfo {

@@ -28,9 +28,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // Mean over the plan's rows of Σ over its pieces of length².
-double packed_attn_sq(const std::string& plan_path) {
-  std::string key;
-  const PackPlan plan = read_plan(plan_path, &key);
+double packed_attn_sq(const PackPlan& plan) {
   if (plan.n_rows() == 0) return 0;
   double sum = 0;
   for (const Piece& p : plan.pieces) sum += double(p.length) * double(p.length);
@@ -71,10 +69,29 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
     in.data_bytes += shape.memory_bytes() + 8.0 * double(std::max<int64_t>(0, (shape.n_tokens - 1) / T));
   }
   if (cfg.data.mode == "packed" && !cfg.data.train.empty()) {
-    const std::string plan =
-        packed_plan_path(cfg, cfg.data.train, pack_options(cfg, int(cfg.parallel.cp)));
+    const PackOptions options = pack_options(cfg, int(cfg.parallel.cp));
+    const std::string plan = packed_plan_path(cfg, cfg.data.train, options);
     std::error_code ec;
-    if (std::filesystem::exists(plan, ec)) in.attn_sq_per_row = packed_attn_sq(plan);
+    // The plan berth train would reuse, and only that one: a stale or damaged plan is rebuilt
+    // by the trainer, so it says nothing about this run (and must not stop the pre-flight).
+    if (std::filesystem::exists(plan, ec) && std::filesystem::exists(cfg.data.train, ec)) {
+      std::string why;
+      try {
+        std::string key;
+        const PackPlan p = read_plan(plan, &key);
+        if (key == plan_key(read_token_dataset_offsets(cfg.data.train), options))
+          in.attn_sq_per_row = packed_attn_sq(p);
+        else
+          why = "it was built for other data or options";
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      if (!why.empty())
+        in.notes.push_back(fmt::format(
+            "packing plan {} is not this run's ({}): berth train rebuilds it; attention is "
+            "estimated without it",
+            plan, why));
+    }
   }
   return in;
 }
