@@ -1,7 +1,9 @@
 // How much memory this process may use on its host: the host's MemTotal, or less where a control
 // group limits it, as Slurm (`--mem`, `--mem-per-cpu` under cgroup v1 or v2), Kubernetes and
 // container runtimes do. Used for the memory warning's capacity, the pre-flight host-memory
-// refusal, and the bound on what a dataset or model file may ask to allocate.
+// refusal, and the bound on what a dataset or model file may ask to allocate. And how much it
+// could still allocate (MemAvailable, or the cgroup's headroom): a CPU slot's free memory when
+// its lease is taken.
 #pragma once
 
 #include <string>

@@ -27,23 +27,27 @@ struct RankPlace {
 };
 
 // The booked devices must be the ranks' hosts: local rank k of a host uses the k-th booked device
-// of that host (by index), which must exist and have the free memory. Throws LeaseRefused.
+// of that host (by index), which must exist, and, a CPU slot, have the free memory (a GPU's free
+// memory is not checked: the host's says nothing about it). Throws LeaseRefused.
 void check_placement(const Reservation& r, const std::vector<RankPlace>& places) {
   for (size_t k = 0; k < places.size(); ++k) {
     const RankPlace& p = places[k];
     const int64_t local_rank = int64_t(p.local_rank);
-    int64_t on_host = 0;
-    for (const Device& d : r.devices) on_host += d.host == p.host;
-    if (local_rank >= on_host) {
+    std::vector<const Device*> on_host;
+    for (const Device& d : r.devices)
+      if (d.host == p.host) on_host.push_back(&d);
+    std::sort(on_host.begin(), on_host.end(),
+              [](const Device* a, const Device* b) { return a->index < b->index; });
+    if (local_rank >= int64_t(on_host.size())) {
       std::string booked;
       for (const Device& d : r.devices)
         booked += fmt::format("{}{}:{}{}", booked.empty() ? "" : ", ", d.host, d.kind, d.index);
       throw LeaseRefused(fmt::format(
           "rank {} runs on {} as local rank {}, but reservation {} booked {} device(s) there "
           "({}): launch on the booked hosts, one rank per booked device",
-          k, p.host, local_rank, r.id, on_host, booked));
+          k, p.host, local_rank, r.id, on_host.size(), booked));
     }
-    if (p.free_bytes < double(r.min_free_mem_bytes)) {
+    if (on_host[size_t(local_rank)]->kind == "cpu" && p.free_bytes < double(r.min_free_mem_bytes)) {
       throw LeaseRefused(fmt::format(
           "rank {} on {} has {:.1f} GiB free, reservation {} needs {:.1f} GiB per device", k,
           p.host, p.free_bytes / (1 << 30), r.id, double(r.min_free_mem_bytes) / (1 << 30)));
@@ -83,7 +87,11 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
   const std::string host = host_name();
   std::memcpy(mine.host, host.data(), std::min(host.size(), kHostBytes - 1));
   mine.local_rank = local.rank;
-  mine.free_bytes = host_memory_available_bytes() / std::max(1, local.size);
+  // Its share of what the host (or the job's cgroup) still has, plus what it holds already: the
+  // trainer loaded its data and built its model before it takes the lease, and the booking's
+  // min_free_mem is the run's whole peak.
+  mine.free_bytes =
+      host_memory_available_bytes() / std::max(1, local.size) + host_rss_gib() * double(1 << 30);
   std::vector<RankPlace> places(size_t(world.size()));
   world.all_gather(&mine, places.data(),
                    std::vector<size_t>(size_t(world.size()), sizeof(RankPlace)), DType::U8);

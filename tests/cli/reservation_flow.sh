@@ -176,6 +176,18 @@ timeout 60 "${mpi[@]}" -np 2 "$berth" train "$cfg" "${small[@]}" --set train.ste
 check "a placement refusal (rc $rc) releases the lease; one rank then trains under it" $?
 "$berth" cancel "$idp" > /dev/null
 
+# A CPU slot's free memory is checked when the lease is taken (rule 5): a slot registered as huge
+# and booked near its size is refused on this host, naming both figures, and the lease given back.
+mem=(--ledger "$tmp/mem.db")
+"$berth" devices register --cpu-slots 1 --slot-memory-gib 100000 "${mem[@]}" > /dev/null 2>&1
+idm=$("$berth" reserve --gpus 1 --duration 10m --min-free-mem 90000GiB --json "${mem[@]}" |
+      booked_id)
+BERTH_LEDGER="$tmp/mem.db" timeout 60 "$berth" train "$cfg" "${small[@]}" --set train.steps=5 \
+    --set "run.out_dir=$tmp/m" --reservation "$idm" > "$tmp/m.log" 2>&1; rc=$?
+[ $rc -eq 4 ] && grep -q "GiB free, reservation $idm needs 90000.0 GiB per device" "$tmp/m.log" &&
+  [ ! -e "$tmp/m" ] && "$berth" reservation show "$idm" "${mem[@]}" | grep -q "released"
+check "a CPU slot without the booked free memory is refused at start, the lease given back (rc $rc)" $?
+
 # ---- double start; SIGKILLed holder -------------------------------------------------------------
 id3=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
 one=(train "$cfg" "${small[@]}" --set train.steps=100000 --reservation "$id3")
