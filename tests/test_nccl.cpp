@@ -5,7 +5,8 @@
 //   - under mpirun (tests/mpi_test_main.cpp): the world communicator, bootstrapped over MPI, and
 //     the CPU ring over MPI;
 //   - without MPI (BERTH_TEST_NO_MPI, the GPU check's box has no MPI): one rank made by make_nccl
-//     alone, so the check still runs every NCCL call on the GPU.
+//     alone, so the check still runs the NCCL calls on the GPU (all but the grouped uneven path,
+//     which needs two ranks).
 // Without a GPU or without NCCL every test skips and says why.
 #include <gtest/gtest.h>
 
@@ -97,22 +98,32 @@ std::vector<T> down(const DeviceBuffer<T>& d) {
   return h;
 }
 
+// Outputs go to buffers filled with a sentinel first, so a call that wrote nothing fails, also on
+// one rank (where every collective is the identity).
+constexpr float kSentinel = -7.0f;
+
 TEST(Nccl, AllReduceOnDeviceAndHostBuffers) {
   NEED_GPU();
   Communicator& c = *gpu().comm;
   const int r = c.rank(), n = c.size();
-  auto d = up(std::vector<float>{float(r), 1.0f, float(2 * r)});
-  c.all_reduce(d.data(), d.data(), 3, DType::F32, ReduceOp::SUM);
   const float s = float(n * (n - 1) / 2);
-  EXPECT_EQ(down(d), (std::vector<float>{s, float(n), 2 * s}));
-  c.all_reduce(d.data(), d.data(), 3, DType::F32, ReduceOp::AVG);
-  EXPECT_EQ(down(d), (std::vector<float>{s, float(n), 2 * s}));
-  int64_t mx = r;  // a host value, staged
-  c.all_reduce(&mx, &mx, 1, DType::I64, ReduceOp::MAX);
-  EXPECT_EQ(mx, n - 1);
-  EXPECT_EQ(c.all_reduce_value(1.5, ReduceOp::SUM), 1.5 * n);
+  auto in = up(std::vector<float>{float(r), 1.0f, float(2 * r)});
+  auto out = up(std::vector<float>(3, kSentinel));
+  c.all_reduce(in.data(), out.data(), 3, DType::F32, ReduceOp::SUM);
+  EXPECT_EQ(down(out), (std::vector<float>{s, float(n), 2 * s}));
+  c.all_reduce(out.data(), out.data(), 3, DType::F32, ReduceOp::AVG);  // in place
+  EXPECT_EQ(down(out), (std::vector<float>{s, float(n), 2 * s}));
+  const int64_t mine = r + 10;  // host buffers, staged: out of place, then in place
+  int64_t mx = -1;
+  c.all_reduce(&mine, &mx, 1, DType::I64, ReduceOp::MAX);
+  EXPECT_EQ(mx, n + 9);
+  double sum = 1.5;
+  c.all_reduce(&sum, &sum, 1, DType::F64, ReduceOp::SUM);
+  EXPECT_EQ(sum, 1.5 * n);
 }
 
+// With one rank the counts are one entry, always "even": the grouped ncclReduce / ncclBroadcast
+// path of uneven ZeRO shards needs two ranks (test_nccl under mpirun -np 2, on two GPUs).
 TEST(Nccl, ReduceScatterAndAllGatherEvenAndUneven) {
   NEED_GPU();
   Communicator& c = *gpu().comm;
@@ -124,14 +135,14 @@ TEST(Nccl, ReduceScatterAndAllGatherEvenAndUneven) {
     std::vector<float> full(total);
     for (size_t i = 0; i < total; ++i) full[i] = float(i + 1) * float(r + 1);
     auto d_full = up(full);
-    DeviceBuffer<float> d_mine(*gpu().be, int64_t(counts[size_t(r)]));
+    auto d_mine = up(std::vector<float>(counts[size_t(r)], kSentinel));
     c.reduce_scatter(d_full.data(), d_mine.data(), counts, DType::F32, ReduceOp::SUM);
     size_t off = 0;
     for (int i = 0; i < r; ++i) off += counts[size_t(i)];
     const float ranks_sum = float(n * (n + 1) / 2);
     const auto mine = down(d_mine);
     for (size_t i = 0; i < mine.size(); ++i) EXPECT_EQ(mine[i], float(off + i + 1) * ranks_sum);
-    DeviceBuffer<float> d_all(*gpu().be, int64_t(total));
+    auto d_all = up(std::vector<float>(total, kSentinel));
     c.all_gather(d_mine.data(), d_all.data(), counts, DType::F32);
     const auto all = down(d_all);
     for (size_t i = 0; i < total; ++i) EXPECT_EQ(all[i], float(i + 1) * ranks_sum) << i;
@@ -145,13 +156,13 @@ TEST(Nccl, BroadcastGroupedRingAndSplit) {
   auto b = up(std::vector<int32_t>{r == 0 ? 7 : -1, r == 0 ? 8 : -1});
   c.broadcast(b.data(), 2, DType::I32, 0);
   EXPECT_EQ(down(b), (std::vector<int32_t>{7, 8}));
-  auto mine = up(std::vector<int32_t>{r});
-  DeviceBuffer<int32_t> got(*gpu().be, 1);
+  auto mine = up(std::vector<int32_t>{r + 100});
+  auto got = up(std::vector<int32_t>{-1});
   c.group_begin();
   c.send(mine.data(), 1, DType::I32, (r + 1) % n);
   c.recv(got.data(), 1, DType::I32, (r - 1 + n) % n);
   c.group_end();
-  EXPECT_EQ(down(got)[0], (r - 1 + n) % n);
+  EXPECT_EQ(down(got)[0], (r - 1 + n) % n + 100);
   auto half = c.split(r % 2, r);
   ASSERT_NE(half, nullptr);
   EXPECT_EQ(half->size(), (n + 1 - r % 2) / 2);
