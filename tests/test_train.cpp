@@ -468,11 +468,28 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
   cfg.parallel.microbatches = 1;
   { Trainer t(cfg, *world()); }  // writes this run's plan
   EXPECT_GT(plan_input_from_config(cfg, 1).attn_sq_per_row, 0);
-  write_plan(plan_file, read_plan(plan_file, nullptr), plan_key({0, 1}, pack_options(cfg, 1)));
+  std::string key;
+  PackPlan mine = read_plan(plan_file, &key);
+  write_plan(plan_file, mine, plan_key({0, 1}, pack_options(cfg, 1)));
   const PlanInput stale = plan_input_from_config(cfg, 1);
   EXPECT_EQ(stale.attn_sq_per_row, 0) << "a plan of other data was used";
   ASSERT_EQ(stale.notes.size(), 1u);
   EXPECT_NE(stale.notes[0].find("it was built for other data or options"), std::string::npos);
+  // this run's key, a readable plan, pieces that do not tile the documents: the trainer rebuilds it
+  mine.pieces[0].doc = (mine.pieces[0].doc + 1) % 200;
+  write_plan(plan_file, mine, key);
+  const PlanInput damaged_pieces = plan_input_from_config(cfg, 1);
+  EXPECT_EQ(damaged_pieces.attn_sq_per_row, 0) << "a plan the trainer rebuilds was used";
+  ASSERT_EQ(damaged_pieces.notes.size(), 1u);
+  EXPECT_NE(damaged_pieces.notes[0].find("is not this run's (document"), std::string::npos)
+      << damaged_pieces.notes[0];
+  EXPECT_NE(damaged_pieces.notes[0].find("berth train rebuilds it"), std::string::npos);
+  cfg.data.pack_plan = cfg.data.train;  // a dataset named as the plan: refused, not rebuilt
+  const PlanInput not_a_plan = plan_input_from_config(cfg, 1);
+  ASSERT_EQ(not_a_plan.notes.size(), 1u);
+  EXPECT_NE(not_a_plan.notes[0].find("berth train refuses it"), std::string::npos)
+      << not_a_plan.notes[0];
+  cfg.data.pack_plan = "";
   std::filesystem::remove(plan_file);
 
   write_token_dataset((dir_ / "one_row.h5").string(), rule_dataset(1, 40, 3));

@@ -79,18 +79,26 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
       try {
         std::string key;
         const PackPlan p = read_plan(plan, &key);
-        if (key == plan_key(read_token_dataset_offsets(cfg.data.train), options))
-          in.attn_sq_per_row = packed_attn_sq(p);
-        else
-          why = "it was built for other data or options";
+        const std::vector<uint64_t> offsets = read_token_dataset_offsets(cfg.data.train);
+        why = key != plan_key(offsets, options)
+                  ? "it was built for other data or options"
+                  : plan_mismatch(p, doc_lengths_from_offsets(offsets));
+        if (why.empty()) in.attn_sq_per_row = packed_attn_sq(p);
       } catch (const Error& e) {
         why = e.what();
       }
-      if (!why.empty())
+      if (!why.empty()) {
+        // as the trainer treats it: a plan it rebuilds, or a file that is no plan, refused
+        std::string then = "berth train rebuilds it";
+        try {
+          require_plan_destination(plan);
+        } catch (const Error& e) {
+          then = fmt::format("berth train refuses it: {}", e.what());
+        }
         in.notes.push_back(fmt::format(
-            "packing plan {} is not this run's ({}): berth train rebuilds it; attention is "
-            "estimated without it",
-            plan, why));
+            "packing plan {} is not this run's ({}): {}; attention is estimated without it", plan,
+            why, then));
+      }
     }
   }
   return in;
