@@ -77,9 +77,11 @@ void register_eta_commands(CLI::App& app) {
   CLI::App* replay =
       eta->add_subcommand("replay", "Replay a step-time trace through the predictor");
   replay->add_option("trace", replay_args->trace, "Trace CSV (step,duration_s,tokens,...)")
-      ->required();
+      ->required()
+      ->check(CLI::ExistingFile);
   replay->add_option("--meta", replay_args->meta, "Run facts JSON (one object, as in index.json)")
-      ->required();
+      ->required()
+      ->check(CLI::ExistingFile);
   replay->add_option("--every", replay_args->every, "Print a CSV of predictions after every N rows")
       ->check(whole_number_at_least(0));
   replay->callback([replay_args]() { run_replay(*replay_args); });
@@ -87,7 +89,9 @@ void register_eta_commands(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
   CLI::App* bench =
       eta->add_subcommand("bench", "Benchmark berth vs baselines over DIR/index.json");
-  bench->add_option("dir", *dir, "Directory with index.json and the trace CSVs")->required();
+  bench->add_option("dir", *dir, "Directory with index.json and the trace CSVs")
+      ->required()
+      ->check(CLI::ExistingDirectory);
   bench->callback([dir]() { run_bench(*dir); });
 }
 

@@ -630,7 +630,13 @@ expect_error "timeline_hours_in_hex" "--hours: 0x20 is not a number in [1, 8784]
 expect_error "reserve_gpus_leading_zero" "--gpus: 010 is not a whole number" "" \
   "$BERTH" reserve --gpus 010 --duration 1h --ledger "$tmp/l.db"
 expect_error "eta_every_plus_sign" "--every: +5 is not a whole number >= 0" "" \
-  "$BERTH" eta replay "$tmp/none.csv" --meta "$tmp/none.json" --every +5
+  "$BERTH" eta replay "$TINY_TOML" --meta "$TINY_TOML" --every +5
+# A missing trace, facts file or directory is a usage error (105), as for every other command.
+"$BERTH" eta replay "$tmp/none.csv" --meta "$TINY_TOML" >"$log" 2>&1
+rc=$?
+"$BERTH" eta bench "$tmp/no_such_dir" >>"$log" 2>&1
+rc2=$?
+report "eta_missing_inputs_exit_105" "$([ $rc -eq 105 ] && [ $rc2 -eq 105 ] || echo " exit status $rc, $rc2")"
 expect_error "cancel_empty_id" "is not a whole number >= 1" "" "$BERTH" cancel "" --ledger "$tmp/l.db"
 expect_error "cancel_id_beyond_int64" "99999999999999999999 is not a whole number >= 1" "" \
   "$BERTH" cancel 99999999999999999999 --ledger "$tmp/l.db"
@@ -662,9 +668,9 @@ expect_error "eta_bench_session_not_the_trace" "entry 0 (\"z.csv\"): trace has 2
   "$BERTH" eta bench "$tmp/bench"
 expect_error "eta_replay_number_overflow" "invalid JSON" "" "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp/ovf.json"
 # Directories read as nothing: "empty trace", "invalid JSON".
-expect_error "eta_replay_trace_is_a_directory" "$tmp is a directory; give a file" "" \
+expect_error "eta_replay_trace_is_a_directory" "trace: File is actually a directory: $tmp" "" \
   "$BERTH" eta replay "$tmp" --meta "$tmp/z.json"
-expect_error "eta_replay_meta_is_a_directory" "$tmp is a directory; give a file" "" \
+expect_error "eta_replay_meta_is_a_directory" "--meta: File is actually a directory: $tmp" "" \
   "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp"
 # A denormal time (1e-320) is a number (it was "not a number"); a trace of another session (facts
 # starting at step 50) names the row and the facts file, not only the step.
