@@ -299,8 +299,8 @@ TEST_F(TrainTest, ANewRunLeavesAnEarlierRunsResultsAloneWithoutACheckpoint) {
     Trainer t(cfg, *world());
     test::expect_error([&] { t.run(); },
                        {"holds an earlier run of this name (its metrics.jsonl records steps up to "
-                        "3) and no checkpoint to continue it from",
-                        "another run.name"});
+                        "3) and checkpoint.dir ",
+                        "holds no checkpoint to continue it from", "another run.name"});
     EXPECT_EQ(read_text_file(t.run_dir() + "/metrics.jsonl"), metrics) << "left as it was";
     EXPECT_EQ(read_text_file(t.run_dir() + "/config.toml"), config_toml) << "left as it was";
   }

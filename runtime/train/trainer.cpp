@@ -898,9 +898,11 @@ std::vector<StepStats> Trainer::run() {
     const std::optional<int64_t> last = last_recorded_step(run_dir_ + "/metrics.jsonl");
     BERTH_CHECK(!last,
                 "the run directory {} holds an earlier run of this name (its metrics.jsonl "
-                "records steps up to {}) and no checkpoint to continue it from: give this run "
-                "another run.name (or run.out_dir), or move that directory away to run it again",
-                run_dir_, last.value_or(0));
+                "records steps up to {}) and checkpoint.dir {} holds no checkpoint to continue "
+                "it from: give this run another run.name (or run.out_dir), or move that "
+                "directory away to run it again (or point checkpoint.dir at that run's "
+                "checkpoints and pass --resume auto)",
+                run_dir_, last.value_or(0), checkpoint_dir_);
   }
   // A step directory without meta.json (not a checkpoint berth saved) where this run's config
   // saves would fail that save, after the steps before it.
