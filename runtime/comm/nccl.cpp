@@ -465,9 +465,7 @@ std::unique_ptr<Communicator> make_nccl(Backend& be, const NcclBootstrap& how) {
   BERTH_CHECK(how.size >= 1 && how.rank >= 0 && how.rank < how.size,
               "NCCL bootstrap: rank {} of {} ranks", how.rank, how.size);
   BERTH_CHECK(how.size == 1 || how.share_id,
-              "NCCL bootstrap of {} ranks without a way to share "
-              "the unique id",
-              how.size);
+              "NCCL bootstrap of {} ranks without a way to share the unique id", how.size);
   int device = 0;
   CUDA_RT_CHECK(cudaGetDevice(&device));
   ncclUniqueId id{};
