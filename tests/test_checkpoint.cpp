@@ -449,6 +449,34 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   });
   test::expect_error([&] { load_checkpoint((work / "shard").string(), true); },
                      {"tensor 'wpe' is not a whole tensor", "offset [16, 0]", "shard"});
+  // A tensor of integers (another writer's file) was converted to float on read, without a word.
+  edit_h5("int_tensor", "model.h5", [](hid_t f) {
+    hsize_t dims[2] = {0, 0};
+    {
+      h5::H5Id d(H5Dopen2(f, "wpe", H5P_DEFAULT), H5Dclose);
+      h5::H5Id space(H5Dget_space(d.get()), H5Sclose);
+      ASSERT_EQ(H5Sget_simple_extent_dims(space.get(), dims, nullptr), 2);
+    }
+    ASSERT_GE(H5Ldelete(f, "wpe", H5P_DEFAULT), 0);
+    h5::H5Id space(H5Screate_simple(2, dims, nullptr), H5Sclose);
+    h5::H5Id d(
+        H5Dcreate2(f, "wpe", H5T_STD_I32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+        H5Dclose);
+    const std::vector<int32_t> ones(size_t(dims[0] * dims[1]), 1);
+    ASSERT_GE(H5Dwrite(d.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, ones.data()), 0);
+    const hsize_t two[1] = {2};
+    h5::H5Id attr_space(H5Screate_simple(1, two, nullptr), H5Sclose);
+    const int64_t full[2] = {int64_t(dims[0]), int64_t(dims[1])}, zero[2] = {0, 0};
+    for (const auto& [attr_name, values] : {std::pair{"full_shape", full}, {"offset", zero}}) {
+      h5::H5Id attribute(
+          H5Acreate2(d.get(), attr_name, H5T_STD_I64LE, attr_space.get(), H5P_DEFAULT, H5P_DEFAULT),
+          H5Aclose);
+      ASSERT_GE(H5Awrite(attribute.get(), H5T_NATIVE_INT64, values), 0);
+    }
+  });
+  test::expect_error(
+      [&] { load_checkpoint((work / "int_tensor").string(), true); },
+      {"tensor 'wpe' is stored as a 4-byte non-float", "berth writes 4-byte floats"});
   auto add_tensor = [](hid_t loc) {
     const hsize_t dims[1] = {3};
     h5::H5Id space(H5Screate_simple(1, dims, nullptr), H5Sclose);

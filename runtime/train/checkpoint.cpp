@@ -278,6 +278,17 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
         offset ? fmt::format("{}", fmt::join(*offset, ", ")) : "missing or not int64[]",
         fmt::join(shape, ", "));
   }
+  // HDF5 converts any number type to float on read: an integer or double tensor (another
+  // writer's file) would load as weights without a word.
+  H5Id type(H5Dget_type(dset.get()), H5Tclose);
+  if (!type.valid()) fail_read(path, fmt::format("type of '{}'", name));
+  if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != sizeof(float)) {
+    BERTH_FAIL(
+        "checkpoint file '{}': tensor '{}' is stored as a {}-byte {}, berth writes 4-byte "
+        "floats: a file from another writer, or a corrupt one",
+        path, name, H5Tget_size(type.get()),
+        H5Tget_class(type.get()) == H5T_FLOAT ? "float" : "non-float");
+  }
   if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
     fail_read(path, fmt::format("reading '{}' (checksum mismatch means the file is corrupt)", name));
   }
