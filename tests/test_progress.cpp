@@ -124,6 +124,45 @@ TEST(Progress, DataEpochCostsRepeatOnceAnEpochWasSeen) {
   EXPECT_GT(ape(without.total_s, truth), 3 * ape(with.total_s, truth));
 }
 
+TEST(Progress, AWarmupInTheFirstEpochIsNotRepeatedInTheOthers) {
+  // Epochs of 69 steps (a small dataset) and a slow start: the first 50 steps (the configured
+  // warm-up) take twice as long. The first epoch's profile held that start, and every later
+  // epoch was predicted to repeat it (+8 to +17 % on a real run).
+  auto f = steady_facts(350);
+  f.warmup_steps = 50;
+  Synth s;
+  s.noise_rel = 0.01;
+  s.first_extra_s = 0;
+  auto rows = synth_trace(f, s);
+  for (auto& r : rows) {
+    if (r.step <= 50) r.duration_s *= 2;
+    if (r.step % 69 == 0) r.event = "epoch_boundary";
+  }
+  const double truth = total_of(rows);
+  const Prediction p = predict_at(f, rows, 100.0 / 350);  // one epoch seen
+  EXPECT_LT(ape(p.total_s, truth), 0.01) << p.total_s << " vs " << truth;
+}
+
+TEST(Progress, EveryStepSavingACheckpointIsAStepPlusItsOverhead) {
+  // checkpoint.interval = 1: no step is free of events. Each is a 1 s step and a 0.5 s save
+  // (overhead_s): the rate comes from the steps less their overhead and the save is learned,
+  // where the predictor had no normal step at all (no checkpoint time, a band of 0..2×).
+  auto f = steady_facts(1000);
+  f.ckpt_interval = 1;
+  Synth s;
+  s.noise_rel = 0.01;
+  auto rows = synth_trace(f, s);
+  for (auto& r : rows) r.duration_s += 0.5, r.overhead_s = 0.5;
+  rows[0].event = "first_step+ckpt";  // as berth writes it (the start-up is no save's cost)
+  const double truth = total_of(rows);
+  const Prediction p = predict_at(f, rows, 0.25);
+  EXPECT_LT(ape(p.total_s, truth), 0.01) << p.total_s << " vs " << truth;
+  EXPECT_GT(p.checkpoints_observed, 200);
+  EXPECT_NEAR(p.ckpt_cost_s, 0.5, 0.02);
+  EXPECT_NEAR(p.checkpoint_s, 500, 25);
+  EXPECT_LT(p.high_s - p.low_s, 0.1 * p.total_s);
+}
+
 TEST(Progress, SteadyRunWithinOnePercentAtTenPercent) {
   const auto f = steady_facts(3000);
   Synth s;

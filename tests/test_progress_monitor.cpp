@@ -350,6 +350,67 @@ TEST(ProgressMonitor, CheckpointOverhead) {
   }
 }
 
+TEST(ProgressMonitor, EveryStepSavingOrEvaluatingStillWarns) {
+  // checkpoint.interval = 1: every step saves (0.3 s over a 0.1 s step) and waits 30 ms for data.
+  // No step was free of events, so no warning could fire, and the block showed no checkpoints.
+  ProgressMonitor m(facts(1), settings(2));
+  for (int64_t step = 1; step <= 100; ++step) {
+    auto v = balanced(2, step);
+    for (auto& x : v) x.data_wait_s = 0.03, x.wall_s += 0.3, x.overhead_s = 0.3;
+    m.observe(step, v, 4096, 128, step == 1 ? "first_step+ckpt" : "ckpt");
+  }
+  const ProgressReport r = m.report();
+  std::string msg;
+  ASSERT_TRUE(has(r, WarningKind::Checkpoints, &msg));
+  EXPECT_NE(msg.find("(75%)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("checkpoint.interval from 1 to about 25"), std::string::npos) << msg;
+  ASSERT_TRUE(has(r, WarningKind::DataBound, &msg));  // 30 ms of a 100 ms step
+  EXPECT_NE(msg.find("30%"), std::string::npos) << msg;
+  EXPECT_NEAR(r.tokens_per_s, 4096 / 0.1, 4096 / 0.1 * 0.02) << "the saves are not training time";
+}
+
+TEST(ProgressMonitor, WindowAdviceCountsTheCheckpointsOfTheStepsItKeeps) {
+  // 0.1 s steps, a 0.2 s checkpoint every 20 steps; at step 200 (22 s in) 28.05 s are left: 12
+  // blocks of 20 steps (2.2 s each) and 16 steps more fit, 456 in all. Normal steps alone said 480.
+  RunFacts f = facts(20);
+  MonitorSettings s = settings(2);
+  s.window_end_unix = s.session_start_unix + 50.05;
+  f.lease_s = 50.05;
+  ProgressMonitor m(f, s);
+  for (int64_t step = 1; step <= 200; ++step) {
+    auto v = balanced(2, step);
+    const bool ck = step % 20 == 0;
+    if (ck) {
+      for (auto& x : v) x.wall_s += 0.2, x.overhead_s = 0.2;
+    }
+    m.observe(step, v, 4096, 128, step == 1 ? "first_step" : ck ? "ckpt" : "");
+  }
+  std::string msg;
+  ASSERT_TRUE(has(m.report(), WarningKind::Window, &msg));
+  EXPECT_NE(msg.find("lower train.steps to about 456"), std::string::npos) << msg;
+}
+
+TEST(ProgressMonitor, CheckpointAdviceBeyondTheRunSaysToSaveOnlyAtTheEnd) {
+  // 100 steps of 0.1 s with a 0.5 s save every 10: a third of the run. An interval bringing it
+  // to 3 % would be past the last step, which saves no periodic checkpoint at all.
+  RunFacts f = facts(10);
+  f.max_steps = f.session_steps = 100;
+  ProgressMonitor m(f, settings(2));
+  for (int64_t step = 1; step <= 50; ++step) {
+    auto v = balanced(2, step);
+    const bool ck = step % 10 == 0;
+    if (ck) {
+      for (auto& x : v) x.wall_s += 0.5, x.overhead_s = 0.5;
+    }
+    m.observe(step, v, 4096, 128, step == 1 ? "first_step" : ck ? "ckpt" : "");
+  }
+  std::string msg;
+  ASSERT_TRUE(has(m.report(), WarningKind::Checkpoints, &msg));
+  EXPECT_NE(msg.find("set checkpoint.interval = 0 (the final save stays, ~0.5s each)"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(ProgressMonitor, CheckpointWarningWaitsForAMeasuredCheckpoint) {
   // Before the first save the checkpoint time is a prior (here 100 s a save, ~10 × the run):
   // the block shows it, but no warning is raised on it.
@@ -443,6 +504,11 @@ TEST(Clock, ParsesZonedTimesStrictly) {
   EXPECT_EQ(format_duration(3720), "1h02m");
   EXPECT_EQ(format_duration(3 * 86400 + 4 * 3600 + 59), "3d04h");
   EXPECT_EQ(format_duration(-90), "-1m30s");
+  EXPECT_EQ(format_duration(0.4), "0.4s");  // it said "0s" of a checkpoint taking 40 % of a run
+  EXPECT_EQ(format_duration(0.05), "0.05s");
+  EXPECT_EQ(format_duration(0.001), "0s");
+  EXPECT_EQ(format_duration(0), "0s");
+  EXPECT_EQ(format_duration(0.97), "1s");
 }
 
 TEST(ProgressFiles, TraceRowsAndRunFactsReadBack) {

@@ -65,6 +65,15 @@ int64_t multiples_in(int64_t a, int64_t b, int64_t interval) {
 
 }  // namespace
 
+bool only_ckpt_or_eval(const std::string& event) {
+  if (event.empty()) return false;
+  std::stringstream ss(event);
+  std::string part;
+  while (std::getline(ss, part, '+'))
+    if (!is_ckpt_event(part) && !is_eval_event(part)) return false;
+  return true;
+}
+
 double step_cost(int64_t tokens, int64_t seq_len, int64_t hidden_size) {
   const double attn = hidden_size > 0
                           ? static_cast<double>(seq_len) / (6.0 * static_cast<double>(hidden_size))
@@ -136,17 +145,23 @@ Prediction ProgressPredictor::predict() const {
   const int64_t last_step = records_.back().step;
 
   // Normal steps: no event, not the session's first row. Rates are seconds per cost unit.
-  // The configured warm-up steps are left out while later ones exist.
+  // The configured warm-up steps are left out while later ones exist. When no step is free of
+  // events (checkpoint.interval or eval.interval 1), the steps whose only events are checkpoints
+  // and evaluations count, less their measured overhead (overhead_s): what is left is the step.
+  bool any_plain = false;
+  for (size_t i = 1; i < records_.size() && !any_plain; ++i)
+    any_plain = records_[i].event.empty() && records_[i].tokens > 0;
   std::vector<size_t> normal;
   std::vector<double> rate, cost;
   for (int64_t warm = facts_.start_step + facts_.warmup_steps; normal.empty(); warm = 0) {
     for (size_t i = 0; i < records_.size(); ++i) {
       const auto& r = records_[i];
-      if (i == 0 || !r.event.empty() || r.tokens <= 0 || r.step <= warm) continue;
+      const bool netted = !any_plain && only_ckpt_or_eval(r.event);
+      if (i == 0 || (!r.event.empty() && !netted) || r.tokens <= 0 || r.step <= warm) continue;
       normal.push_back(i);
       cost.push_back(
           step_cost(r.tokens, r.seq_len > 0 ? r.seq_len : schedule_at(facts_, r.step).seq_len, h));
-      rate.push_back(r.duration_s / cost.back());
+      rate.push_back(std::max(0.0, r.duration_s - (netted ? r.overhead_s : 0.0)) / cost.back());
     }
     if (warm == 0) break;
   }
@@ -387,8 +402,11 @@ Prediction ProgressPredictor::predict() const {
     }
     const int64_t len = prev >= 0 ? bounds.back() - prev : 0;
     if (len >= kMinWindow) {
+      // (the warm-up's steps, left out of the rate, are left out here too: a slow start is not
+      // a cost of every epoch)
       std::vector<double> profile(static_cast<size_t>(len), 0.0);
-      for (const auto& r : records_) {
+      for (size_t i = first_post_record; i < records_.size(); ++i) {
+        const auto& r = records_[i];
         if (r.step <= prev || r.step > bounds.back() || r.tokens <= 0) continue;
         if (is_warmup_event(r.event) || is_ckpt_event(r.event) || is_eval_event(r.event)) continue;
         const double c = step_cost(r.tokens, r.seq_len > 0 ? r.seq_len
@@ -410,10 +428,13 @@ Prediction ProgressPredictor::predict() const {
   out.remaining_s = rem;
   out.total_s = elapsed_s_ + rem;
   // Band: rate uncertainty (standard error of the window mean, plus a 2 % floor for drift the
-  // window cannot see) on the normal part; event costs ±50 % while still a prior, ±25 % once
-  // learned.
+  // window cannot see) on the normal part; event costs ±50 % while still a prior, once learned
+  // from n events ±25 %/√n (at least ±5 %).
   const double rate_rel = 2.0 * cv / std::sqrt(static_cast<double>(wrates.size())) + 0.02;
-  const double ev_rel_ck = ckpt_n || both_n ? 0.25 : 0.5, ev_rel_e = eval_n || both_n ? 0.25 : 0.5;
+  auto learned_rel = [](int n) {
+    return n > 0 ? std::max(0.05, 0.25 / std::sqrt(static_cast<double>(n))) : 0.5;
+  };
+  const double ev_rel_ck = learned_rel(ckpt_n + both_n), ev_rel_e = learned_rel(eval_n + both_n);
   const double spread = rem_normal * rate_rel +
                         static_cast<double>(rem_ckpt) * ckpt_cost * ev_rel_ck +
                         static_cast<double>(rem_eval) * eval_cost * ev_rel_e +
@@ -430,6 +451,8 @@ Prediction ProgressPredictor::predict() const {
   out.eval_s = std::max(0.0, eval_sum + (1.0 - ck_share) * both_sum) +
                static_cast<double>(rem_eval) * eval_cost;
   out.checkpoints_observed = ckpt_n + both_n;
+  out.ckpt_cost_s = ckpt_cost;
+  out.eval_cost_s = eval_cost;
   return out;
 }
 

@@ -72,6 +72,10 @@ struct StepRecord {
   std::string event;  // "", "first_step", "compile", "ckpt", "eval", "ckpt+eval", "spike", ...
 };
 
+// Whether every '+'-separated part of a step's event is a checkpoint save or an evaluation
+// ("ckpt", "eval", "ckpt+eval"): such a step less its overhead_s is a normal step.
+bool only_ckpt_or_eval(const std::string& event);
+
 struct Prediction {
   double total_s = 0.0;      // predicted wall time of the whole session
   double remaining_s = 0.0;  // total_s - elapsed
@@ -82,6 +86,8 @@ struct Prediction {
   double checkpoint_s = 0.0;    // checkpoint time of the whole session: observed + predicted
   double eval_s = 0.0;          // evaluation time of the whole session: observed + predicted
   int checkpoints_observed = 0;  // checkpoint steps seen so far (before: checkpoint_s is a prior)
+  double ckpt_cost_s = 0.0;  // one checkpoint's extra time over a normal step (learned or prior)
+  double eval_cost_s = 0.0;  // one evaluation's, likewise
 };
 
 class ProgressPredictor {

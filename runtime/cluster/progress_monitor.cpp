@@ -37,6 +37,36 @@ std::string extension_hint(double seconds) {
   return m == 0 ? fmt::format("{}h", h) : fmt::format("{}h{}m", h, m);
 }
 
+// The last step S in (step, end_step] such that running to S, with S as the run's last step, takes
+// at most `left` seconds (`step` itself when none does): normal steps at p.step_s, plus the
+// checkpoints and evaluations among them at their learned costs, the last step's as the facts say
+// (berth's final checkpoint and evaluation).
+int64_t steps_that_fit(const RunFacts& f, int64_t step, int64_t end_step, double left,
+                       const Prediction& p) {
+  auto events = [&](int64_t last, int64_t interval, int at_end) {  // among (step, last]
+    const auto multiples = [&](int64_t b) {
+      return interval > 0 && b > step ? b / interval - step / interval : 0;
+    };
+    if (at_end < 0) return multiples(last);
+    return multiples(last - 1) + (last > step ? at_end : 0);
+  };
+  auto cost = [&](int64_t last) {
+    return static_cast<double>(last - step) * p.step_s +
+           static_cast<double>(events(last, f.ckpt_interval, f.final_ckpt)) * p.ckpt_cost_s +
+           static_cast<double>(events(last, f.eval_interval, f.final_eval)) * p.eval_cost_s;
+  };
+  int64_t lo = step, hi = end_step;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (cost(mid) <= left) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 }  // namespace
 
 const char* warning_name(WarningKind kind) {
@@ -97,7 +127,16 @@ const StepRecord& ProgressMonitor::observe(int64_t step, const std::vector<RankS
     peak_mem_gib_ = std::max(peak_mem_gib_, m.mem_peak_gib);
   }
   predictor_.observe(r);
-  history_.push_back(Sample{step, event.empty(), ranks});
+  // A step that only saved a checkpoint or evaluated is kept without that overhead, so that a run
+  // that does so every step (interval 1) still has steps to warn about and a throughput.
+  const bool netted = only_ckpt_or_eval(event);
+  history_.push_back(Sample{step, event.empty(), netted, ranks});
+  if (netted) {
+    for (RankStepMetrics& m : history_.back().ranks) {
+      m.wall_s = std::max(0.0, m.wall_s - m.overhead_s);
+      m.overhead_s = 0;
+    }
+  }
   history_.back().ranks.shrink_to_fit();
   if (history_.size() > kHistory) history_.pop_front();
   last_ = std::move(r);
@@ -111,8 +150,13 @@ int ProgressMonitor::stage_of(size_t rank) const {
 std::vector<const ProgressMonitor::Sample*> ProgressMonitor::recent_normal(size_t n) const {
   std::vector<const Sample*> out;
   const int64_t warm_end = facts_.start_step + facts_.warmup_steps;
-  for (auto it = history_.rbegin(); it != history_.rend() && out.size() < n; ++it) {
-    if (it->normal && it->step > warm_end) out.push_back(&*it);
+  // Steps free of events; too few of them (every step saves or evaluates), the netted ones too.
+  for (const bool with_netted : {false, true}) {
+    out.clear();
+    for (auto it = history_.rbegin(); it != history_.rend() && out.size() < n; ++it) {
+      if ((it->normal || (with_netted && it->netted)) && it->step > warm_end) out.push_back(&*it);
+    }
+    if (out.size() >= kMinWarnSteps) break;
   }
   std::reverse(out.begin(), out.end());
   return out;
@@ -209,7 +253,9 @@ ProgressReport ProgressMonitor::report() const {
   r.first_step = facts_.start_step;
   r.end_step = facts_.start_step + facts_.session_steps;
   r.elapsed_s = predictor_.elapsed_s();
-  // Throughput over the newest normal steps (all steps while there are none).
+  // Throughput over the newest normal steps (all steps while there are none), without the time
+  // of evaluations and checkpoint saves (the first block came before any normal step and counted
+  // them as training time).
   double tokens = 0, seconds = 0;
   std::vector<const Sample*> win = recent_normal(kWarnWindow);
   if (win.empty()) {
@@ -218,7 +264,7 @@ ProgressReport ProgressMonitor::report() const {
   for (const Sample* s : win) {
     double wall = 0;
     for (const RankStepMetrics& m : s->ranks) {
-      wall = std::max(wall, m.wall_s);
+      wall = std::max(wall, m.wall_s - m.overhead_s);
       tokens += m.tokens;
     }
     seconds += wall;
@@ -327,8 +373,7 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
     const double finish = settings_.session_start_unix + p.total_s;
     const double shortfall = finish - settings_.window_end_unix;
     const double left = settings_.window_end_unix - (settings_.session_start_unix + r.elapsed_s);
-    const int64_t fit =
-        p.step_s > 0 ? r.step + static_cast<int64_t>(std::max(0.0, left) / p.step_s) : r.step;
+    const int64_t fit = steps_that_fit(facts_, r.step, r.end_step, std::max(0.0, left), p);
     const std::string id = settings_.reservation.empty() ? "<reservation>" : settings_.reservation;
     // Minutes, unless the times lie within minutes of each other (then seconds tell them apart).
     const bool close = settings_.session_start_unix + p.high_s - settings_.window_end_unix < 600;
@@ -356,11 +401,18 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
     const double share = p.checkpoint_s / p.total_s;
     const int64_t suggest = static_cast<int64_t>(
         std::ceil(static_cast<double>(facts_.ckpt_interval) * share / kCheckpointTarget));
+    // An interval past the run's last step saves no periodic checkpoint at all: say so.
+    const std::string fix =
+        suggest < r.end_step
+            ? fmt::format("Raise checkpoint.interval from {} to about {} to bring it near 3%",
+                          facts_.ckpt_interval, suggest)
+            : fmt::format(
+                  "Near 3% this run saves no periodic checkpoint: set "
+                  "checkpoint.interval = 0 (the final save stays, ~{} each)",
+                  format_duration(p.ckpt_cost_s));
     out.push_back({WarningKind::Checkpoints,
-                   fmt::format("checkpoints: saving takes ~{} of this session ({:.0f}%). Raise "
-                               "checkpoint.interval from {} to about {} to bring it near 3%",
-                               format_duration(p.checkpoint_s), share * 100, facts_.ckpt_interval,
-                               suggest)});
+                   fmt::format("checkpoints: saving takes ~{} of this session ({:.0f}%). {}",
+                               format_duration(p.checkpoint_s), share * 100, fix)});
   }
   return out;
 }

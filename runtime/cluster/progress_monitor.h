@@ -105,6 +105,7 @@ class ProgressMonitor {
   struct Sample {
     int64_t step;
     bool normal;  // no event
+    bool netted;  // only checkpoint saves or evaluations: `ranks` hold the step without them
     std::vector<RankStepMetrics> ranks;
   };
   // Over some normal steps: each rank's summed busy time (wall − communication), how often it was

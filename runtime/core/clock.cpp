@@ -122,7 +122,11 @@ std::string format_duration(double seconds) {
   const std::string sign = seconds < 0 ? "-" : "";
   const int64_t t = static_cast<int64_t>(std::llround(std::fabs(seconds)));
   char buf[48];
-  if (t < 60) {
+  if (std::fabs(seconds) < 0.95 && std::fabs(seconds) >= 0.005) {
+    // under a second: tenths (hundredths below 0.1 s), where "0s" said nothing
+    std::snprintf(buf, sizeof buf, std::fabs(seconds) < 0.095 ? "%.2fs" : "%.1fs",
+                  std::fabs(seconds));
+  } else if (t < 60) {
     std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(t));
   } else if (t < 3600) {
     std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(t / 60),

@@ -21,7 +21,8 @@ std::string format_utc_minute(double unix_s);
 // "2026-12-03T20:31:07Z" (second precision, parseable by parse_utc_time).
 std::string format_utc_iso(double unix_s);
 
-// Short human duration: "42s", "7m05s", "1h02m", "3d04h". Negative values get a leading '-'.
+// Short human duration: "42s", "7m05s", "1h02m", "3d04h"; under a second "0.4s", "0.05s" (under
+// 5 ms "0s"). Negative values get a leading '-'.
 std::string format_duration(double seconds);
 
 }  // namespace berth
