@@ -66,6 +66,13 @@ if [ -f "$build/CMakeCache.txt" ] &&
   log "$build was configured for another source directory: building afresh"
   rm -rf "$build"
 fi
+# A carried build linked against an NCCL this box lacks (the toolkit's, on the machine it was made
+# on) would not even start its tests: it is rebuilt against this box's.
+nccl_lib=$(grep -o 'NCCL_LIBRARY:FILEPATH=.*' "$build/CMakeCache.txt" 2>/dev/null | cut -d= -f2)
+if [ -n "$nccl_lib" ] && [ "${nccl_lib%NOTFOUND}" = "$nccl_lib" ] && [ ! -e "$nccl_lib" ]; then
+  log "$build links $nccl_lib, which this box lacks: building afresh"
+  rm -rf "$build"
+fi
 if [ -x "$build/bench/gpu/bench_gpu_ops" ] && [ -x "$build/tests/test_backend_gpu" ] &&
    [ "$(cat "$build/.berth-src-hash" 2>/dev/null)" = "$src_hash" ]; then
   log "using the build in $build (built from these sources, $src_hash)"
@@ -80,7 +87,12 @@ else
   echo "$src_hash" > "$build/.berth-src-hash"
   log "built"
 fi
-log "NCCL: $(grep -o 'NCCL_LIBRARY:FILEPATH=.*' "$build/CMakeCache.txt" | cut -d= -f2) (NOTFOUND: the NCCL tests skip)"
+nccl_lib=$(grep -o 'NCCL_LIBRARY:FILEPATH=.*' "$build/CMakeCache.txt" | cut -d= -f2)
+if [ -z "$nccl_lib" ] || [ "${nccl_lib%NOTFOUND}" != "$nccl_lib" ]; then
+  log "NCCL: not found (set NCCL_ROOT): the gpu.single.Nccl tests skip"
+else
+  log "NCCL: $nccl_lib"
+fi
 
 # The GPU tests alone first: the host runs of the same binaries (label cpu; the tiled kernels
 # emulated thread by thread take minutes) must not use up their time. Those run last, in parallel.

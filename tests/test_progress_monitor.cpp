@@ -406,9 +406,25 @@ TEST(ProgressMonitor, CheckpointAdviceBeyondTheRunSaysToSaveOnlyAtTheEnd) {
   }
   std::string msg;
   ASSERT_TRUE(has(m.report(), WarningKind::Checkpoints, &msg));
-  EXPECT_NE(msg.find("set checkpoint.interval = 0 (the final save stays, ~0.5s each)"),
-            std::string::npos)
+  EXPECT_NE(msg.find("set checkpoint.interval = 0 (and save at the end: ~0.5s)"), std::string::npos)
       << msg;
+  // How the run still ends with a save follows checkpoint.final (the facts' final_ckpt).
+  for (const auto& [final_ckpt, says] :
+       {std::pair{1, "(the final save stays: ~0.5s)"},
+        {0, "(and checkpoint.final = true, for one save at the end: ~0.5s)"}}) {
+    f.final_ckpt = final_ckpt;
+    ProgressMonitor mf(f, settings(2));
+    for (int64_t step = 1; step <= 50; ++step) {
+      auto v = balanced(2, step);
+      const bool ck = step % 10 == 0;
+      if (ck) {
+        for (auto& x : v) x.wall_s += 0.5, x.overhead_s = 0.5;
+      }
+      mf.observe(step, v, 4096, 128, step == 1 ? "first_step" : ck ? "ckpt" : "");
+    }
+    ASSERT_TRUE(has(mf.report(), WarningKind::Checkpoints, &msg));
+    EXPECT_NE(msg.find(says), std::string::npos) << msg;
+  }
 }
 
 TEST(ProgressMonitor, CheckpointWarningWaitsForAMeasuredCheckpoint) {

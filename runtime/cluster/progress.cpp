@@ -402,23 +402,29 @@ Prediction ProgressPredictor::predict() const {
     }
     const int64_t len = prev >= 0 ? bounds.back() - prev : 0;
     if (len >= kMinWindow) {
-      // (the warm-up's steps, left out of the rate, are left out here too: a slow start is not
-      // a cost of every epoch)
+      // The warm-up's steps, left out of the rate, are left out here too (a slow start is not a
+      // cost of every epoch: they count as 0), but not the epoch's boundary step (its stall is).
+      // Nothing of the epoch seen, and the unplanned-overhead rate stands instead.
       std::vector<double> profile(static_cast<size_t>(len), 0.0);
-      for (size_t i = first_post_record; i < records_.size(); ++i) {
+      int64_t seen = 0;
+      for (size_t i = 0; i < records_.size(); ++i) {
         const auto& r = records_[i];
         if (r.step <= prev || r.step > bounds.back() || r.tokens <= 0) continue;
+        if (i < first_post_record && !is_epoch_event(r.event)) continue;
         if (is_warmup_event(r.event) || is_ckpt_event(r.event) || is_eval_event(r.event)) continue;
         const double c = step_cost(r.tokens, r.seq_len > 0 ? r.seq_len
                                                              : schedule_at(facts_, r.step).seq_len,
                                    h);
         profile[static_cast<size_t>(r.step - prev - 1)] = r.duration_s - base * c;
+        ++seen;
       }
-      for (int64_t st = last_step + 1; st <= end_step; ++st) {
-        epoch_extra += profile[static_cast<size_t>((st - bounds.back() - 1) % len)];
+      if (seen > 0) {
+        for (int64_t st = last_step + 1; st <= end_step; ++st) {
+          epoch_extra += profile[static_cast<size_t>((st - bounds.back() - 1) % len)];
+        }
+        epoch_extra = std::max(0.0, epoch_extra);
+        epoch_model = true;
       }
-      epoch_extra = std::max(0.0, epoch_extra);
-      epoch_model = true;
     }
   }
   const double rem = rem_normal + rem_events +

@@ -147,16 +147,18 @@ int ProgressMonitor::stage_of(size_t rank) const {
   return settings_.rank_stage.empty() ? 0 : settings_.rank_stage[rank];
 }
 
-std::vector<const ProgressMonitor::Sample*> ProgressMonitor::recent_normal(size_t n) const {
+std::vector<const ProgressMonitor::Sample*> ProgressMonitor::recent_normal(size_t n,
+                                                                           size_t least) const {
   std::vector<const Sample*> out;
   const int64_t warm_end = facts_.start_step + facts_.warmup_steps;
-  // Steps free of events; too few of them (every step saves or evaluates), the netted ones too.
+  // Steps free of events; fewer than `least` of them (steps that save or evaluate often), the
+  // netted ones too.
   for (const bool with_netted : {false, true}) {
     out.clear();
     for (auto it = history_.rbegin(); it != history_.rend() && out.size() < n; ++it) {
       if ((it->normal || (with_netted && it->netted)) && it->step > warm_end) out.push_back(&*it);
     }
-    if (out.size() >= kMinWarnSteps) break;
+    if (out.size() >= least) break;
   }
   std::reverse(out.begin(), out.end());
   return out;
@@ -219,7 +221,7 @@ std::optional<ProgressWarning> ProgressMonitor::straggler_warning() const {
   // steps (up to twice the window). On shared or noisy machines one rank or another is slower
   // for a while; a rank that is slower in one half and not in the other is such noise, which no
   // host check would find.
-  const std::vector<const Sample*> span = recent_normal(2 * kWarnWindow);
+  const std::vector<const Sample*> span = recent_normal(2 * kWarnWindow, 2 * kMinWarnSteps);
   if (nr < 2 || span.size() < 2 * kMinWarnSteps) return std::nullopt;
   const auto mid = span.begin() + static_cast<std::ptrdiff_t>(span.size() / 2);
   const StragglerStats older = straggler_stats({span.begin(), mid});
@@ -257,7 +259,7 @@ ProgressReport ProgressMonitor::report() const {
   // of evaluations and checkpoint saves (the first block came before any normal step and counted
   // them as training time).
   double tokens = 0, seconds = 0;
-  std::vector<const Sample*> win = recent_normal(kWarnWindow);
+  std::vector<const Sample*> win = recent_normal(kWarnWindow, kMinWarnSteps);
   if (win.empty()) {
     for (const Sample& s : history_) win.push_back(&s);
   }
@@ -287,7 +289,7 @@ ProgressReport ProgressMonitor::report() const {
 std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) const {
   std::vector<ProgressWarning> out;
   const Prediction& p = r.prediction;
-  const std::vector<const Sample*> win = recent_normal(kWarnWindow);
+  const std::vector<const Sample*> win = recent_normal(kWarnWindow, kMinWarnSteps);
   const size_t nr = settings_.rank_names.size();
   if (std::optional<ProgressWarning> w = straggler_warning()) out.push_back(*w);
   if (win.size() >= kMinWarnSteps) {
@@ -401,15 +403,20 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
     const double share = p.checkpoint_s / p.total_s;
     const int64_t suggest = static_cast<int64_t>(
         std::ceil(static_cast<double>(facts_.ckpt_interval) * share / kCheckpointTarget));
-    // An interval past the run's last step saves no periodic checkpoint at all: say so.
+    // An interval with no multiple before this session's last step saves no periodic checkpoint
+    // in it: say so, and how the run then still ends with one.
+    const bool periodic = (r.end_step - 1) / suggest > facts_.start_step / suggest;
+    const std::string at_end = facts_.final_ckpt == 1 ? "the final save stays"
+                               : facts_.final_ckpt == 0
+                                   ? "and checkpoint.final = true, for one save at the end"
+                                   : "and save at the end";
     const std::string fix =
-        suggest < r.end_step
-            ? fmt::format("Raise checkpoint.interval from {} to about {} to bring it near 3%",
-                          facts_.ckpt_interval, suggest)
-            : fmt::format(
-                  "Near 3% this run saves no periodic checkpoint: set "
-                  "checkpoint.interval = 0 (the final save stays, ~{} each)",
-                  format_duration(p.ckpt_cost_s));
+        periodic ? fmt::format("Raise checkpoint.interval from {} to about {} to bring it near 3%",
+                               facts_.ckpt_interval, suggest)
+                 : fmt::format(
+                       "Near 3% this session saves no periodic checkpoint: set "
+                       "checkpoint.interval = 0 ({}: ~{})",
+                       at_end, format_duration(p.ckpt_cost_s));
     out.push_back({WarningKind::Checkpoints,
                    fmt::format("checkpoints: saving takes ~{} of this session ({:.0f}%). {}",
                                format_duration(p.checkpoint_s), share * 100, fix)});

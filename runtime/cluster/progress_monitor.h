@@ -120,7 +120,9 @@ class ProgressMonitor {
   StragglerStats straggler_stats(const std::vector<const Sample*>& steps) const;
   std::optional<ProgressWarning> straggler_warning() const;
   std::vector<ProgressWarning> warnings(const ProgressReport& r) const;
-  std::vector<const Sample*> recent_normal(size_t n) const;
+  // The newest n steps after the warm-up that are free of events, or, fewer than `least` of those,
+  // the netted ones too (a warning that needs `least` steps then looks at both).
+  std::vector<const Sample*> recent_normal(size_t n, size_t least) const;
   int stage_of(size_t rank) const;
 
   RunFacts facts_;

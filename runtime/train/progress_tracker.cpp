@@ -134,7 +134,7 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   const auto now = std::chrono::steady_clock::now();
   RankStepMetrics m;
   m.wall_s = std::chrono::duration<double>(now - mark_).count();
-  m.comm_s = grid_.comm_seconds() - comm_mark_;
+  m.comm_s = std::max(0.0, grid_.comm_seconds() - comm_mark_ - overhead_comm_s_);
   // Time blocked in pipeline transfers: the bubble, a part of comm_s (the pp group's seconds).
   m.bubble_s = std::min(st.bubble_s, m.comm_s);
   m.data_wait_s = st.data_wait_s;
@@ -157,6 +157,7 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   mark_ = now;
   comm_mark_ = grid_.comm_seconds();
   overhead_s_ = 0;
+  overhead_comm_s_ = 0;
   const auto g0 = std::chrono::steady_clock::now();
   const std::vector<RankStepMetrics> all = gather_step_metrics(grid_.world(), m);
   last_gather_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count();

@@ -36,15 +36,17 @@ class ProgressTracker {
                   double window_end_unix = 0, int64_t reservation = 0,
                   const Backend* backend = nullptr);
 
-  // Runs f() and books its wall time, less the communication inside it, as overhead of the
-  // current step (evaluation, checkpoint save).
+  // Runs f() and books its whole wall time as overhead of the current step (evaluation,
+  // checkpoint save); the communication inside it is left out of the step's comm_s. (Booked less
+  // its communication, a save's barrier wait on the ranks that do not write stayed in comm_s: a
+  // run saving every step looked communication-bound, and its saves small.)
   template <typename F>
   void overhead(F&& f) {
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = grid_.comm_seconds();
     f();
-    overhead_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
-                   (grid_.comm_seconds() - c0);
+    overhead_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    overhead_comm_s_ += grid_.comm_seconds() - c0;
   }
 
   // Ends global step `done` (counted from 1); `new_epoch`: the data loader began a new pass over
@@ -79,6 +81,7 @@ class ProgressTracker {
   std::chrono::steady_clock::time_point mark_;  // start of the current step
   double comm_mark_ = 0;                        // grid.comm_seconds() at mark_
   double overhead_s_ = 0;
+  double overhead_comm_s_ = 0;  // communication inside overhead_s_ (not in the step's comm_s)
   double last_gather_s_ = 0;           // this rank's time in the previous gather
   double gather_s_ = 0, walls_s_ = 0;  // totals over the session (rank 0)
   int64_t steps_ = 0;
