@@ -224,15 +224,16 @@ check "gathering the records costs ${share:-?}% of step time (< 1 %)" $?
     | grep -q "^predicted_total_s="
 check "the run's trace.csv replays with run_facts.json" $?
 
-# A save every step (rank 0 writes for 50 ms, rank 1 waits for it in a barrier): the wait is the
+# A save every step (rank 0 writes for 300 ms, rank 1 waits for it in a barrier): the wait is the
 # save's time on both ranks, not communication. It counted as rank 1's communication (a mean
-# comm_s of 25 ms a step): the run was called communication-bound and its saves half their size;
+# comm_s of 150 ms a step): the run was called communication-bound and its saves half their size;
 # with no step free of events nothing warned. (The tiny model's own all-reduce is ~30 % of its
-# sub-millisecond step, so whether comm-bound fires on it is noise: the figures are checked.)
+# sub-millisecond step, and under ctest -j2 a rank waits tens of ms for a descheduled peer, so
+# whether comm-bound fires is noise: the figures are checked, with a margin for that.)
 timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=ck1 \
-    --set train.steps=60 --set progress.interval=30 --set progress.warmup_steps=5 \
+    --set train.steps=30 --set progress.interval=15 --set progress.warmup_steps=5 \
     --set checkpoint.interval=1 --set checkpoint.keep_last=2 \
-    --set debug.checkpoint_pause_s=0.05 > "$tmp/ck1.log" 2>&1
+    --set debug.checkpoint_pause_s=0.3 > "$tmp/ck1.log" 2>&1
 rc=$?
 [ $rc -eq 0 ] && grep -q "\[progress\] checkpoints: saving takes" "$tmp/ck1.log" &&
   python3 - "$tmp/runs/ck1/metrics.jsonl" <<'PY'
@@ -240,7 +241,7 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])][5:]
 comm = statistics.median(r["comm_s"] for r in rows)
 over = statistics.median(r["overhead_s"] for r in rows)
-sys.exit(0 if comm < 0.01 and over > 0.04 else print(f"comm_s {comm}, overhead_s {over}") or 1)
+sys.exit(0 if comm < 0.1 and over > 0.25 else print(f"comm_s {comm}, overhead_s {over}") or 1)
 PY
 check "a save every step warns about the saves, not communication (rc $rc)" $?
 
