@@ -124,16 +124,21 @@ TEST(Progress, DataEpochCostsRepeatOnceAnEpochWasSeen) {
   EXPECT_GT(ape(without.total_s, truth), 3 * ape(with.total_s, truth));
 }
 
+// Steady 1 s steps (1 % noise, no start-up cost) of a run configured with `warmup_steps`.
+std::vector<StepRecord> quiet_trace(const RunFacts& f) {
+  Synth s;
+  s.noise_rel = 0.01;
+  s.first_extra_s = 0;
+  return synth_trace(f, s);
+}
+
 TEST(Progress, AWarmupInTheFirstEpochIsNotRepeatedInTheOthers) {
   // Epochs of 69 steps (a small dataset) and a slow start: the first 50 steps (the configured
   // warm-up) take twice as long. The first epoch's profile held that start, and every later
   // epoch was predicted to repeat it (+8 to +17 % on a real run).
   auto f = steady_facts(350);
   f.warmup_steps = 50;
-  Synth s;
-  s.noise_rel = 0.01;
-  s.first_extra_s = 0;
-  auto rows = synth_trace(f, s);
+  auto rows = quiet_trace(f);
   for (auto& r : rows) {
     if (r.step <= 50) r.duration_s *= 2;
     if (r.step % 69 == 0) r.event = "epoch_boundary";
@@ -149,10 +154,7 @@ TEST(Progress, AnEpochBoundaryInsideTheWarmupStillRepeats) {
   // warm-up's steps, the prediction was 5.8 % short).
   auto f = steady_facts(400);
   f.warmup_steps = 60;
-  Synth s;
-  s.noise_rel = 0.01;
-  s.first_extra_s = 0;
-  auto rows = synth_trace(f, s);
+  auto rows = quiet_trace(f);
   for (auto& r : rows) {
     if (r.step % 40 == 0) r.duration_s += 3, r.event = "epoch_boundary";
   }

@@ -78,6 +78,19 @@ ProgressMonitor run(int ranks, int64_t n, F make, RunFacts f = facts(),
   return m;
 }
 
+// Feeds balanced 2-rank steps 1..n to `m`, every `every`-th also saving a checkpoint that adds
+// `save_s` to each rank's wall time as overhead.
+void feed_with_saves(ProgressMonitor& m, int64_t n, int64_t every, double save_s) {
+  for (int64_t step = 1; step <= n; ++step) {
+    auto v = balanced(2, step);
+    const bool ck = step % every == 0;
+    if (ck) {
+      for (auto& x : v) x.wall_s += save_s, x.overhead_s = save_s;
+    }
+    m.observe(step, v, 4096, 128, step == 1 ? "first_step" : ck ? "ckpt" : "");
+  }
+}
+
 TEST(ProgressMonitor, BalancedRunRaisesNothing) {
   const ProgressReport r = run(4, 100, [](int64_t s) { return balanced(4, s); }).report();
   EXPECT_TRUE(r.warnings.empty()) << r.warnings.front().message;
@@ -329,17 +342,9 @@ TEST(ProgressMonitor, AnExtendedWindowEndsTheWarningACutOneRaisesIt) {
 
 TEST(ProgressMonitor, CheckpointOverhead) {
   // A checkpoint every 10 steps costs 3 s on top of a 0.1 s step: ~75 % of the run.
-  auto make = [](int64_t s) { return balanced(2, s); };
   for (double cost : {3.0, 0.01}) {
     ProgressMonitor m(facts(10), settings(2));
-    for (int64_t step = 1; step <= 100; ++step) {
-      auto v = make(step);
-      const bool ck = step % 10 == 0;
-      if (ck) {
-        for (auto& x : v) x.wall_s += cost, x.overhead_s = cost;
-      }
-      m.observe(step, v, 4096, 128, step == 1 ? "first_step" : ck ? "ckpt" : "");
-    }
+    feed_with_saves(m, 100, 10, cost);
     const ProgressReport r = m.report();
     std::string msg;
     EXPECT_EQ(has(r, WarningKind::Checkpoints, &msg), cost > 1.0) << cost;
@@ -377,14 +382,7 @@ TEST(ProgressMonitor, WindowAdviceCountsTheCheckpointsOfTheStepsItKeeps) {
   s.window_end_unix = s.session_start_unix + 50.05;
   f.lease_s = 50.05;
   ProgressMonitor m(f, s);
-  for (int64_t step = 1; step <= 200; ++step) {
-    auto v = balanced(2, step);
-    const bool ck = step % 20 == 0;
-    if (ck) {
-      for (auto& x : v) x.wall_s += 0.2, x.overhead_s = 0.2;
-    }
-    m.observe(step, v, 4096, 128, step == 1 ? "first_step" : ck ? "ckpt" : "");
-  }
+  feed_with_saves(m, 200, 20, 0.2);
   std::string msg;
   ASSERT_TRUE(has(m.report(), WarningKind::Window, &msg));
   EXPECT_NE(msg.find("lower train.steps to about 456"), std::string::npos) << msg;
@@ -396,14 +394,7 @@ TEST(ProgressMonitor, CheckpointAdviceBeyondTheRunSaysToSaveOnlyAtTheEnd) {
   RunFacts f = facts(10);
   f.max_steps = f.session_steps = 100;
   ProgressMonitor m(f, settings(2));
-  for (int64_t step = 1; step <= 50; ++step) {
-    auto v = balanced(2, step);
-    const bool ck = step % 10 == 0;
-    if (ck) {
-      for (auto& x : v) x.wall_s += 0.5, x.overhead_s = 0.5;
-    }
-    m.observe(step, v, 4096, 128, step == 1 ? "first_step" : ck ? "ckpt" : "");
-  }
+  feed_with_saves(m, 50, 10, 0.5);
   std::string msg;
   ASSERT_TRUE(has(m.report(), WarningKind::Checkpoints, &msg));
   EXPECT_NE(msg.find("set checkpoint.interval = 0 (and save at the end: ~0.5s)"), std::string::npos)
@@ -414,14 +405,7 @@ TEST(ProgressMonitor, CheckpointAdviceBeyondTheRunSaysToSaveOnlyAtTheEnd) {
         {0, "(and checkpoint.final = true, for one save at the end: ~0.5s)"}}) {
     f.final_ckpt = final_ckpt;
     ProgressMonitor mf(f, settings(2));
-    for (int64_t step = 1; step <= 50; ++step) {
-      auto v = balanced(2, step);
-      const bool ck = step % 10 == 0;
-      if (ck) {
-        for (auto& x : v) x.wall_s += 0.5, x.overhead_s = 0.5;
-      }
-      mf.observe(step, v, 4096, 128, step == 1 ? "first_step" : ck ? "ckpt" : "");
-    }
+    feed_with_saves(mf, 50, 10, 0.5);
     ASSERT_TRUE(has(mf.report(), WarningKind::Checkpoints, &msg));
     EXPECT_NE(msg.find(says), std::string::npos) << msg;
   }
