@@ -236,10 +236,11 @@ void read_all(hid_t dset, hid_t mem_type, void* data, size_t n, const char* name
   }
 }
 
-// Reads the header and the datasets' shapes; with `data`, the contents too.
 // What read_hdf5 reads besides the attributes and shapes.
 enum class Read { kShape, kOffsets, kAll };
 
+// Reads the header and the datasets' shapes, and what `what` asks for: the document offsets, or
+// every dataset's contents.
 TokenDataset read_hdf5(const std::string& path, Read what, TokenDatasetShape* shape) {
   const bool data = what == Read::kAll, offsets_too = what != Read::kShape;
   H5Id fapl(file_access_plist(), H5Pclose);
