@@ -555,6 +555,14 @@ TEST_F(ModelFormats, HfBadInput) {
   extra.push_back({"h.2.ln_1.weight", "F32", {m.C}, std::string(4 * size_t(m.C), '\0')});
   write_safetensors(st, extra);
   expect_error([&] { read_hf_gpt2(st); }, {"h.2.ln_1.weight", "n_layer=2"});
+  // Both spellings of a tensor: one was read and the other dropped as "not part of GPT-2".
+  std::vector<HfTensor> twice = hf_tensors(a, "F32");
+  for (const HfTensor& t : hf_tensors(a, "F32"))
+    if (t.name == "wpe.weight")
+      twice.push_back({"transformer.wpe.weight", t.dtype, t.shape, t.bytes});
+  write_safetensors(st, twice);
+  expect_error([&] { read_hf_gpt2(st); },
+               {"holds both 'wpe.weight' and 'transformer.wpe.weight'", "keep one"});
 
   write_safetensors(st, hf_tensors(a, "F32"));
   write_bytes(path("config.json"),

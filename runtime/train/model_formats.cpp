@@ -616,6 +616,11 @@ CheckpointData read_hf_gpt2(const std::string& dir_or_file) {
   data.params.assign(size_t(layout.total), 0.0f);
   for (const ParamSpec& s : layout.specs) {
     const auto [name, t] = lookup(hf_name(s));
+    // Both spellings of one tensor: which one is the model? (The second was dropped as "not part
+    // of GPT-2".)
+    BERTH_CHECK(t == nullptr || name != hf_name(s) || !tensors.count("transformer." + name),
+                "'{}' holds both '{}' and 'transformer.{}': two copies of one tensor; keep one",
+                st_path, name, name);
     if (t == nullptr) {
       BERTH_FAIL(
           "'{}': tensor '{}' is missing (also looked for 'transformer.{}'); config.json says "
