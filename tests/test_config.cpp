@@ -409,18 +409,36 @@ TEST(Config, ValidationSchedule) {
   msg = parse_error("[train]\nlr = 0.001\nmin_lr = 0.01\n");
   EXPECT_CONTAINS(msg, "train.min_lr (0.01) must be >= 0 and <= train.lr (0.001)");
   msg = parse_error("[train]\nlr = 0\n");
-  EXPECT_CONTAINS(msg, "train.lr must be a finite number > 0, got 0");
+  EXPECT_CONTAINS(msg, "train.lr must be a number > 0 between 1.17549435e-38 and 3.40282347e+38");
+  EXPECT_CONTAINS(msg, "got 0");
   msg = parse_error("[train]\nlr = nan\n");
-  EXPECT_CONTAINS(msg, "train.lr must be a finite number > 0");
+  EXPECT_CONTAINS(msg, "train.lr must be a number > 0");
+  // 0 or inf in fp32, where AdamW updates: the model froze without a word, or diverged
+  msg = parse_error("[train]\nlr = 1e-46\nmin_lr = 0\n");
+  EXPECT_CONTAINS(msg, "as fp32 holds it, got 1e-46");
+  msg = parse_error("[train]\nlr = 1e39\n");
+  EXPECT_CONTAINS(msg, "as fp32 holds it, got 1e+39");
   msg = parse_error("[train]\nwarmup_steps = -1\n");
   EXPECT_CONTAINS(msg, "train.warmup_steps must be >= 0, got -1");
 }
 
 TEST(Config, ValidationOptimizer) {
   std::string msg = parse_error("[train]\nbeta1 = 1.0\n");
-  EXPECT_CONTAINS(msg, "train.beta1 must be in [0, 1), got 1");
+  EXPECT_CONTAINS(msg, "train.beta1 must be in [0, 1) as fp32 holds it (at most 0.99999994");
+  EXPECT_CONTAINS(msg, "got 1");
   msg = parse_error("[train]\nbeta2 = -0.1\n");
-  EXPECT_CONTAINS(msg, "train.beta2 must be in [0, 1), got -0.1");
+  EXPECT_CONTAINS(msg, "train.beta2 must be in [0, 1)");
+  EXPECT_CONTAINS(msg, "got -0.1");
+  // below 1 in double, 1 in fp32: AdamW's bias correction 1 - beta2^t was 0 and the loss NaN
+  msg = parse_error("[train]\nbeta2 = 0.99999999\n");
+  EXPECT_CONTAINS(msg, "train.beta2 must be in [0, 1) as fp32 holds it");
+  EXPECT_EQ(parse_config("[train]\nbeta2 = 0.99999994\n", "configs/x.toml").train.beta2,
+            0.99999994);
+  // the smallest eps the message names is taken (it was refused: its decimal is below FLT_MIN)
+  EXPECT_EQ(parse_config("[train]\neps = 1.17549435e-38\n", "configs/x.toml").train.eps,
+            1.17549435e-38);
+  msg = parse_error("[train]\ngrad_clip = 1e-50\n");  // 0 in fp32: every update scaled to 0
+  EXPECT_CONTAINS(msg, "train.grad_clip must be 0 (off) or a number between");
   msg = parse_error("[train]\neps = 0\n");
   EXPECT_CONTAINS(msg, "train.eps");
   // 0 in fp32, where AdamW updates: it divided by zero and the run diverged

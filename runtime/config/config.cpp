@@ -535,11 +535,23 @@ void validate_config(const RunConfig& cfg) {
   }
 
   const TrainSection& t = cfg.train;
-  if (!(std::isfinite(t.lr) && t.lr > 0)) {
-    BERTH_FAIL("{}: train.lr must be a finite number > 0, got {}", w, t.lr);
+  // The optimizer runs in fp32: a value that passes in double can be 0, 1 or inf there (lr 1e-46
+  // froze the model without a word, beta2 0.99999999 is 1 and divided by a zero bias correction,
+  // and the NaN said to lower train.lr).
+  constexpr float kFloatMin = std::numeric_limits<float>::min();
+  const auto fp32_normal = [](double x) {  // a finite, normal (or zero) fp32 value
+    const float f = static_cast<float>(x);
+    return std::isfinite(f) && (f == 0 || std::fabs(f) >= kFloatMin);
+  };
+  const std::string fp32_range =
+      fmt::format("between {:.9g} and {:.9g}, as fp32 holds it", double(kFloatMin),
+                  double(std::numeric_limits<float>::max()));
+  if (!(std::isfinite(t.lr) && t.lr > 0 && fp32_normal(t.lr) && static_cast<float>(t.lr) > 0)) {
+    BERTH_FAIL("{}: train.lr must be a number > 0 {}, got {}", w, fp32_range, t.lr);
   }
-  if (!(std::isfinite(t.min_lr) && t.min_lr >= 0 && t.min_lr <= t.lr)) {
-    BERTH_FAIL("{}: train.min_lr ({}) must be >= 0 and <= train.lr ({})", w, t.min_lr, t.lr);
+  if (!(std::isfinite(t.min_lr) && t.min_lr >= 0 && t.min_lr <= t.lr && fp32_normal(t.min_lr))) {
+    BERTH_FAIL("{}: train.min_lr ({}) must be >= 0 and <= train.lr ({}), and 0 or {}", w, t.min_lr,
+               t.lr, fp32_range);
   }
   if (t.warmup_steps < 0) {
     BERTH_FAIL("{}: train.warmup_steps must be >= 0, got {}", w, t.warmup_steps);
@@ -548,25 +560,30 @@ void validate_config(const RunConfig& cfg) {
     BERTH_FAIL("{}: unknown train.lr_schedule {}; use \"constant\" or \"cosine\"", w,
                quote_toml(t.lr_schedule));
   }
-  if (!(t.beta1 >= 0 && t.beta1 < 1)) {
-    BERTH_FAIL("{}: train.beta1 must be in [0, 1), got {}", w, t.beta1);
+  for (const auto& [key, beta] : {std::pair{"train.beta1", t.beta1}, {"train.beta2", t.beta2}}) {
+    if (!(beta >= 0 && beta < 1 && static_cast<float>(beta) < 1.0f && fp32_normal(beta))) {
+      BERTH_FAIL(
+          "{}: {} must be in [0, 1) as fp32 holds it (at most {:.9g}: a larger value is 1 in "
+          "fp32, where AdamW's bias correction 1 - beta^t is then 0), got {}",
+          w, key, double(std::nextafter(1.0f, 0.0f)), beta);
+    }
   }
-  if (!(t.beta2 >= 0 && t.beta2 < 1)) {
-    BERTH_FAIL("{}: train.beta2 must be in [0, 1), got {}", w, t.beta2);
-  }
-  // AdamW runs in fp32: an eps below the smallest normal float (1e-46: 0 in fp32) divided by
-  // zero at the first gradient of 0, and the run diverged with advice to lower train.lr.
-  if (!(std::isfinite(t.eps) && t.eps >= double(std::numeric_limits<float>::min()))) {
+  // An eps below the smallest normal float (1e-46: 0 in fp32) divided by zero at the first
+  // gradient of 0, and the run diverged with advice to lower train.lr.
+  if (!(std::isfinite(t.eps) && static_cast<float>(t.eps) >= kFloatMin &&
+        std::isfinite(static_cast<float>(t.eps)))) {
     BERTH_FAIL(
         "{}: train.eps must be a finite number >= {:.9g} (the smallest normal fp32 value: AdamW "
         "updates in fp32, where a smaller eps rounds to 0 or loses its precision), got {}",
-        w, double(std::numeric_limits<float>::min()), t.eps);
+        w, double(kFloatMin), t.eps);
   }
-  if (!(std::isfinite(t.weight_decay) && t.weight_decay >= 0)) {
-    BERTH_FAIL("{}: train.weight_decay must be a finite number >= 0, got {}", w, t.weight_decay);
+  if (!(std::isfinite(t.weight_decay) && t.weight_decay >= 0 && fp32_normal(t.weight_decay))) {
+    BERTH_FAIL("{}: train.weight_decay must be a number >= 0, and 0 or {}, got {}", w, fp32_range,
+               t.weight_decay);
   }
-  if (!(std::isfinite(t.grad_clip) && t.grad_clip >= 0)) {
-    BERTH_FAIL("{}: train.grad_clip must be a finite number >= 0 (0 = off), got {}", w,
+  if (!(std::isfinite(t.grad_clip) && t.grad_clip >= 0 && fp32_normal(t.grad_clip) &&
+        (t.grad_clip == 0 || static_cast<float>(t.grad_clip) > 0))) {
+    BERTH_FAIL("{}: train.grad_clip must be 0 (off) or a number {}, got {}", w, fp32_range,
                t.grad_clip);
   }
   if (cfg.eval.interval < 0) {
