@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "runtime/core/check.h"
+#include "runtime/core/fnv.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
 #include "runtime/io/hdf5_util.h"
@@ -23,29 +24,6 @@ using h5::H5QuietErrors;
 using h5::read_string_attr_value;
 
 constexpr const char* kPackHint = "rebuild it with `berth pack`";
-
-// ---- key ----------------------------------------------------------------------------------------
-
-struct Fnv1a {
-  uint64_t h = 0xcbf29ce484222325ull;
-  void bytes(const void* data, size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; ++i) {
-      h ^= p[i];
-      h *= 0x100000001b3ull;
-    }
-  }
-  void u64(uint64_t v) {  // little-endian bytes, whatever the host
-    unsigned char b[8];
-    for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
-    bytes(b, 8);
-  }
-  void f64(double v) {
-    uint64_t bits = 0;
-    std::memcpy(&bits, &v, sizeof bits);
-    u64(bits);
-  }
-};
 
 const char* long_docs_name(LongDocs l) { return l == LongDocs::DROP ? "drop" : "split"; }
 

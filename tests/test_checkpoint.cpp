@@ -12,6 +12,7 @@
 #include "runtime/cluster/progress.h"
 #include "runtime/core/fs.h"
 #include "runtime/io/hdf5_util.h"
+#include "runtime/io/token_dataset.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/resume_changes.h"
 #include "runtime/train/trainer.h"
@@ -158,6 +159,20 @@ TEST(ResumeChanges, DataOrderAndScheduleChangesAreNamed) {
   // ... a constant one does not.
   saved.train.lr_schedule = now.train.lr_schedule = "constant";
   EXPECT_EQ(describe_resume_changes(saved, 8, now, 8, 10, 80), "");
+
+  // Other data at the same path: named by its fingerprint; unknown (an older checkpoint) is no
+  // change, and another path is named as such.
+  now = saved;
+  d = describe_resume_changes(saved, 8, now, 8, 10, 80, "9 tokens in 1 documents, a", "b");
+  EXPECT_NE(d.find("the contents of data.train (9 tokens in 1 documents, a) → (b)"),
+            std::string::npos)
+      << d;
+  EXPECT_EQ(describe_resume_changes(saved, 8, now, 8, 10, 80, "", "b"), "");
+  EXPECT_EQ(describe_resume_changes(saved, 8, now, 8, 10, 80, "a", "a"), "");
+  now.data.train = "e.h5";
+  d = describe_resume_changes(saved, 8, now, 8, 10, 80, "a", "b");
+  EXPECT_NE(d.find("data.train d.h5 → e.h5"), std::string::npos) << d;
+  EXPECT_EQ(d.find("contents"), std::string::npos) << d;
 }
 
 TEST_F(CheckpointTest, ResumeWithALongerScheduleWarns) {
@@ -175,9 +190,28 @@ TEST_F(CheckpointTest, ResumeWithALongerScheduleWarns) {
     EXPECT_NE(err.find("train.steps 12 → 30"), std::string::npos) << err;
   }
   ::testing::internal::CaptureStderr();
-  Trainer c(first, test::world());
-  c.resume(a.checkpoint_dir() + "/" + checkpoint_dir_name(10));
+  {
+    Trainer c(first, test::world());
+    c.resume(a.checkpoint_dir() + "/" + checkpoint_dir_name(10));
+  }
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  // The same path holding other data (re-imported or replaced): rows_consumed now indexes another
+  // corpus, and nothing said so.
+  const CheckpointData saved =
+      load_checkpoint(a.checkpoint_dir() + "/" + checkpoint_dir_name(10), false);
+  EXPECT_EQ(saved.meta.data_fingerprint,
+            dataset_fingerprint(read_token_dataset((dir_ / "train.h5").string())));
+  write_token_dataset((dir_ / "train.h5").string(), test::rule_dataset(60, 40, 10));
+  ::testing::internal::CaptureStderr();
+  {
+    Trainer d(first, test::world());
+    d.resume(a.checkpoint_dir() + "/" + checkpoint_dir_name(10));
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("the contents of data.train (2460 tokens in 60 documents, "),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("rows_consumed"), std::string::npos) << err;
 }
 
 // A killed session leaves trace.csv.partial, its last row possibly cut short. The resumed session

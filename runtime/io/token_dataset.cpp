@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "runtime/core/check.h"
+#include "runtime/core/fnv.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/host_memory.h"
 #include "runtime/io/hdf5_util.h"
@@ -420,6 +421,21 @@ void require_dataset_destination(const std::string& path, const char* what) {
         "choose another path",
         what, path, why);
   }
+}
+
+std::string dataset_fingerprint(const TokenDataset& ds) {
+  Fnv1a h;
+  h.u64(uint64_t(ds.vocab_size));
+  h.u64(ds.doc_offsets.size());
+  for (const uint64_t off : ds.doc_offsets) h.u64(off);
+  h.u64(ds.loss_mask.empty() ? 0 : 1);
+  const uint64_t n = ds.tokens.size();
+  const uint64_t samples = std::min<uint64_t>(n, uint64_t(1) << 20);
+  for (uint64_t k = 0; k < samples; ++k) {
+    const uint64_t i = samples == 1 ? 0 : k * (n - 1) / (samples - 1);
+    h.u64(ds.tokens[i]);
+  }
+  return fmt::format("{} tokens in {} documents, {:016x}", n, ds.n_docs(), h.h);
 }
 
 TokenDataset read_token_dataset(const std::string& path) {

@@ -438,6 +438,7 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
         {"source", d.meta.source},
         {"optimizer", d.has_optimizer()},
         {"saved_at", utc_now()}};
+    if (!d.meta.data_fingerprint.empty()) meta["data_fingerprint"] = d.meta.data_fingerprint;
     meta["fencing_token"] = d.meta.fencing_token ? nlohmann::json(*d.meta.fencing_token) : nullptr;
     write_file_atomic((tmp / "meta.json").string(), meta.dump(2) + "\n");
     // On disk before the rename that publishes them: after a power loss the rename alone could
@@ -539,6 +540,7 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     d.meta.config_toml = meta.at("config").get<std::string>();
     d.meta.layout = meta.value("layout", "");
     d.meta.source = meta.value("source", "");
+    d.meta.data_fingerprint = meta.value("data_fingerprint", "");
     if (meta.contains("fencing_token") && !meta["fencing_token"].is_null()) {
       d.meta.fencing_token = meta["fencing_token"].get<int64_t>();
     }

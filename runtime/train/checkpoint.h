@@ -44,6 +44,9 @@ struct CheckpointMeta {
   // Steps taken without an update (a global batch with no targets): AdamW stepped
   // step − skipped_steps times.
   int64_t skipped_steps = 0;
+  // dataset_fingerprint of the data.train it trained on ("" = not recorded: an import, or
+  // written before berth recorded it); a resume on other data at the same path is warned about.
+  std::string data_fingerprint;
 };
 
 struct CheckpointData {

@@ -34,9 +34,12 @@ double lr_of(const RunConfig& c, int64_t step) {
 
 std::string describe_resume_changes(const RunConfig& saved, int64_t saved_rows_per_step,
                                     const RunConfig& now, int64_t now_rows_per_step, int64_t step,
-                                    int64_t rows_consumed) {
+                                    int64_t rows_consumed, const std::string& saved_data,
+                                    const std::string& now_data) {
   std::vector<std::string> data;
   add(&data, "data.train", saved.data.train, now.data.train);
+  if (saved.data.train == now.data.train && !saved_data.empty() && !now_data.empty())
+    add(&data, "the contents of data.train", "(" + saved_data + ")", "(" + now_data + ")");
   add(&data, "data.mode", saved.data.mode, now.data.mode);
   add(&data, "data.seq_len", saved.data.seq_len, now.data.seq_len);
   add(&data, "data.shuffle", saved.data.shuffle, now.data.shuffle);

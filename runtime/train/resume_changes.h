@@ -17,9 +17,11 @@ namespace berth {
 //   schedule gives 3.70e-04 (train.steps 20 → 40)".
 // `saved_rows_per_step` / `now_rows_per_step`: global rows of one optimizer step (0 = unknown);
 // `step`: the checkpoint's step (the next step to run is step + 1); `rows_consumed`: its data
-// position.
+// position; `saved_data` / `now_data`: the data.train fingerprints (dataset_fingerprint; "" =
+// unknown), compared when the path is the same (a dataset re-imported or replaced there).
 std::string describe_resume_changes(const RunConfig& saved, int64_t saved_rows_per_step,
                                     const RunConfig& now, int64_t now_rows_per_step, int64_t step,
-                                    int64_t rows_consumed);
+                                    int64_t rows_consumed, const std::string& saved_data = "",
+                                    const std::string& now_data = "");
 
 }  // namespace berth

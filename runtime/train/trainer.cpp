@@ -357,6 +357,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
   if (reads_val) require_data_file(cfg_.data.val, "data.val");
   train_ds_ = read_token_dataset(cfg_.data.train);
   check_dataset_fits(train_ds_, "data.train", cfg_);
+  data_fingerprint_ = dataset_fingerprint(train_ds_);
   loader_ = make_loader(&train_ds_, cfg_.data.train, cfg_.data.shuffle, uint64_t(cfg_.run.seed));
   if (reads_val) {
     val_ds_ = read_token_dataset(cfg_.data.val);
@@ -609,8 +610,9 @@ void Trainer::warn_resume_changes(const std::string& path, const CheckpointMeta&
   int64_t saved_rows = meta.rows_per_step;
   if (saved_rows == 0 && saved.parallel.dp > 0)  // written before meta.json recorded it
     saved_rows = saved.parallel.dp * saved.parallel.microbatches * saved.train.micro_batch_size;
-  const std::string changes = describe_resume_changes(saved, saved_rows, cfg_, rows_per_step,
-                                                      meta.step, meta.rows_consumed);
+  const std::string changes =
+      describe_resume_changes(saved, saved_rows, cfg_, rows_per_step, meta.step, meta.rows_consumed,
+                              meta.data_fingerprint, data_fingerprint_);
   if (!changes.empty()) {
     log_warn("resuming from {} with other settings than the run that saved it: {}", path, changes);
   }
@@ -701,6 +703,7 @@ double Trainer::save(int64_t steps_done) {
   if (world_.rank() == 0) {
     ck.meta.step = steps_done;
     ck.meta.skipped_steps = skipped_steps_;
+    ck.meta.data_fingerprint = data_fingerprint_;
     ck.meta.rows_consumed = loader_->rows_consumed();
     ck.meta.seed = cfg_.run.seed;
     ck.meta.rows_per_step =

@@ -152,6 +152,7 @@ class Trainer {
   double heap_baseline_ = 0, heap_peak_ = 0;
   int64_t steps_run_ = 0;  // train_step calls of this trainer
   int64_t skipped_steps_ = 0;
+  std::string data_fingerprint_;   // of data.train (dataset_fingerprint), saved with checkpoints
   std::optional<Plan> preflight_;  // this config's plan on this machine (berth plan), if made
   std::string preflight_error_;  // why not  // steps of the run (resumed ones too) with no targets:
                                  // no update
