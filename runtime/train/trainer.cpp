@@ -20,6 +20,7 @@
 #include "parallel/pipeline.h"
 #include "runtime/comm/nccl.h"
 #include "runtime/core/check.h"
+#include "runtime/core/fnv.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
 #include "runtime/train/checkpoint.h"
@@ -224,6 +225,22 @@ void require_plan_fits_host(const Plan& p, const RunConfig& cfg, const std::stri
 }
 
 // A validation set tokenized otherwise than the training set gives losses of another problem.
+// Every rank read the same data.train: the path is the same string everywhere (the configs were
+// compared), but on hosts without a shared file system each reads its own copy, and a stale or
+// partial one trained other rows than the checkpoints and the other ranks assume. Collective.
+void require_same_data_on_every_rank(Communicator& world, const std::string& fingerprint,
+                                     const std::string& path) {
+  Fnv1a h;
+  h.bytes(fingerprint.data(), fingerprint.size());
+  const int64_t mine = static_cast<int64_t>(h.h >> 1);  // non-negative, so -mine is too
+  const int64_t most = world.all_reduce_value(mine, ReduceOp::MAX);
+  const int64_t least = -world.all_reduce_value(-mine, ReduceOp::MAX);
+  BERTH_CHECK(most == least,
+              "data.train '{}' is not the same file on every rank (this rank's: {}): copy the "
+              "same dataset to every node, or put it on a shared file system",
+              path, fingerprint);
+}
+
 void check_same_tokenizer(const TokenDataset& train, const TokenDataset& val,
                           const RunConfig& cfg) {
   BERTH_CHECK(train.tokenizer == val.tokenizer && train.eot_token == val.eot_token &&
@@ -358,6 +375,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
   train_ds_ = read_token_dataset(cfg_.data.train);
   check_dataset_fits(train_ds_, "data.train", cfg_);
   data_fingerprint_ = dataset_fingerprint(train_ds_);
+  require_same_data_on_every_rank(world, data_fingerprint_, cfg_.data.train);
   loader_ = make_loader(&train_ds_, cfg_.data.train, cfg_.data.shuffle, uint64_t(cfg_.run.seed));
   if (reads_val) {
     val_ds_ = read_token_dataset(cfg_.data.val);
