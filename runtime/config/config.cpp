@@ -539,13 +539,16 @@ void validate_config(const RunConfig& cfg) {
   // froze the model without a word, beta2 0.99999999 is 1 and divided by a zero bias correction,
   // and the NaN said to lower train.lr).
   constexpr float kFloatMin = std::numeric_limits<float>::min();
-  const auto fp32_normal = [](double x) {  // a finite, normal (or zero) fp32 value
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  // (the range is checked in double first: converting a double beyond it to float is undefined)
+  const auto fp32_finite = [](double x) { return std::isfinite(x) && std::fabs(x) <= kFloatMax; };
+  const auto fp32_normal = [&](double x) {  // a finite, normal (or zero) fp32 value
+    if (!fp32_finite(x)) return false;
     const float f = static_cast<float>(x);
-    return std::isfinite(f) && (f == 0 || std::fabs(f) >= kFloatMin);
+    return f == 0 || std::fabs(f) >= kFloatMin;
   };
   const std::string fp32_range =
-      fmt::format("between {:.9g} and {:.9g}, as fp32 holds it", double(kFloatMin),
-                  double(std::numeric_limits<float>::max()));
+      fmt::format("between {:.9g} and {:.9g}, as fp32 holds it", double(kFloatMin), kFloatMax);
   if (!(std::isfinite(t.lr) && t.lr > 0 && fp32_normal(t.lr) && static_cast<float>(t.lr) > 0)) {
     BERTH_FAIL("{}: train.lr must be a number > 0 {}, got {}", w, fp32_range, t.lr);
   }
@@ -569,19 +572,16 @@ void validate_config(const RunConfig& cfg) {
   }
   // An eps below the smallest normal float (1e-46: 0 in fp32) divided by zero at the first
   // gradient of 0, and the run diverged with advice to lower train.lr.
-  if (!(std::isfinite(t.eps) && static_cast<float>(t.eps) >= kFloatMin &&
-        std::isfinite(static_cast<float>(t.eps)))) {
+  if (!(fp32_normal(t.eps) && static_cast<float>(t.eps) >= kFloatMin)) {
     BERTH_FAIL(
         "{}: train.eps must be a finite number >= {:.9g} (the smallest normal fp32 value: AdamW "
         "updates in fp32, where a smaller eps rounds to 0 or loses its precision), got {}",
         w, double(kFloatMin), t.eps);
   }
-  if (!(std::isfinite(t.weight_decay) && t.weight_decay >= 0 &&
-        std::isfinite(static_cast<float>(t.weight_decay)))) {
+  if (!(fp32_finite(t.weight_decay) && t.weight_decay >= 0)) {
     BERTH_FAIL(
-        "{}: train.weight_decay must be a number >= 0 that fp32 holds (at most {:.9g}), "
-        "got {}",
-        w, double(std::numeric_limits<float>::max()), t.weight_decay);
+        "{}: train.weight_decay must be a number >= 0 that fp32 holds (at most {:.9g}), got {}", w,
+        kFloatMax, t.weight_decay);
   }
   if (!(std::isfinite(t.grad_clip) && t.grad_clip >= 0 && fp32_normal(t.grad_clip) &&
         (t.grad_clip == 0 || static_cast<float>(t.grad_clip) > 0))) {
