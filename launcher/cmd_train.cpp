@@ -39,8 +39,16 @@ CLI::Validator whole_number_in(int64_t lo, int64_t hi) {
   return CLI::Validator(
       [lo, hi](std::string& value) -> std::string {
         int64_t v = 0;  // out of range of 64 bits: refused, not saturated
-        if (parse_whole_number(value, &v) && v >= lo && v <= hi) return "";
+        const bool parsed = parse_whole_number(value, &v);
+        if (parsed && v >= lo && v <= hi) return "";
         if (hi != kAny) return fmt::format("{} is not a whole number in [{}, {}]", value, lo, hi);
+        // Digits alone that did not parse are past 64 bits: "99999999999999999999 is not a
+        // whole number >= 1" said it was no whole number.
+        if (!parsed && lo != std::numeric_limits<int64_t>::min() && !value.empty() &&
+            value[0] != '0' && value.find_first_not_of("0123456789") == std::string::npos) {
+          return fmt::format("{} is beyond the whole numbers of 64 bits (at most {})", value,
+                             std::numeric_limits<int64_t>::max());
+        }
         return lo == std::numeric_limits<int64_t>::min()
                    ? value + " is not a whole number of 64 bits"
                    : fmt::format("{} is not a whole number >= {}", value, lo);

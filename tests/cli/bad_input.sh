@@ -638,7 +638,7 @@ rc=$?
 rc2=$?
 report "eta_missing_inputs_exit_105" "$([ $rc -eq 105 ] && [ $rc2 -eq 105 ] || echo " exit status $rc, $rc2")"
 expect_error "cancel_empty_id" "is not a whole number >= 1" "" "$BERTH" cancel "" --ledger "$tmp/l.db"
-expect_error "cancel_id_beyond_int64" "99999999999999999999 is not a whole number >= 1" "" \
+expect_error "cancel_id_beyond_int64" "99999999999999999999 is beyond the whole numbers of 64 bits (at most 9223372036854775807)" "" \
   "$BERTH" cancel 99999999999999999999 --ledger "$tmp/l.db"
 printf '[[hosts]]\nname = "n1"\nmodel = "A100"\nmemory_gib = 40\ngpus = 4\n[[hosts]]\nname = "n1"\nmodel = "H100"\nmemory_gib = 80\ngpus = 8\n' >"$tmp/dup.toml"
 expect_error "inventory_host_twice" "host 'n1' is listed already (entry 1)" "$tmp/inv.db" \
