@@ -65,6 +65,11 @@ int64_t multiples_in(int64_t a, int64_t b, int64_t interval) {
 
 }  // namespace
 
+int64_t events_between(int64_t after, int64_t last, int64_t interval, int at_last) {
+  if (at_last < 0) return multiples_in(after, last, interval);
+  return multiples_in(after, last - 1, interval) + (after < last ? at_last : 0);
+}
+
 bool only_ckpt_or_eval(const std::string& event) {
   if (event.empty()) return false;
   std::stringstream ss(event);
@@ -376,12 +381,10 @@ Prediction ProgressPredictor::predict() const {
   }
   const int64_t rem_steps = end_step - last_step;
   // Events among the remaining steps: multiples of the interval, the last step as the facts say.
-  auto remaining_events = [&](int64_t interval, int at_end) {
-    if (at_end < 0) return multiples_in(last_step, end_step, interval);
-    return multiples_in(last_step, end_step - 1, interval) + (last_step < end_step ? at_end : 0);
-  };
-  const int64_t rem_ckpt = remaining_events(facts_.ckpt_interval, facts_.final_ckpt);
-  const int64_t rem_eval = remaining_events(facts_.eval_interval, facts_.final_eval);
+  const int64_t rem_ckpt =
+      events_between(last_step, end_step, facts_.ckpt_interval, facts_.final_ckpt);
+  const int64_t rem_eval =
+      events_between(last_step, end_step, facts_.eval_interval, facts_.final_eval);
   const double rem_events =
       static_cast<double>(rem_ckpt) * ckpt_cost + static_cast<double>(rem_eval) * eval_cost;
   // Data epochs: once a whole epoch has been seen (its end marked by an epoch event), its

@@ -72,6 +72,11 @@ struct StepRecord {
   std::string event;  // "", "first_step", "compile", "ckpt", "eval", "ckpt+eval", "spike", ...
 };
 
+// Checkpoints (or evaluations) among global steps (after, last] with last the run's last step:
+// the multiples of `interval` (0 = none), the last step's as `at_last` says (RunFacts::final_ckpt
+// / final_eval: -1 = the interval decides, 0 = no, 1 = yes).
+int64_t events_between(int64_t after, int64_t last, int64_t interval, int at_last);
+
 // Whether every '+'-separated part of a step's event is a checkpoint save or an evaluation
 // ("ckpt", "eval", "ckpt+eval"): such a step less its overhead_s is a normal step.
 bool only_ckpt_or_eval(const std::string& event);

@@ -43,17 +43,12 @@ std::string extension_hint(double seconds) {
 // (berth's final checkpoint and evaluation).
 int64_t steps_that_fit(const RunFacts& f, int64_t step, int64_t end_step, double left,
                        const Prediction& p) {
-  auto events = [&](int64_t last, int64_t interval, int at_end) {  // among (step, last]
-    const auto multiples = [&](int64_t b) {
-      return interval > 0 && b > step ? b / interval - step / interval : 0;
-    };
-    if (at_end < 0) return multiples(last);
-    return multiples(last - 1) + (last > step ? at_end : 0);
-  };
   auto cost = [&](int64_t last) {
     return static_cast<double>(last - step) * p.step_s +
-           static_cast<double>(events(last, f.ckpt_interval, f.final_ckpt)) * p.ckpt_cost_s +
-           static_cast<double>(events(last, f.eval_interval, f.final_eval)) * p.eval_cost_s;
+           static_cast<double>(events_between(step, last, f.ckpt_interval, f.final_ckpt)) *
+               p.ckpt_cost_s +
+           static_cast<double>(events_between(step, last, f.eval_interval, f.final_eval)) *
+               p.eval_cost_s;
   };
   int64_t lo = step, hi = end_step;
   while (lo < hi) {

@@ -224,7 +224,6 @@ void require_plan_fits_host(const Plan& p, const RunConfig& cfg, const std::stri
               cfg.source.empty() ? "CONFIG" : cfg.source);
 }
 
-// A validation set tokenized otherwise than the training set gives losses of another problem.
 // Every rank read the same data.train: the path is the same string everywhere (the configs were
 // compared), but on hosts without a shared file system each reads its own copy, and a stale or
 // partial one trained other rows than the checkpoints and the other ranks assume. Collective.
@@ -241,6 +240,7 @@ void require_same_data_on_every_rank(Communicator& world, const std::string& fin
               path, fingerprint);
 }
 
+// A validation set tokenized otherwise than the training set gives losses of another problem.
 void check_same_tokenizer(const TokenDataset& train, const TokenDataset& val,
                           const RunConfig& cfg) {
   BERTH_CHECK(train.tokenizer == val.tokenizer && train.eot_token == val.eot_token &&
