@@ -10,6 +10,7 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "launcher/commands.h"
 #include "runtime/core/check.h"
@@ -57,7 +58,22 @@ int main(int argc, char** argv) {
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-      code = (rank == 0) ? app.exit(e) : (e.get_exit_code() != 0 ? e.get_exit_code() : 0);
+      // A mistyped command (`berth trian`) or option before any command left CLI11 with no
+      // subcommand: it said only "A subcommand is required". The word is named, with the commands.
+      const std::vector<std::string> extra = app.remaining();
+      if (dynamic_cast<const CLI::RequiredError*>(&e) && app.get_subcommands().empty() &&
+          !extra.empty()) {
+        std::string names;
+        for (const CLI::App* sub : app.get_subcommands({}))
+          names += (names.empty() ? "" : ", ") + sub->get_name();
+        const std::string what = extra.front().rfind('-', 0) == 0 ? "option" : "command";
+        const CLI::ExtrasError unknown(
+            "unknown " + what + " '" + extra.front() + "'; the commands are " + names,
+            CLI::ExitCodes::ExtrasError);
+        code = (rank == 0) ? app.exit(unknown) : unknown.get_exit_code();
+      } else {
+        code = (rank == 0) ? app.exit(e) : (e.get_exit_code() != 0 ? e.get_exit_code() : 0);
+      }
     }
   } catch (const berth::ExitStatus& e) {
     code = e.code;  // an outcome every rank reached together: no MPI_Abort

@@ -7,7 +7,8 @@
 //   BERTH_CHECK(cond, fmt, args...)   throws Error("<message>"), where() = "check `cond` failed
 //                                     at file:line" (main prints it only with BERTH_DEBUG=1: the
 //                                     user reads what to do, a bug report gets the source line)
-//   BERTH_FAIL(fmt, args...)          throws Error("<message>") unconditionally
+//   BERTH_FAIL(fmt, args...)          throws Error("<message>") unconditionally, where() =
+//                                     "raised at file:line"
 //
 // Each macro evaluates its condition exactly once. Messages are fmt format strings and should say
 // what to do ("seq_len (2048) > model.max_seq_len (1024): lower data.seq_len or raise ...").
@@ -39,7 +40,9 @@ int identity_rank();  // -1 until set_identity
 
 }  // namespace berth
 
-#define BERTH_FAIL(...) throw ::berth::Error(::fmt::format(__VA_ARGS__))
+#define BERTH_FAIL(...)                            \
+  throw ::berth::Error(::fmt::format(__VA_ARGS__), \
+                       ::fmt::format("raised at {}:{}", __FILE__, __LINE__))
 
 #define BERTH_CHECK(cond, ...)                                                                     \
   do {                                                                                             \

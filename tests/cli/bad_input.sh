@@ -329,7 +329,10 @@ expect_error "data_info_garbage" "is not a readable HDF5 file" "" \
 
 # ---- CLI usage errors (CLI11) --------------------------------------------------------------------
 
-expect_error "unknown_subcommand" "Run with --help" "" "$BERTH" frobnicate
+expect_error "unknown_subcommand" "unknown command 'frobnicate'; the commands are train, data" "" \
+  "$BERTH" frobnicate
+expect_error "unknown_top_option" "unknown option '--frob'; the commands are train" "" \
+  "$BERTH" --frob
 expect_error "unknown_data_subcommand" "Run with --help" "" "$BERTH" data frobnicate
 expect_error "unknown_train_option" "--bogus" "$tmp/runs/bogus_option" \
   train_tiny bogus_option --bogus
@@ -534,6 +537,10 @@ BERTH_DEBUG=1 "$BERTH" data import --format text "$tmp/doc1.txt" --out "$tmp/d1.
   --val-out "$tmp/v1.h5" --val-fraction 0.5 >"$log" 2>&1
 report "check_location_with_berth_debug" \
   "$(grep -q 'check `all.n_docs() >= 2` failed at .*cmd_data.cpp:[0-9]' "$log" || echo " missing")"
+# A failure raised without a condition (BERTH_FAIL: every config check) names its line too.
+BERTH_DEBUG=1 "$BERTH" train "$TINY_TOML" "${TINY_SETS[@]}" --set run.name=fail_where \
+  --set train.steps=0 >"$log" 2>&1
+report "fail_location_with_berth_debug" "$(grep -q 'train.steps must be > 0.*\[raised at .*config.cpp:[0-9]' "$log" || echo " missing")"
 # Every document is longer than the rows and --drop-long drops them: no empty plan.
 expect_error "pack_drops_every_document" "nothing to pack" "$tmp/p_empty.h5" \
   "$BERTH" pack --data "$tmp/d.h5" --seq-len 4 --drop-long --out "$tmp/p_empty.h5"
