@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -483,34 +485,85 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   });
   test::expect_error([&] { load_checkpoint((work / "shard").string(), true); },
                      {"tensor 'wpe' is not a whole tensor", "offset [16, 0]", "shard"});
+  // wpe rewritten as `type` (values 1, converted by HDF5 on write), with berth's attributes.
+  auto retype_wpe = [&](const std::string& name, hid_t type) {
+    edit_h5(name, "model.h5", [&](hid_t f) {
+      hsize_t dims[2] = {0, 0};
+      {
+        h5::H5Id d(H5Dopen2(f, "wpe", H5P_DEFAULT), H5Dclose);
+        h5::H5Id space(H5Dget_space(d.get()), H5Sclose);
+        ASSERT_EQ(H5Sget_simple_extent_dims(space.get(), dims, nullptr), 2);
+      }
+      ASSERT_GE(H5Ldelete(f, "wpe", H5P_DEFAULT), 0);
+      h5::H5Id space(H5Screate_simple(2, dims, nullptr), H5Sclose);
+      h5::H5Id d(H5Dcreate2(f, "wpe", type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                 H5Dclose);
+      const std::vector<float> ones(size_t(dims[0] * dims[1]), 1.f);
+      ASSERT_GE(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, ones.data()), 0);
+      const hsize_t two[1] = {2};
+      h5::H5Id attr_space(H5Screate_simple(1, two, nullptr), H5Sclose);
+      const int64_t full[2] = {int64_t(dims[0]), int64_t(dims[1])}, zero[2] = {0, 0};
+      for (const auto& [attr_name, values] : {std::pair{"full_shape", full}, {"offset", zero}}) {
+        h5::H5Id attribute(H5Acreate2(d.get(), attr_name, H5T_STD_I64LE, attr_space.get(),
+                                      H5P_DEFAULT, H5P_DEFAULT),
+                           H5Aclose);
+        ASSERT_GE(H5Awrite(attribute.get(), H5T_NATIVE_INT64, values), 0);
+      }
+    });
+  };
   // A tensor of integers (another writer's file) was converted to float on read, without a word.
-  edit_h5("int_tensor", "model.h5", [](hid_t f) {
-    hsize_t dims[2] = {0, 0};
-    {
-      h5::H5Id d(H5Dopen2(f, "wpe", H5P_DEFAULT), H5Dclose);
-      h5::H5Id space(H5Dget_space(d.get()), H5Sclose);
-      ASSERT_EQ(H5Sget_simple_extent_dims(space.get(), dims, nullptr), 2);
-    }
-    ASSERT_GE(H5Ldelete(f, "wpe", H5P_DEFAULT), 0);
-    h5::H5Id space(H5Screate_simple(2, dims, nullptr), H5Sclose);
-    h5::H5Id d(
-        H5Dcreate2(f, "wpe", H5T_STD_I32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-        H5Dclose);
-    const std::vector<int32_t> ones(size_t(dims[0] * dims[1]), 1);
-    ASSERT_GE(H5Dwrite(d.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, ones.data()), 0);
-    const hsize_t two[1] = {2};
-    h5::H5Id attr_space(H5Screate_simple(1, two, nullptr), H5Sclose);
-    const int64_t full[2] = {int64_t(dims[0]), int64_t(dims[1])}, zero[2] = {0, 0};
-    for (const auto& [attr_name, values] : {std::pair{"full_shape", full}, {"offset", zero}}) {
-      h5::H5Id attribute(
-          H5Acreate2(d.get(), attr_name, H5T_STD_I64LE, attr_space.get(), H5P_DEFAULT, H5P_DEFAULT),
-          H5Aclose);
-      ASSERT_GE(H5Awrite(attribute.get(), H5T_NATIVE_INT64, values), 0);
-    }
-  });
+  retype_wpe("int_tensor", H5T_STD_I32LE);
+  test::expect_error([&] { load_checkpoint((work / "int_tensor").string(), true); },
+                     {"tensor 'wpe' is stored as a 4-byte non-float",
+                      "berth writes IEEE 754 4-byte little-endian floats"});
+  // So was a float type header with another exponent bias (one damaged byte): every value read
+  // back scaled by a power of two. The data's checksum does not cover the header.
+  {
+    h5::H5Id biased(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
+    ASSERT_GE(H5Tset_ebias(biased.get(), 126), 0);
+    retype_wpe("biased_float", biased.get());
+  }
   test::expect_error(
-      [&] { load_checkpoint((work / "int_tensor").string(), true); },
-      {"tensor 'wpe' is stored as a 4-byte non-float", "berth writes 4-byte floats"});
+      [&] { load_checkpoint((work / "biased_float").string(), true); },
+      {"tensor 'wpe' is stored as a 4-byte float of another layout", "exponent bias"});
+  // model.h5 from another step of the run (copied over this one's): optimizer.h5 was named by
+  // its adam_step, model.h5 loaded as this step's weights.
+  edit_h5("other_step_weights", "model.h5", [](hid_t f) {
+    ASSERT_GE(H5Adelete(f, "step"), 0);
+    ASSERT_TRUE(h5::write_i64_attr(f, "step", 7));
+  });
+  test::expect_error([&] { load_checkpoint((work / "other_step_weights").string(), true); },
+                     {"model.h5' holds the weights of step 7, but meta.json says step 10",
+                      "copied from another one?"});
+  // Checkpoints saved before model.h5 had a step load as before.
+  edit_h5("no_step_attr", "model.h5", [](hid_t f) { ASSERT_GE(H5Adelete(f, "step"), 0); });
+  EXPECT_EQ(load_checkpoint((work / "no_step_attr").string(), true).meta.step, 10);
+  // Values no run saves, in a checkpoint to resume from: refused, naming the tensor (they ended
+  // in a NaN loss a step later, blamed on train.lr). Weights-only loads (init_from, export) warn.
+  auto poke = [&](const std::string& name, const char* file, const char* tensor, float value) {
+    edit_h5(name, file, [&](hid_t f) {
+      h5::H5Id d(H5Dopen2(f, tensor, H5P_DEFAULT), H5Dclose);
+      h5::H5Id space(H5Dget_space(d.get()), H5Sclose);
+      std::vector<float> v(size_t(H5Sget_simple_extent_npoints(space.get())));
+      ASSERT_GE(H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0);
+      v[3] = value;
+      ASSERT_GE(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0);
+    });
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  poke("nan_moment", "optimizer.h5", "m/wpe", nan);
+  test::expect_error([&] { load_checkpoint((work / "nan_moment").string(), true); },
+                     {"optimizer.h5': tensor 'm/wpe' holds 1 NaN/Inf value(s) (first at element 3",
+                      "the checkpoint is corrupt", "resume from an earlier one"});
+  poke("negative_v", "optimizer.h5", "v/ln_f.bias", -1.f);
+  test::expect_error([&] { load_checkpoint((work / "negative_v").string(), true); },
+                     {"tensor 'v/ln_f.bias' holds 1 NaN/Inf or negative value(s)", ": -1)"});
+  poke("nan_weight", "model.h5", "ln_f.bias", nan);
+  test::expect_error([&] { load_checkpoint((work / "nan_weight").string(), true); },
+                     {"model.h5': tensor 'ln_f.bias' holds 1 NaN/Inf value(s)"});
+  const CheckpointData weights = load_checkpoint((work / "nan_weight").string(), false);
+  const int64_t poked = gpt_param_layout(weights.model).find("ln_f.bias").offset + 3;
+  EXPECT_TRUE(std::isnan(weights.params[size_t(poked)]));
   auto add_tensor = [](hid_t loc) {
     const hsize_t dims[1] = {3};
     h5::H5Id space(H5Screate_simple(1, dims, nullptr), H5Sclose);

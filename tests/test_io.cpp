@@ -285,7 +285,7 @@ TEST_F(IoTest, ReadMissingFile) {
 TEST_F(IoTest, ReadNotHdf5) {
   write_bytes(path("junk.h5"), std::string(4096, 'x') + "not an hdf5 file");
   expect_error([&] { read_token_dataset(path("junk.h5")); },
-               {"'" + path("junk.h5") + "' is not a readable HDF5 file (corrupt or truncated?)"});
+               {path("junk.h5") + "' is not a readable HDF5 file (corrupt or truncated?)"});
   write_bytes(path("tiny.h5"), "");
   expect_error([&] { read_token_dataset(path("tiny.h5")); }, {"is not a readable HDF5 file"});
 }
@@ -300,7 +300,7 @@ TEST_F(IoTest, ReadTruncatedHdf5) {
   ASSERT_GT(full.size(), 200000u);
   write_bytes(path("t.h5"), full.substr(0, full.size() / 2));
   expect_error([&] { read_token_dataset(path("t.h5")); },
-               {"'" + path("t.h5") + "' is not a readable HDF5 file (corrupt or truncated?)"});
+               {path("t.h5") + "' is not a readable HDF5 file (corrupt or truncated?)"});
 }
 
 TEST_F(IoTest, ReadMissingDocOffsets) {
@@ -310,7 +310,7 @@ TEST_F(IoTest, ReadMissingDocOffsets) {
     ASSERT_GE(H5Ldelete(f.id, "doc_offsets", H5P_DEFAULT), 0);
   }
   expect_error([&] { read_token_dataset(path("a.h5")); },
-               {"'" + path("a.h5") +
+               {path("a.h5") +
                 "' has no /doc_offsets dataset: not a berth token dataset; import it with `berth "
                 "data import`"});
 }
@@ -374,6 +374,30 @@ TEST_F(IoTest, ReadWrongTokenDtype) {
   }
   expect_error([&] { read_token_dataset(path("a.h5")); },
                {"/tokens has element type float32, expected uint16 or uint32"});
+}
+
+TEST_F(IoTest, ReadIntegerTypeWithPaddingBitsIsRefused) {
+  // A 4-byte token type whose header says 16 bits from bit 8 are the number (one damaged byte,
+  // or an odd writer): HDF5 would convert every token to another value without a word.
+  write_token_dataset(path("a.h5"), small_dataset(50257, false));
+  {
+    H5File f(path("a.h5"));
+    ASSERT_GE(H5Ldelete(f.id, "tokens", H5P_DEFAULT), 0);
+    const hsize_t dims[1] = {8};
+    const std::vector<uint32_t> vals(8, 1);
+    const hid_t type = H5Tcopy(H5T_STD_U32LE);
+    ASSERT_GE(H5Tset_precision(type, 16), 0);
+    ASSERT_GE(H5Tset_offset(type, 8), 0);
+    const hid_t space = H5Screate_simple(1, dims, nullptr);
+    const hid_t d = H5Dcreate2(f.id, "tokens", type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Dwrite(d, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, vals.data()), 0);
+    H5Dclose(d);
+    H5Sclose(space);
+    H5Tclose(type);
+  }
+  expect_error([&] { read_token_dataset(path("a.h5")); },
+               {"/tokens is a 4-byte integer whose header says only 16 of its bits, from bit 8",
+                "a damaged type header"});
 }
 
 TEST_F(IoTest, ReadHeaderDeclaringMoreTokensThanStoredIsRefusedBeforeAllocating) {
@@ -520,7 +544,7 @@ TEST_F(IoTest, ReadValidatesContents) {
     replace_int_attr(f.id, "eot_token", 5);
   }
   expect_error([&] { read_token_dataset(path("a.h5")); },
-               {"'" + path("a.h5") + "': token 50256 at index 3 is >= vocab_size 100"});
+               {path("a.h5") + "': token 50256 at index 3 is >= vocab_size 100"});
 }
 
 // ---- statistics ---------------------------------------------------------------------------------
@@ -680,7 +704,7 @@ TEST_F(IoTest, LlmcRoundTrip) {
 TEST_F(IoTest, LlmcMalformed) {
   write_bytes(path("magic.bin"), llmc_bytes(1234, 1, 2, {1, 2}));
   expect_error([&] { import_llmc_tokens(path("magic.bin")); },
-               {"'" + path("magic.bin") + "'",
+               {path("magic.bin") + "'",
                 "magic 1234, expected 20240520 (an llm.c token .bin file); is this a model file?"});
 
   write_bytes(path("model.bin"), llmc_bytes(20240326, 3, 2, {1, 2}));

@@ -180,6 +180,15 @@ IntShape check_int_1d(hid_t dset, const char* name, const char* expected, const 
   IntShape shape;
   shape.is_signed = H5Tget_sign(type.get()) != H5T_SGN_NONE;
   shape.nbytes = H5Tget_size(type.get());
+  // Every bit of the element is the number: a header that says otherwise (a damaged byte; the
+  // checksum covers the data, not the header) would have HDF5 convert each value to another one.
+  if (H5Tget_precision(type.get()) != 8 * shape.nbytes || H5Tget_offset(type.get()) != 0) {
+    BERTH_FAIL(
+        "'{}': /{} is a {}-byte integer whose header says only {} of its bits, from bit {}, are "
+        "the number: a damaged type header, or a writer berth does not read; {}",
+        path, name, shape.nbytes, H5Tget_precision(type.get()), H5Tget_offset(type.get()),
+        kImportHint);
+  }
   H5Id space(H5Dget_space(dset), H5Sclose);
   if (!space.valid()) fail_corrupt(path, fmt::format("reading the shape of /{}", name));
   const int ndims = H5Sget_simple_extent_ndims(space.get());

@@ -101,6 +101,9 @@ void write_model_file(const std::string& path, const CheckpointData& d, const Pa
   write_i64_attr(f, "vocab_size", d.model.V, path);
   write_i64_attr(f, "padded_vocab_size", d.model.Vp, path);
   write_i64_attr(f, "max_seq_len", d.model.maxT, path);
+  // The step its weights are of (meta.json's), as optimizer.h5 has adam_step: a model.h5 copied
+  // in from another step of the run is named at load.
+  write_i64_attr(f, "step", d.meta.step, path);
   for (const ParamSpec& s : layout.specs) {
     write_tensor(f, s.name, d.params.data() + s.offset, s.shape, path);
   }
@@ -140,6 +143,18 @@ std::string utc_now() {
   BERTH_FAIL("checkpoint file '{}' is unreadable at {}: {} (corrupt or truncated? use an older "
              "checkpoint)",
              path, what, h5::h5_error_detail());
+}
+
+[[noreturn]] void fail_tensor_type(const std::string& path, const std::string& name, hid_t type) {
+  const bool f32 = H5Tget_class(type) == H5T_FLOAT && H5Tget_size(type) == sizeof(float);
+  BERTH_FAIL(
+      "checkpoint file '{}': tensor '{}' is stored as {}, berth writes IEEE 754 4-byte "
+      "little-endian floats: a file from another writer, or a corrupt one",
+      path, name,
+      f32 ? std::string("a 4-byte float of another layout (byte order, exponent bias or field "
+                        "positions: a damaged type header?)")
+          : fmt::format("a {}-byte {}", H5Tget_size(type),
+                        H5Tget_class(type) == H5T_FLOAT ? "float" : "non-float"));
 }
 
 int64_t read_i64_attr(hid_t obj, const char* name, const std::string& path) {
@@ -269,7 +284,10 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
   // an edited attribute) would load as if it were all of it.
   const auto full = read_i64_array_attr(dset.get(), "full_shape");
   const auto offset = read_i64_array_attr(dset.get(), "offset");
-  if (!full || !offset || *full != shape || *offset != std::vector<int64_t>(shape.size(), 0)) {
+  const bool at_zero =
+      offset && offset->size() == shape.size() &&
+      std::all_of(offset->begin(), offset->end(), [](int64_t o) { return o == 0; });
+  if (!full || !at_zero || *full != shape) {
     BERTH_FAIL(
         "checkpoint file '{}': tensor '{}' is not a whole tensor (full_shape [{}], offset "
         "[{}]; berth writes full_shape [{}] and offset zeros): a shard from another "
@@ -279,18 +297,14 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
         fmt::join(shape, ", "));
   }
   // HDF5 converts any number type to float on read: an integer or double tensor (another
-  // writer's file) would load as weights without a word.
+  // writer's file) would load as weights without a word, and so would a float whose type header
+  // was damaged (one byte of its exponent bias scales every value by a power of two; the
+  // checksums cover the data, not the header). berth writes exactly IEEE 754 binary32, LE.
   H5Id type(H5Dget_type(dset.get()), H5Tclose);
   if (!type.valid()) fail_read(path, fmt::format("type of '{}'", name));
-  if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != sizeof(float)) {
-    BERTH_FAIL(
-        "checkpoint file '{}': tensor '{}' is stored as a {}-byte {}, berth writes 4-byte "
-        "floats: a file from another writer, or a corrupt one",
-        path, name, H5Tget_size(type.get()),
-        H5Tget_class(type.get()) == H5T_FLOAT ? "float" : "non-float");
-  }
+  if (H5Tequal(type.get(), H5T_IEEE_F32LE) <= 0) fail_tensor_type(path, name, type.get());
   if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
-    fail_read(path, fmt::format("reading '{}' (checksum mismatch means the file is corrupt)", name));
+    fail_read(path, fmt::format("reading '{}'", name));
   }
 }
 
@@ -324,7 +338,9 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const std::string& dir, bool
   if (!fs::is_directory(dir, ec)) return out;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     const int64_t step = step_of_name(e.path().filename().string());
-    if (step >= 0 && fs::exists(e.path() / "meta.json") == complete)
+    // (an entry that cannot be followed, e.g. a symbolic link loop, holds no meta.json)
+    std::error_code unreadable;
+    if (step >= 0 && fs::exists(e.path() / "meta.json", unreadable) == complete)
       out.emplace_back(step, e.path());
   }
   std::sort(out.begin(), out.end());
@@ -457,6 +473,28 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+namespace {
+
+// Refuses a tensor of a checkpoint to resume from with NaN/Inf values (or, `non_negative`,
+// values below 0: AdamW's second moment is a mean of squares).
+void require_trainable(const float* p, int64_t n, bool non_negative, const std::string& path,
+                       const std::string& name) {
+  int64_t count = 0, first = -1;
+  for (int64_t i = 0; i < n; i++) {
+    if (!std::isfinite(p[i]) || (non_negative && p[i] < 0.f)) {
+      if (count++ == 0) first = i;
+    }
+  }
+  BERTH_CHECK(count == 0,
+              "'{}': tensor '{}' holds {} {} value(s) (first at element {}: {}), which training "
+              "never leaves: the checkpoint is corrupt (or was edited); resume from an earlier "
+              "one",
+              path, name, count, non_negative ? "NaN/Inf or negative" : "NaN/Inf", first,
+              first >= 0 ? p[first] : 0.f);
+}
+
+}  // namespace
 
 CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   h5::H5QuietErrors quiet;
@@ -592,6 +630,13 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
         "max_seq_len {}) are no model: {}; the checkpoint is corrupt",
         model_path, L, NH, C, V, maxT, e.what());
   }
+  if (H5Aexists(f, "step") > 0) {  // (absent in checkpoints saved before it was written)
+    const int64_t step = read_i64_attr(f, "step", model_path);
+    BERTH_CHECK(step == d.meta.step,
+                "'{}' holds the weights of step {}, but meta.json says step {}: model.h5 is not "
+                "this checkpoint's (copied from another one?); the checkpoint is corrupt",
+                model_path, step, d.meta.step);
+  }
   const int64_t vp = read_i64_attr(f, "padded_vocab_size", model_path);
   BERTH_CHECK(vp == d.model.Vp, "'{}': padded_vocab_size {} but vocab_size {} pads to {}",
               model_path, vp, d.model.V, d.model.Vp);
@@ -648,6 +693,14 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     for (const ParamSpec& s : layout.specs) {
       read_tensor(of.get(), "m/" + s.name, d.adam_m.data() + s.offset, s.shape, opt_path);
       read_tensor(of.get(), "v/" + s.name, d.adam_v.data() + s.offset, s.shape, opt_path);
+    }
+    // A checkpoint to resume from: AdamW's moments are finite and v >= 0, and so are weights a
+    // step can train (a berth run stops at a non-finite loss). A damaged one would end in a NaN
+    // loss a step later, blamed on train.lr.
+    for (const ParamSpec& s : layout.specs) {
+      require_trainable(d.params.data() + s.offset, s.numel, false, model_path, s.name);
+      require_trainable(d.adam_m.data() + s.offset, s.numel, false, opt_path, "m/" + s.name);
+      require_trainable(d.adam_v.data() + s.offset, s.numel, true, opt_path, "v/" + s.name);
     }
   }
   warn_non_finite(d, layout, dir);

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
@@ -30,7 +31,9 @@ double host_rss_gib() {
 double host_peak_rss_gib() {
   rusage u{};
   if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
-  return static_cast<double>(u.ru_maxrss) * 1024.0 / kGiB;  // ru_maxrss is in KiB on Linux
+  // ru_maxrss is in KiB on Linux. The kernel updates it lazily (when the mapping changes), so it
+  // can trail the resident size read now: the peak is at least that.
+  return std::max(static_cast<double>(u.ru_maxrss) * 1024.0 / kGiB, host_rss_gib());
 }
 
 double heap_in_use_bytes() {
