@@ -54,10 +54,6 @@ std::string window_text(double start, double end) {
                      format_duration(end - start), local_minute(start), local_minute(end));
 }
 
-std::string device_name(const Device& d) {
-  return fmt::format("{}:{}{}", d.host, d.kind == "gpu" ? "gpu" : "cpu", d.index);
-}
-
 std::string devices_text(const std::vector<Device>& devs) {
   std::string out;
   for (const Device& d : devs) out += (out.empty() ? "" : ", ") + device_name(d);
@@ -163,10 +159,12 @@ void add_ledger_option(CLI::App* cmd, LedgerArgs* a, bool json = true) {
 // ---- timeline ----------------------------------------------------------------------------------
 
 // The mark of the i-th reservation shown: by its place in the listing, not its id, so the 62
-// marks tell apart the reservations of one chart (ids 1 and 63 both drew 'A').
+// marks tell apart the reservations of one chart (ids 1 and 63 both drew 'A'). Past 62, one mark,
+// '+', for all the others: a mark is never two reservations in the legend.
+constexpr size_t kMarkCount = 62;
 char mark_of(size_t i) {
   static const char* kMarks = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  return kMarks[i % 62];
+  return i < kMarkCount ? kMarks[i] : '+';
 }
 
 std::string timeline_text(const std::vector<Device>& devs, const std::vector<Reservation>& rs,
@@ -210,11 +208,17 @@ std::string timeline_text(const std::vector<Device>& devs, const std::vector<Res
     }
     out += fmt::format("{:<{}} |{}|\n", device_name(d), w, row);
   }
-  for (size_t i = 0; i < rs.size(); ++i) {
+  for (size_t i = 0; i < std::min(rs.size(), kMarkCount); ++i) {
     const Reservation& r = rs[i];
     out += fmt::format("  {} = reservation {} {} P{} {} ({} device{}) {}\n", mark_of(i), r.id,
                        r.owner, r.priority, r.name.empty() ? "-" : r.name, r.devices.size(),
                        r.devices.size() == 1 ? "" : "s", window_text(r.start, r.end));
+  }
+  if (rs.size() > kMarkCount) {
+    out += fmt::format(
+        "  + = the {} other reservations (from reservation {}): `berth reservations` lists them, "
+        "a shorter --hours charts fewer\n",
+        rs.size() - kMarkCount, rs[kMarkCount].id);
   }
   if (shared) out += "  * = several reservations in one column (--hours fewer to tell them apart)\n";
   return out;
@@ -467,6 +471,7 @@ void register_ledger_commands(CLI::App& app) {
                    "cluster with --from cluster.toml, or CPU slots with --cpu-slots N");
 #endif
       }
+      for (const Device& d : devs) validate_device(d);  // before a new ledger file is made
       auto ledger = open_ledger(a->l, true);
       const int64_t n = ledger->register_devices(devs);
       std::printf("registered %zu device(s) (%lld new or changed); the ledger now has %zu\n",
@@ -514,8 +519,12 @@ void register_ledger_commands(CLI::App& app) {
     cmd->add_option("--start", a->start, "Start (2026-12-03T08:00Z) or 'earliest' (default)");
     cmd->add_option("--priority", a->priority, "P0 (highest) .. P3 (lowest, default)");
     cmd->add_option("--name", a->name, "A name for the booking");
-    cmd->add_option("--idempotency-key", a->key, "Retrying with the same key returns the same "
-                                                 "booking");
+    // An empty key ("--idempotency-key \"$UNSET\"") would book again on every retry.
+    cmd->add_option("--idempotency-key", a->key,
+                    "Retrying with the same key returns the same "
+                    "booking")
+        ->check(
+            non_empty("give a key (e.g. the job's name and date), or leave the option out", "KEY"));
     cmd->add_flag("--preempt", a->preempt, "Take lower-priority bookings' devices (if allowed)");
     cmd->add_flag("--allow-split", a->allow_split, "Book more than 7 days as chained segments");
     cmd->callback([a, cmd] {
@@ -525,10 +534,11 @@ void register_ledger_commands(CLI::App& app) {
                     "too (without it, book --gpus N --duration D and, for a device model, --model)",
                     o);
       }
-      // What the plan assumed goes to stderr under --json, so stdout stays one JSON document.
+      // What the plan assumed goes to stderr under --json and --print-id, so stdout stays one
+      // JSON document, or the ids alone (`id=$(berth reserve --config ... --print-id)`).
       if (!a->config.empty())
         size_from_plan(a->config, a->overrides, a->gpu, a->margin, &a->model, &a->gpus,
-                       &a->min_free_mem, &a->duration, a->l.json ? stderr : stdout);
+                       &a->min_free_mem, &a->duration, a->l.json || a->print_id ? stderr : stdout);
       BERTH_CHECK(a->gpus != kGpusNotGiven,
                   "reserve needs --gpus N (or --config CONFIG to size the booking)");
       BERTH_CHECK(!a->duration.empty(),
@@ -583,21 +593,25 @@ void register_ledger_commands(CLI::App& app) {
         }
         return;
       }
-      std::printf("not booked: %s\n", r.reason.c_str());
+      // Under --print-id stdout holds ids only: a refusal goes to stderr with the exit status.
+      FILE* refusal = a->print_id ? stderr : stdout;
+      std::fprintf(refusal, "not booked: %s\n", r.reason.c_str());
       if (r.earliest_start > 0) {
-        std::printf("earliest feasible start: %s (local %s)\n",
-                    format_utc_iso(r.earliest_start).c_str(), local_minute(r.earliest_start).c_str());
+        std::fprintf(refusal, "earliest feasible start: %s (local %s)\n",
+                     format_utc_iso(r.earliest_start).c_str(),
+                     local_minute(r.earliest_start).c_str());
         std::set<int64_t> seen;
         for (const Busy& b : r.blockers) {
           if (!seen.insert(b.reservation).second) continue;
-          std::printf("  blocked by reservation %lld (%s, P%lld) %s\n",
-                      static_cast<long long>(b.reservation), b.owner.c_str(),
-                      static_cast<long long>(b.priority), window_text(b.start, b.end).c_str());
+          std::fprintf(refusal, "  blocked by reservation %lld (%s, P%lld) %s\n",
+                       static_cast<long long>(b.reservation), b.owner.c_str(),
+                       static_cast<long long>(b.priority), window_text(b.start, b.end).c_str());
         }
-        std::printf("book it with: --start %s\n", format_utc_iso(r.earliest_start).c_str());
+        std::fprintf(refusal, "book it with: --start %s\n",
+                     format_utc_iso(r.earliest_start).c_str());
       }
       for (const auto& [s, e] : r.proposed_split) {
-        std::printf("  segment %s\n", window_text(s, e).c_str());
+        std::fprintf(refusal, "  segment %s\n", window_text(s, e).c_str());
       }
       throw ExitStatus{kExitNotNow};
     });

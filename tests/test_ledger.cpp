@@ -333,6 +333,25 @@ TEST_F(LedgerTest, PreemptionBreaksTheFewestLowestPriorityBookingsAndSparesRunni
   EXPECT_EQ(overlaps(), 0);
 }
 
+TEST_F(LedgerTest, PreemptionTakesOneBookingOfTwoDevicesOverTwoOfOne) {
+  // Z (P2) on slot 0, Y (P3) on slot 1, X (P3) on slots 2 and 3, none running. Two devices for a
+  // P1: X alone frees both. Device by device, the choice took slot 1 (Y, P3) and then slot 2,
+  // breaking Y and X.
+  auto l = open();
+  l->register_devices(slots("n1", 4));
+  ASSERT_TRUE(l->reserve(req(1, kT0, 2, 2, "zoe")).booked);
+  ASSERT_TRUE(l->reserve(req(1, kT0, 2, 3, "yan")).booked);
+  ASSERT_TRUE(l->reserve(req(2, kT0, 2, 3, "xia")).booked);
+  ReserveRequest p = req(2, kT0, 1, 1, "urgent");
+  p.preempt = true;
+  const BookingResult r = l->reserve(p);
+  ASSERT_TRUE(r.booked) << r.reason;
+  ASSERT_EQ(r.preempted.size(), 1u);
+  EXPECT_EQ(r.preempted[0].id, 3);
+  EXPECT_EQ(l->reservation(2).state, "active");
+  EXPECT_EQ(overlaps(), 0);
+}
+
 TEST_F(LedgerTest, PreemptingARunningHolderLeavesTheMinimumNotice) {
   auto l = open();
   l->register_devices(slots("n1", 1));
@@ -359,6 +378,75 @@ TEST_F(LedgerTest, PreemptingARunningHolderLeavesTheMinimumNotice) {
   ASSERT_TRUE(renewed.ok);
   EXPECT_DOUBLE_EQ(renewed.lease.window_end, now_ + 600) << "the holder learns it at renewal";
   EXPECT_EQ(renewed.lease.window_note, " by reservation 2 of admin (P1)") << "and who cut it";
+  EXPECT_EQ(overlaps(), 0);
+}
+
+TEST_F(LedgerTest, ThePreemptionNoticeIsWeighedAgainstDevicesThatNeedNoCut) {
+  // slot 0: bob's P3 hour, running; slot 1: carol's P1 five minutes. A P1 preemptor's earliest
+  // start is carol's end (no cut), not now + min_notice_s on bob's slot (it was offered that).
+  auto l = open();
+  l->register_devices(slots("n1", 2));
+  ASSERT_TRUE(l->reserve(req(1, kT0, 1, 3, "bob")).booked);
+  ASSERT_TRUE(l->reserve(req(1, kT0, 300.0 / kH, 1, "carol")).booked);
+  ASSERT_TRUE(l->acquire_lease(1, "bob", "n1", 100, 60).ok);
+  ReserveRequest p = req(1, kT0, 0.5, 1, "urgent");
+  p.preempt = true;
+  const BookingResult refused = l->reserve(p);
+  ASSERT_FALSE(refused.booked);
+  EXPECT_DOUBLE_EQ(refused.earliest_start, kT0 + 300);
+  p.start.reset();
+  const BookingResult r = l->reserve(p);
+  ASSERT_TRUE(r.booked);
+  EXPECT_DOUBLE_EQ(r.reservations[0].start, kT0 + 300);
+  EXPECT_TRUE(r.preempted.empty());
+  EXPECT_DOUBLE_EQ(l->reservation(1).end, kT0 + kH) << "bob's run is not cut";
+  EXPECT_EQ(overlaps(), 0);
+}
+
+TEST_F(LedgerTest, ALeaseTakenEarlyWaitsForTheDevicesRunningHolder) {
+  // alice's P2 hour runs on the slot; bob's P3 booking starts at its end. Within start_slack_s
+  // of that start bob's launch took the lease while alice still trained: two jobs on one device.
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ASSERT_TRUE(l->reserve(req(1, kT0, 1, 2, "alice")).booked);
+  ASSERT_TRUE(l->reserve(req(1, kT0 + kH, 1, 3, "bob")).booked);
+  ASSERT_TRUE(l->acquire_lease(1, "alice", "n1", 100, 2 * kH).ok);  // (renewed all along)
+  now_ = kT0 + kH - 100;  // within the 300 s start slack of bob's window
+  const LeaseResult early = l->acquire_lease(2, "bob", "n2", 200, 60);
+  ASSERT_FALSE(early.ok);
+  EXPECT_NE(early.reason.find("its device n1:cpu0 is still held by reservation 1's running job "
+                              "(pid 100 on n1"),
+            std::string::npos)
+      << early.reason;
+  EXPECT_NE(early.reason.find("launch again at the window's start"), std::string::npos);
+  l->release_lease(1, 1);  // alice stopped
+  EXPECT_TRUE(l->acquire_lease(2, "bob", "n2", 200, 60).ok);
+}
+
+TEST_F(LedgerTest, AHolderThatTookItsLeaseEarlyIsCutNotBrokenAndHoldsItsDevicesFromNow) {
+  // bob's window starts in 100 s; his job took the lease now (start slack). A preemption kept the
+  // notice but broke his booking whole: the run lost its lease with no checkpoint (exit 4).
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ASSERT_TRUE(l->reserve(req(1, kT0 + 100, 1, 3, "bob")).booked);
+  ASSERT_TRUE(l->acquire_lease(1, "bob", "n1", 100, 60).ok);
+  // Nobody books into the 100 s before his window either: the device is his from now.
+  const BookingResult gap = l->reserve(req(1, kT0, 60.0 / kH, 3, "carol"));
+  ASSERT_FALSE(gap.booked);
+  EXPECT_DOUBLE_EQ(gap.earliest_start, kT0 + 100 + kH);
+  ReserveRequest p = req(1, kT0, 0.5, 0, "urgent");
+  p.preempt = true;
+  p.start.reset();
+  const BookingResult r = l->reserve(p);
+  ASSERT_TRUE(r.booked);
+  EXPECT_DOUBLE_EQ(r.reservations[0].start, kT0 + 600);  // min_notice_s
+  const Reservation cut = l->reservation(1);
+  EXPECT_EQ(cut.state, "active");
+  EXPECT_DOUBLE_EQ(cut.start, kT0);
+  EXPECT_DOUBLE_EQ(cut.end, kT0 + 600);
+  const LeaseResult renewed = l->renew_lease(1, 1, 60);
+  ASSERT_TRUE(renewed.ok);
+  EXPECT_DOUBLE_EQ(renewed.lease.window_end, kT0 + 600);
   EXPECT_EQ(overlaps(), 0);
 }
 
@@ -503,6 +591,70 @@ TEST_F(LedgerTest, IdempotentRetryReturnsTheSameBooking) {
   EXPECT_EQ(rows("reservations"), 1);
   q.count = 2;
   test::expect_error([&] { l->reserve(q); }, {"idempotency key 'job-42' was already used"});
+}
+
+TEST_F(LedgerTest, AnIdempotentRetryReplaysAfterItsStartHasPassed) {
+  // A start 30 s ago (within past_slack_s) books from now: its retry was "a different request",
+  // and a retry after the start had passed was refused as a start in the past.
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  now_ = kT0 + 30.5;
+  ReserveRequest q = req(1, kT0, 2);
+  q.idempotency_key = "nightly";
+  const BookingResult a = l->reserve(q);
+  ASSERT_TRUE(a.booked);
+  EXPECT_DOUBLE_EQ(a.reservations[0].start, kT0 + 30);
+  now_ = kT0 + 33;
+  const BookingResult b = l->reserve(q);
+  ASSERT_TRUE(b.booked && b.replayed);
+  EXPECT_EQ(b.reservations[0].id, a.reservations[0].id);
+  now_ = kT0 + kH;  // long past the start
+  const BookingResult c = l->reserve(q);
+  ASSERT_TRUE(c.booked && c.replayed);
+  EXPECT_EQ(rows("reservations"), 1);
+  // Another request under the key is refused as such, after the request's own checks.
+  q.count = 3;
+  test::expect_error([&] { l->reserve(q); }, {"--start", "is in the past"});
+  q.start = now_ + 60;
+  test::expect_error([&] { l->reserve(q); }, {"idempotency key 'nightly' was already used"});
+}
+
+TEST_F(LedgerTest, ASplitP0BookingCountsOnceAgainstTheLimitWhichIsNamed) {
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ReserveRequest q = req(1, kT0, 8 * 24, 0, "urgent");
+  q.allow_split = true;
+  const BookingResult split = l->reserve(q);
+  ASSERT_TRUE(split.booked);
+  EXPECT_EQ(split.reservations.size(), 2u);
+  const BookingResult more = l->reserve(req(1, kT0 + 9 * 24 * kH, 1, 0, "urgent"));
+  ASSERT_FALSE(more.booked);
+  EXPECT_NE(more.reason.find("urgent already holds 1 active P0 booking(s), and the ledger's "
+                             "policy allows 1 (max_p0_per_owner)"),
+            std::string::npos)
+      << more.reason;
+}
+
+TEST_F(LedgerTest, TheEarliestStartKeepsToTheBookingHorizon) {
+  // max_advance_s refused an explicit --start past it but booked an earliest start past it,
+  // and a refusal offered a start that was then refused.
+  LedgerOptions o = options();
+  o.policy.max_advance_s = kH;
+  auto l = open_sqlite_ledger(path_, o);
+  l->register_devices(slots("n1", 1));
+  ASSERT_TRUE(l->reserve(req(1, kT0, 2)).booked);
+  for (const bool earliest : {true, false}) {
+    ReserveRequest q = req(1, kT0 + 10, 1);
+    if (earliest) q.start.reset();
+    const BookingResult r = l->reserve(q);
+    ASSERT_FALSE(r.booked);
+    EXPECT_EQ(r.earliest_start, 0) << "no start offered that could not be booked";
+    EXPECT_NE(r.reason.find("the earliest feasible start, 2026-12-03T22:00:00Z, is 2h00m ahead, "
+                            "past the 1h00m this ledger books ahead"),
+              std::string::npos)
+        << r.reason;
+  }
+  EXPECT_EQ(rows("reservations"), 1);
 }
 
 TEST_F(LedgerTest, LeaseTokensOnlyGrow) {

@@ -9,6 +9,10 @@
 
 namespace berth {
 
+std::string device_name(const Device& d) {
+  return d.host + ":" + (d.kind == "gpu" ? "gpu" : "cpu") + std::to_string(d.index);
+}
+
 std::vector<const Device*> matching_devices(const std::vector<Device>& devices,
                                             const SlotRequest& req) {
   std::vector<const Device*> out;
@@ -51,18 +55,30 @@ std::vector<int64_t> choose_least_preemption(const std::vector<const Device*>& p
   std::vector<int64_t> out;
   while (int64_t(out.size()) < count) {
     const Device* best = nullptr;
-    std::tuple<int, int, int, int, int64_t> best_key;
+    std::tuple<int, int, int, int64_t, int, int64_t> best_key;
     for (const Device* d : preemptible) {
       if (taken.count(d->id)) continue;
       int running = 0, most_important = 4, fresh = 0;  // over the bookings not yet broken
+      std::set<int64_t> would_break = broken;
       for (const Busy* b : victims[d->id]) {
         if (broken.count(b->reservation)) continue;
         ++fresh;
         running += b->running;
         most_important = std::min(most_important, b->priority);
+        would_break.insert(b->reservation);
       }
-      const std::tuple<int, int, int, int, int64_t> key{running, -most_important, fresh,
-                                                        hosts.count(d->host) ? 0 : 1, d->index};
+      // The devices that breaking those frees (a booking is broken whole: its other devices
+      // come free too), up to what is still needed: one booking of two devices beats two of one.
+      int64_t frees = 0;
+      for (const Device* e : preemptible) {
+        if (taken.count(e->id)) continue;
+        bool all = true;
+        for (const Busy* b : victims[e->id]) all = all && would_break.count(b->reservation);
+        frees += all;
+      }
+      frees = std::min(frees, count - int64_t(out.size()));
+      const std::tuple<int, int, int, int64_t, int, int64_t> key{
+          running, -most_important, fresh, -frees, hosts.count(d->host) ? 0 : 1, d->index};
       if (!best || key < best_key) best = d, best_key = key;
     }
     if (!best) break;
@@ -81,11 +97,21 @@ SlotAnswer find_slot(const std::vector<Device>& devices, const std::vector<Busy>
   ans.matching = int64_t(match.size());
   std::set<int64_t> ids;
   for (const Device* d : match) ids.insert(d->id);
-  // Bookings that block: on a matching device, and not preemptible by this request.
+  // Bookings that block: on a matching device, and not preemptible by this request. A running
+  // one is preemptible only from notice_until: before it, that part of it blocks.
   std::vector<const Busy*> blocking;
+  std::vector<Busy> noticed;
+  noticed.reserve(busy.size());
   for (const Busy& b : busy) {
     if (!ids.count(b.device)) continue;
-    if (req.preempt && b.priority > req.priority) continue;
+    if (req.preempt && b.priority > req.priority) {
+      if (b.running && b.start < req.notice_until) {
+        noticed.push_back(b);
+        noticed.back().end = std::min(b.end, req.notice_until);
+        blocking.push_back(&noticed.back());
+      }
+      continue;
+    }
     blocking.push_back(&b);
   }
   auto overlaps = [](const Busy& b, double s, double e) { return b.start < e && s < b.end; };

@@ -23,6 +23,9 @@ struct Device {
   std::string uuid;         // CUDA UUID ("" for CPU slots)
 };
 
+// "host:gpu3" or "host:cpu0", as listings and messages name a device.
+std::string device_name(const Device& d);
+
 // One device's booking, as the arithmetic sees it.
 struct Busy {
   int64_t device = 0;
@@ -41,6 +44,9 @@ struct SlotRequest {
   double duration_s = 0;
   int priority = 3;
   bool preempt = false;  // bookings of lower priority (higher number) do not block
+  // With preempt: a running booking (Busy::running) is not preemptible before this time (the
+  // policy's minimum notice from now): until then it blocks like a booking of higher priority.
+  double notice_until = 0;
 };
 
 struct SlotAnswer {

@@ -101,6 +101,11 @@ struct LeaseResult {
   bool window_over = false;
 };
 
+// Throws Error for a device no ledger keeps (no host, an unknown kind, an index past 4095, a model
+// that is not 1..64 printable characters, negative memory). register_devices checks each one;
+// `berth devices register` checks its list first, so a bad one starts no new ledger file.
+void validate_device(const Device& d);
+
 class LedgerStore {
  public:
   virtual ~LedgerStore() = default;

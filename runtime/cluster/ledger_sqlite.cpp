@@ -69,7 +69,16 @@ namespace {
         "its directory, or use a ledger of your own (--ledger, $BERTH_LEDGER)",
         path, geteuid(), detail);
   }
-  BERTH_FAIL("ledger: {}: {}", what, detail);
+  // Busy past the busy timeout: another process holds a write transaction that long (a frozen
+  // booking command, a stopped process, a `sqlite3` shell left in a transaction).
+  if ((code & 0xff) == SQLITE_BUSY || (code & 0xff) == SQLITE_LOCKED) {
+    BERTH_FAIL(
+        "ledger {} stayed locked by another process for the whole wait ({}: {}). A write "
+        "transaction takes milliseconds, so its holder is stuck or stopped: find it (`fuser "
+        "{}`: a berth command, or a sqlite3 shell inside BEGIN), end it, then run this again",
+        path, what, detail, path);
+  }
+  BERTH_FAIL("ledger {}: {}: {}", path, what, detail);
 }
 
 // The number of characters of `s` if it is valid UTF-8 and printable (no control characters,
@@ -209,10 +218,39 @@ bool is_admin(const LedgerPolicy& p, const std::string& user) {
 
 std::string priority_name(int p) { return fmt::format("P{}", p); }
 
+}  // namespace
+
+void validate_device(const Device& d) {
+  BERTH_CHECK(!d.host.empty() && d.host.size() <= 255, "device host name must be 1..255 chars");
+  BERTH_CHECK(d.kind == "gpu" || d.kind == "cpu", "device kind must be 'gpu' or 'cpu', got '{}'",
+              d.kind);
+  BERTH_CHECK(d.index >= 0 && d.index < 4096, "device index must be in 0..4095, got {}", d.index);
+  const int64_t model_chars = printable_utf8_length(d.model);
+  BERTH_CHECK(model_chars >= 1 && model_chars <= 64,
+              "device {}:{}{}: its model must be 1..64 characters of printable UTF-8 text (it is "
+              "matched against reserve --model, which takes only such text)",
+              d.host, d.kind, d.index);
+  BERTH_CHECK(d.memory_bytes >= 0, "device memory must be >= 0");
+}
+
+namespace {
+
 class SqliteLedger : public LedgerStore {
  public:
   SqliteLedger(const std::string& path, LedgerOptions o) : path_(path), o_(std::move(o)) {
     if (!o_.clock) o_.clock = system_clock();
+    {  // a device file, a FIFO, a directory: SQLite would write a journal beside it
+      std::error_code ec;
+      const auto st = std::filesystem::status(path, ec);
+      BERTH_CHECK(ec || !std::filesystem::exists(st) || std::filesystem::is_regular_file(st),
+                  "ledger '{}' is not a regular file ({}): point --ledger, $BERTH_LEDGER or "
+                  "reservation.ledger at the ledger's file",
+                  path,
+                  std::filesystem::is_directory(st) ? "a directory"
+                  : std::filesystem::is_character_file(st) || std::filesystem::is_block_file(st)
+                      ? "a device"
+                      : "a pipe, socket or other special file");
+    }
     if (!o_.create) {  // only `berth devices register` starts a ledger
       std::error_code ec;
       BERTH_CHECK(std::filesystem::exists(path, ec),
@@ -343,16 +381,14 @@ class SqliteLedger : public LedgerStore {
 
   BookingResult reserve(const ReserveRequest& asked) override {
     const double now = o_.clock();
-    validate_request(asked, now);
     // Windows are whole seconds, as they are shown: the duration rounded up (an on-demand booking
     // sized from a config asks for fractions), the start below.
     ReserveRequest req = asked;
     req.duration_s = std::ceil(req.duration_s - 1e-6);
     WriteTxn t(db_);
     BookingResult out;
-    const std::vector<Device> devs = devices();
-    check_model_and_count(req, devs);
-
+    // A retry of a booked request replays it, first: its --start may be in the past by now.
+    std::optional<Reservation> key_taken;  // by another request
     if (!req.idempotency_key.empty()) {
       Stmt s(db_, "SELECT id FROM reservations WHERE owner=? AND idem_key=? AND chain_prev=0");
       s.bind(1, req.owner).bind(2, req.idempotency_key);
@@ -361,27 +397,36 @@ class SqliteLedger : public LedgerStore {
         std::vector<Reservation> chain = chain_of(r);
         double total = 0;
         for (const Reservation& c : chain) total += c.end - c.start;
+        // The start as asked, or as booked from it (one up to past_slack_s ago started then).
+        const bool same_start =
+            !req.start || std::fabs(*req.start - r.start) < 1e-6 ||
+            std::fabs(std::floor(std::max(*req.start, r.created)) - r.start) < 1e-6;
         const bool same = int64_t(r.devices.size()) == req.count && r.model == req.model &&
                           r.priority == req.priority &&
                           (std::fabs(total - req.duration_s) < 1e-6 ||
                            std::fabs(total - asked.duration_s) < 1e-6) &&  // booked unrounded
                           r.min_free_mem_bytes == req.min_free_mem_bytes &&
-                          (!req.start || std::fabs(std::floor(*req.start) - r.start) < 1e-6 ||
-                           std::fabs(*req.start - r.start) < 1e-6);
-        BERTH_CHECK(same,
-                    "idempotency key '{}' was already used by {} for a different request "
-                    "(reservation {}); use a new key",
-                    req.idempotency_key, req.owner, r.id);
-        BERTH_CHECK(r.state == "active",
-                    "idempotency key '{}' belongs to reservation {}, which is {}; use a new key "
-                    "to book again",
-                    req.idempotency_key, r.id, r.state);
-        out.booked = true;
-        out.replayed = true;
-        out.reservations = chain;
-        return out;
+                          same_start;
+        if (same) {
+          BERTH_CHECK(r.state == "active",
+                      "idempotency key '{}' belongs to reservation {}, which is {}; use a new key "
+                      "to book again",
+                      req.idempotency_key, r.id, r.state);
+          out.booked = true;
+          out.replayed = true;
+          out.reservations = chain;
+          return out;
+        }
+        key_taken = r;
       }
     }
+    validate_request(asked, now);
+    BERTH_CHECK(!key_taken,
+                "idempotency key '{}' was already used by {} for a different request "
+                "(reservation {}); use a new key",
+                req.idempotency_key, req.owner, key_taken ? key_taken->id : 0);
+    const std::vector<Device> devs = devices();
+    check_model_and_count(req, devs);
     if (req.preempt && !is_admin(o_.policy, req.owner)) {
       const auto& p = o_.policy.preemptors;
       BERTH_CHECK(std::find(p.begin(), p.end(), req.owner) != p.end(),
@@ -390,14 +435,19 @@ class SqliteLedger : public LedgerStore {
                   req.owner);
     }
     if (req.priority == 0) {
-      Stmt s(db_, "SELECT COUNT(*) FROM reservations WHERE owner=? AND priority=0 AND "
-                  "state='active' AND end>?");
+      // Bookings, not rows: the chained segments of a split booking count once (by their first).
+      std::set<int64_t> heads;
+      Stmt s(db_,
+             "SELECT id FROM reservations WHERE owner=? AND priority=0 AND "
+             "state='active' AND end>?");
       s.bind(1, req.owner).bind(2, now);
-      s.step();
-      if (s.i64(0) >= o_.policy.max_p0_per_owner) {
-        out.reason = fmt::format("{} already holds {} active P0 booking(s), the policy's limit; "
-                                 "cancel one or book at P1",
-                                 req.owner, s.i64(0));
+      while (s.step()) heads.insert(chain_head(s.i64(0)));
+      const int64_t held = int64_t(heads.size());
+      if (held >= o_.policy.max_p0_per_owner) {
+        out.reason = fmt::format(
+            "{} already holds {} active P0 booking(s), and the ledger's policy allows {} "
+            "(max_p0_per_owner); cancel one or book at P1",
+            req.owner, held, o_.policy.max_p0_per_owner);
         return out;
       }
     }
@@ -411,7 +461,8 @@ class SqliteLedger : public LedgerStore {
       }
       out.reason = fmt::format(
           "{} ({} s) is longer than the 7-day limit of one booking ({} s); "
-          "book it as {} chained segments with --allow-split",
+          "book it as {} chained segments with --allow-split (these, where the devices are "
+          "free then; else from the earliest start they allow)",
           format_duration(req.duration_s), req.duration_s, kMaxSegmentS, out.proposed_split.size());
       return out;
     }
@@ -424,30 +475,32 @@ class SqliteLedger : public LedgerStore {
     sr.duration_s = req.duration_s;
     sr.priority = req.priority;
     sr.preempt = req.preempt;
-    SlotAnswer ans = find_slot(devs, busy, sr);
-    // A running holder of a booking being preempted keeps at least the minimum notice.
-    std::string notice;  // the running bookings that pushed the start, for a refusal
-    if (ans.found && !ans.preempted.empty()) {
-      double earliest = ans.start;
-      for (const Busy& b : ans.preempted) {
-        if (live_lease(b.reservation, now)) {
-          earliest = std::max(earliest, now + o_.policy.min_notice_s);
-          notice = fmt::format(
-              "; reservation {} is running there and gets the policy's "
-              "min_notice_s ({}) before it is preempted",
-              b.reservation, format_duration(o_.policy.min_notice_s));
-        }
-      }
-      if (earliest > ans.start) {
-        sr.start = earliest;
-        ans = find_slot(devs, busy, sr);
-        ans.blockers = find_slot(devs, busy, SlotRequest{sr.count, sr.model, sr.min_memory_bytes,
-                                                         start, sr.duration_s, sr.priority,
-                                                         sr.preempt})
-                           .blockers;
+    // A running holder of a booking being preempted keeps at least the minimum notice: the
+    // search weighs that against devices that need no cut (the earliest start of either).
+    sr.notice_until = now + o_.policy.min_notice_s;
+    const SlotAnswer ans = find_slot(devs, busy, sr);
+    BERTH_CHECK(ans.found, "no feasible window found for {} device(s)", req.count);
+    std::string notice;  // a running booking in the way that gets its notice, for a refusal
+    for (const Busy& b : ans.blockers) {
+      if (req.preempt && b.running && b.priority > req.priority && b.start < sr.notice_until) {
+        notice = fmt::format(
+            "; reservation {} is running there and gets the policy's min_notice_s ({}) before "
+            "it is preempted",
+            b.reservation, format_duration(o_.policy.min_notice_s));
       }
     }
-    BERTH_CHECK(ans.found, "no feasible window found for {} device(s)", req.count);
+    // The horizon binds the earliest start as it binds an explicit one (the start offered must be
+    // bookable): past it, nothing is booked and no start is offered.
+    if (ans.start > now + o_.policy.max_advance_s) {
+      out.blockers = ans.blockers;
+      out.reason = fmt::format(
+          "the earliest feasible start, {}, is {} ahead, past the {} this ledger books ahead "
+          "(policy max_advance_s): fewer devices or a shorter window may start sooner, or ask "
+          "its admin to raise the limit",
+          format_utc_iso(ans.start), format_duration(ans.start - now),
+          format_duration(o_.policy.max_advance_s));
+      return out;
+    }
     if (req.start && ans.start > start + 1e-9) {
       out.earliest_start = ans.start;
       out.blockers = ans.blockers;
@@ -484,11 +537,13 @@ class SqliteLedger : public LedgerStore {
     }
     for (const Reservation& p : out.preempted) {
       const int64_t first = out.reservations.front().id;
-      if (live_lease(p.id, now) && p.start < ans.start) {
+      if (live_lease(p.id, now)) {
         // Running: its window now ends where the new booking starts (>= now + notice); the
-        // holder learns it at its next renewal and stops with a checkpoint before then.
-        Stmt u(db_, "UPDATE reservations SET end=?, preempted_by=? WHERE id=?");
-        u.bind(1, ans.start).bind(2, first).bind(3, p.id).run();
+        // holder learns it at its next renewal and stops with a checkpoint before then. One that
+        // took its lease early (start_slack_s) runs from now: its window starts now.
+        Stmt u(db_,
+               "UPDATE reservations SET start=MIN(start, ?), end=?, preempted_by=? WHERE id=?");
+        u.bind(1, std::floor(now)).bind(2, ans.start).bind(3, first).bind(4, p.id).run();
       } else {
         Stmt u(db_, "UPDATE reservations SET state='preempted', preempted_by=? WHERE id=?");
         u.bind(1, first).bind(2, p.id).run();
@@ -550,11 +605,13 @@ class SqliteLedger : public LedgerStore {
       if (b.start < end && r.end < b.end && (!first || b.start < first->start)) first = b;
     }
     if (first) {
-      BERTH_FAIL("cannot extend reservation {} by {}: its device is booked from {} by "
-                 "reservation {} ({}, {}); the longest extension possible is {}",
-                 id, format_duration(by_s), format_utc_minute(first->start), first->reservation,
-                 first->owner, priority_name(first->priority),
-                 format_duration(std::max(0.0, first->start - r.end)));
+      BERTH_FAIL(
+          "cannot extend reservation {} by {}: its device is booked from {} by "
+          "reservation {} ({}, {}); the longest extension possible is {} (--by {}s)",
+          id, format_duration(by_s), format_utc_minute(first->start), first->reservation,
+          first->owner, priority_name(first->priority),
+          format_duration(std::max(0.0, first->start - r.end)),
+          int64_t(std::max(0.0, std::floor(first->start - r.end))));
     }
     Stmt u(db_, "UPDATE reservations SET end=? WHERE id=?");
     u.bind(1, end).bind(2, id).run();
@@ -593,6 +650,24 @@ class SqliteLedger : public LedgerStore {
       out.reason = fmt::format("reservation {} is already held by pid {} on {} (token {}, until "
                                "{} unless renewed); a second launch cannot share it",
                                id, l->pid, l->host, l->token, format_utc_iso(l->expires));
+      return out;
+    }
+    // Taken early (start_slack_s), the window's devices may still run the booking before it (or
+    // a preempted one, until its notice ends): two jobs on one device. Its window is not over,
+    // so the device is still its; this launch waits for it.
+    std::map<int64_t, const Device*> mine;
+    for (const Device& d : r.devices) mine[d.id] = &d;
+    for (const Busy& b : active_busy(now)) {
+      if (b.reservation == id || !b.running || !mine.count(b.device)) continue;
+      const Reservation other = load(b.reservation);
+      const std::optional<Lease> l = live_lease(b.reservation, now);
+      out.reason = fmt::format(
+          "reservation {}'s window opens at {} (in {}), and its device {} is still held by "
+          "reservation {}'s running job (pid {} on {}, its window ends at {}): a lease is taken "
+          "early only on free devices; launch again at the window's start",
+          id, format_utc_iso(r.start), format_duration(std::max(0.0, r.start - now)),
+          device_name(*mine[b.device]), b.reservation, l ? l->pid : 0, l ? l->host : "?",
+          format_utc_iso(other.end));
       return out;
     }
     Stmt tok(db_, "UPDATE tokens SET last=last+1 WHERE id=1 RETURNING last");
@@ -689,19 +764,6 @@ class SqliteLedger : public LedgerStore {
     t.commit();
   }
 
-  static void validate_device(const Device& d) {
-    BERTH_CHECK(!d.host.empty() && d.host.size() <= 255, "device host name must be 1..255 chars");
-    BERTH_CHECK(d.kind == "gpu" || d.kind == "cpu", "device kind must be 'gpu' or 'cpu', got '{}'",
-                d.kind);
-    BERTH_CHECK(d.index >= 0 && d.index < 4096, "device index must be in 0..4095, got {}", d.index);
-    const int64_t model_chars = printable_utf8_length(d.model);
-    BERTH_CHECK(model_chars >= 1 && model_chars <= 64,
-                "device {}:{}{}: its model must be 1..64 characters of printable UTF-8 text (it is "
-                "matched against reserve --model, which takes only such text)",
-                d.host, d.kind, d.index);
-    BERTH_CHECK(d.memory_bytes >= 0, "device memory must be >= 0");
-  }
-
   void validate_request(const ReserveRequest& q, double now) const {
     BERTH_CHECK(q.count >= 1 && q.count <= 4096,
                 "--gpus must be between 1 and 4096, got {}", q.count);
@@ -779,7 +841,9 @@ class SqliteLedger : public LedgerStore {
     while (s.step()) {
       const int64_t id = s.i64(1);
       if (!running.count(id)) running[id] = live_lease(id, now).has_value();
-      out.push_back(Busy{s.i64(0), id, s.f64(2), s.f64(3), int(s.i64(4)), s.text(5), running[id]});
+      // A holder that took its lease early (start_slack_s) holds its devices from now on.
+      const double start = running[id] ? std::min(s.f64(2), std::floor(now)) : s.f64(2);
+      out.push_back(Busy{s.i64(0), id, start, s.f64(3), int(s.i64(4)), s.text(5), running[id]});
     }
     return out;
   }
@@ -813,6 +877,16 @@ class SqliteLedger : public LedgerStore {
                                  d.text(6)});
     }
     return r;
+  }
+
+  // The first segment of the chain `id` belongs to (itself when it follows none).
+  int64_t chain_head(int64_t id) {
+    for (;;) {
+      Stmt s(db_, "SELECT chain_prev FROM reservations WHERE id=?");
+      s.bind(1, id);
+      if (!s.step() || s.i64(0) == 0) return id;
+      id = s.i64(0);
+    }
   }
 
   std::vector<Reservation> chain_of(const Reservation& first) {

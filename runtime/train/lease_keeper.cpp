@@ -40,12 +40,11 @@ void check_placement(const Reservation& r, const std::vector<RankPlace>& places)
               [](const Device* a, const Device* b) { return a->index < b->index; });
     if (local_rank >= int64_t(on_host.size())) {
       std::string booked;
-      for (const Device& d : r.devices)
-        booked += fmt::format("{}{}:{}{}", booked.empty() ? "" : ", ", d.host, d.kind, d.index);
+      for (const Device& d : r.devices) booked += (booked.empty() ? "" : ", ") + device_name(d);
       throw LeaseRefused(fmt::format(
-          "rank {} runs on {} as local rank {}, but reservation {} booked {} device(s) there "
-          "({}): launch on the booked hosts, one rank per booked device",
-          k, p.host, local_rank, r.id, on_host.size(), booked));
+          "rank {} runs on {} as local rank {}, but reservation {} booked {} device(s) on {} "
+          "(it booked {}): launch on the booked hosts, one rank per booked device",
+          k, p.host, local_rank, r.id, on_host.size(), p.host, booked));
     }
     if (on_host[size_t(local_rank)]->kind == "cpu" && p.free_bytes < double(r.min_free_mem_bytes)) {
       throw LeaseRefused(fmt::format(

@@ -610,10 +610,23 @@ expect_error "reserve_margin_without_config" "reserve --margin sizes the booking
   "$BERTH" reserve --gpus 1 --duration 1h --margin 2 --ledger "$tmp/led.db"
 expect_error "reserve_a_microsecond" "--duration must be at least 1s" "" \
   "$BERTH" reserve --gpus 1 --duration 1e-7s --print-id --ledger "$tmp/led.db"
+expect_error "reserve_empty_idempotency_key" "--idempotency-key: empty: give a key" "" \
+  "$BERTH" reserve --gpus 1 --duration 1h --idempotency-key "" --ledger "$tmp/led.db"
 mkdir "$tmp/led.db.policy.toml"
 expect_error "ledger_policy_is_a_directory" "the ledger's policy $tmp/led.db.policy.toml is not a file" \
   "" "$BERTH" reserve --gpus 1 --duration 1h --ledger "$tmp/led.db"
 rmdir "$tmp/led.db.policy.toml"
+# A device file as the ledger: SQLite wrote a journal beside it (/dev/null-journal) and the error
+# blamed the disk. Refused before anything is opened.
+mkfifo "$tmp/pipe.db"
+expect_error "ledger_is_a_pipe" "ledger '$tmp/pipe.db' is not a regular file (a pipe, socket" "" \
+  "$BERTH" reservations --ledger "$tmp/pipe.db"
+report "ledger_is_a_pipe_no_journal" "$(ls "$tmp"/pipe.db-* 2>/dev/null | sed 's/^/ left /')"
+# A register that fails on its device list starts no ledger file (a later command took the empty
+# ledger for one with no bookings).
+printf '[[hosts]]\nname = "a"\nmodel = "H\\u202e100"\nmemory_gib = 80\ngpus = 1\n' >"$tmp/nomodel.toml"
+expect_error "register_bad_device_makes_no_ledger" "its model must be 1..64 characters" \
+  "$tmp/fresh.db" "$BERTH" devices register --from "$tmp/nomodel.toml" --ledger "$tmp/fresh.db"
 # --resume "" (an unset variable) trained from step 0 without a word.
 expect_error "train_resume_empty" "--resume: empty: give a step-N checkpoint directory" \
   "$tmp/runs/resume_empty" train_tiny resume_empty --resume ""

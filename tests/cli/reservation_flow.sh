@@ -378,6 +378,13 @@ check "reserve --config --set train.steps=600 plans 600 steps" $?
 grep -q "min free" "$tmp/sized_show.log"
 check "the sized booking carries its minimum free memory" $?
 "$berth" cancel "$id5" > /dev/null 2>&1
+# --print-id: stdout is the id alone (`id=$(berth reserve --config ... --print-id)`), the sizing
+# report goes to stderr; it went to stdout, and the id read "sized from ...".
+id6=$("$berth" reserve --config "$cfg" --gpu cpu --print-id 2> "$tmp/sized_id.log")
+rc=$?
+[ $rc -eq 0 ] && [[ "$id6" =~ ^[0-9]+$ ]] && grep -q "sized from" "$tmp/sized_id.log"
+check "reserve --config --print-id prints the id alone, the sizing on stderr (rc $rc, '$id6')" $?
+"$berth" cancel "$id6" > /dev/null 2>&1
 "$berth" reserve --config "$cfg" --json > "$tmp/noprof.log" 2>&1
 rc=$?
 [ $rc -eq 1 ] && grep -q "say which hardware to plan for with --gpu" "$tmp/noprof.log"
