@@ -355,6 +355,23 @@ TEST(ProgressMonitor, CheckpointOverhead) {
   }
 }
 
+TEST(ProgressMonitor, AStopsSaveIsBookedIntoTheLastStep) {
+  // A stop (signal, window's end) saves after the step's record: amended into it, the session's
+  // elapsed time counts the save and the row reads ckpt, as a periodic save's does.
+  ProgressMonitor m(facts(0), settings(2));
+  feed_with_saves(m, 60, 1000, 0);
+  const double before = m.predictor().elapsed_s();
+  const StepRecord& r = m.amend_last(2.5, "ckpt");
+  EXPECT_EQ(r.step, 60);
+  EXPECT_EQ(r.event, "ckpt");
+  EXPECT_NEAR(r.duration_s, 0.1 + 2.5, 1e-9);
+  EXPECT_NEAR(r.overhead_s, 2.5, 1e-9);
+  EXPECT_NEAR(m.predictor().elapsed_s(), before + 2.5, 1e-9);
+  const ProgressReport rep = m.report();
+  EXPECT_NEAR(rep.prediction.checkpoint_s, 2.5, 0.01) << "the save is the run's one checkpoint";
+  EXPECT_NEAR(rep.tokens_per_s, 4096 / 0.1, 4096 / 0.1 * 0.02) << "not training time";
+}
+
 TEST(ProgressMonitor, EveryStepSavingOrEvaluatingStillWarns) {
   // checkpoint.interval = 1: every step saves (0.3 s over a 0.1 s step) and waits 30 ms for data.
   // No step was free of events, so no warning could fire, and the block showed no checkpoints.

@@ -142,6 +142,15 @@ void ProgressPredictor::observe(const StepRecord& r) {
   elapsed_s_ += r.duration_s;
 }
 
+void ProgressPredictor::amend_last(const StepRecord& r) {
+  BERTH_CHECK(!records_.empty() && r.step == records_.back().step,
+              "only the newest observed step can be amended (step {})", r.step);
+  BERTH_CHECK(r.duration_s >= 0.0 && std::isfinite(r.duration_s),
+              "step {}: duration_s must be finite and >= 0, got {}", r.step, r.duration_s);
+  elapsed_s_ += r.duration_s - records_.back().duration_s;
+  records_.back() = r;
+}
+
 Prediction ProgressPredictor::predict() const {
   BERTH_CHECK(!records_.empty(),
               "no step observed yet: the predictor needs at least one finished step");

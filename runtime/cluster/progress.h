@@ -100,6 +100,8 @@ class ProgressPredictor {
   explicit ProgressPredictor(RunFacts facts);  // throws berth::Error on inconsistent facts
   // Steps must arrive in increasing order and lie inside the session; throws otherwise.
   void observe(const StepRecord& record);
+  // The newest observed step again, amended (a save that followed it: a stop's checkpoint).
+  void amend_last(const StepRecord& record);
   // Before any observation: a prediction from priors only is not possible, throws berth::Error.
   Prediction predict() const;
   int64_t steps_observed() const { return static_cast<int64_t>(records_.size()); }

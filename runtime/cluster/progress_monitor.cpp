@@ -138,6 +138,19 @@ const StepRecord& ProgressMonitor::observe(int64_t step, const std::vector<RankS
   return last_;
 }
 
+const StepRecord& ProgressMonitor::amend_last(double extra_s, const std::string& event) {
+  BERTH_CHECK(!history_.empty(), "progress monitor: no step to amend");
+  last_.duration_s += extra_s;
+  last_.overhead_s += extra_s;
+  last_.event += (last_.event.empty() ? "" : "+") + event;
+  predictor_.amend_last(last_);
+  // Its ranks' records stay the step without the extra time, as a netted step's are.
+  Sample& s = history_.back();
+  s.normal = false;
+  s.netted = only_ckpt_or_eval(last_.event);
+  return last_;
+}
+
 int ProgressMonitor::stage_of(size_t rank) const {
   return settings_.rank_stage.empty() ? 0 : settings_.rank_stage[rank];
 }

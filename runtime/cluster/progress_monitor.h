@@ -88,6 +88,10 @@ class ProgressMonitor {
   const StepRecord& observe(int64_t step, const std::vector<RankStepMetrics>& ranks,
                             int64_t global_tokens, int64_t seq_len, const std::string& event);
 
+  // The newest step took `extra_s` more, spent in `event` ("ckpt": the checkpoint a stop saved
+  // after it, on a signal or at the window's end). Returns its amended trace row.
+  const StepRecord& amend_last(double extra_s, const std::string& event);
+
   ProgressReport report() const;  // needs one observed step
 
   // The warnings of `r` worth logging now: new kinds, and every `repeat_blocks`-th report of a

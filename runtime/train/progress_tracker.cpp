@@ -179,6 +179,7 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   if (new_epoch) add("epoch_boundary");
   const int64_t global_tokens = int64_t(st.tokens) * grid_.shape().dp * grid_.shape().cp;
   const StepRecord& r = monitor_->observe(done, all, global_tokens, cfg_.data.seq_len, event);
+  last_row_at_ = trace_.tellp();
   trace_ << trace_csv_row(r);
   trace_.flush();
 
@@ -213,6 +214,11 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
 
   const int64_t end = cfg_.train.steps;
   if ((done - start_step_) % cfg_.progress.interval != 0 && done != end) return;
+  log_block(done, line);
+}
+
+void ProgressTracker::log_block(int64_t done, nlohmann::json* line) {
+  nlohmann::json& j = *line;
   const ProgressReport rep = monitor_->report();
   const Prediction& p = rep.prediction;
   j["predicted_total_s"] = p.total_s;
@@ -226,6 +232,29 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   }
   log_info("{}", format_progress(rep, session_start_unix_, tty_));
   for (const ProgressWarning& w : monitor_->due(rep)) log_warn("[progress] {}", w.message);
+  last_block_step_ = done;
+}
+
+void ProgressTracker::stopped_after(int64_t done, double save_s, nlohmann::json* line) {
+  if (!monitor_) return;
+  if (save_s > 0) {
+    const StepRecord& r = monitor_->amend_last(save_s, "ckpt");
+    // The row, rewritten in place: the file is cut where it began and the row appended again.
+    trace_.close();
+    const std::string partial = run_dir_ + "/trace.csv.partial";
+    std::error_code ec;
+    std::filesystem::resize_file(partial, static_cast<uintmax_t>(last_row_at_), ec);
+    BERTH_CHECK(!ec, "cannot rewrite the last row of {}: {}", partial, ec.message());
+    trace_.open(partial, std::ios::app);
+    BERTH_CHECK(trace_.good(), "cannot write {}", partial);
+    trace_ << trace_csv_row(r);
+    trace_.flush();
+    nlohmann::json& j = *line;
+    j["wall_s"] = r.duration_s;
+    j["overhead_s"] = r.overhead_s;
+    j["event"] = r.event;
+  }
+  if (last_block_step_ != done) log_block(done, line);
 }
 
 void ProgressTracker::finish() {

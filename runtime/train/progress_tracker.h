@@ -61,6 +61,13 @@ class ProgressTracker {
   // block, and run_facts.json is rewritten with the new lease_s, so a replay agrees.
   void set_window_end(double window_end_unix, bool preempted = false);
 
+  // The session ends after step `done`, which end_step recorded, because a stop signal or the
+  // window's end stopped it. `save_s` > 0: a checkpoint was saved after that step (the stop's):
+  // its time is booked into the step's trace row and `line` (event "ckpt"), so the steps still
+  // tile the session. Logs the step's block, as at a last step, unless it was logged. Rank 0;
+  // a no-op elsewhere, and no collective.
+  void stopped_after(int64_t done, double save_s, nlohmann::json* line);
+
   // Rank 0: trace.csv.partial becomes trace.csv; logs the cost of gathering the records.
   void finish();
   // Rank 0, instead of finish() when the lease was lost: closes the trace and commits nothing,
@@ -68,6 +75,9 @@ class ProgressTracker {
   void abandon();
 
  private:
+  // Rank 0: the prediction into `line` and the [progress] block with its due warnings.
+  void log_block(int64_t done, nlohmann::json* line);
+
   const RunConfig& cfg_;
   ProcessGrid& grid_;
   const Backend* backend_;  // null: host memory
@@ -75,6 +85,8 @@ class ProgressTracker {
   int64_t start_step_, tokens_per_step_;
   std::unique_ptr<ProgressMonitor> monitor_;  // rank 0
   std::ofstream trace_;                       // rank 0
+  std::streamoff last_row_at_ = 0;            // rank 0: where the newest trace row starts
+  int64_t last_block_step_ = -1;              // rank 0: the step of the newest block logged
   double session_start_unix_ = 0;
   double window_end_unix_ = 0;  // rank 0: the window the monitor uses (0 = none)
   bool tty_ = false;

@@ -1081,6 +1081,16 @@ std::vector<StepStats> Trainer::run() {
                            lease.window_end(), lease.reservation(), backend_);
   const auto t_session = std::chrono::steady_clock::now();
   int64_t saved_at = -1;  // step of the newest checkpoint this session
+  nlohmann::json last_line;  // the newest step's metrics object (the last line of `metrics`)
+  // A stop after the session's first step: the step before it is the session's last; a save
+  // of the stop (save_s > 0) is booked into that step's record, as a periodic save is.
+  auto stopped_after = [&](int64_t done, double save_s) {
+    if (done <= start_step_) return;
+    const size_t old_size = last_line.dump().size() + 1;
+    progress.stopped_after(done, save_s, &last_line);
+    metrics.resize(metrics.size() - std::min(metrics.size(), old_size));
+    metrics += last_line.dump() + "\n";
+  };
   // The newest step that trained: a skipped one (no targets) takes milliseconds, and a window's
   // end judged by it would let a real step start too late.
   double last_wall = 0, last_step_s = 0;
@@ -1090,7 +1100,9 @@ std::vector<StepStats> Trainer::run() {
     // all-reduce of 4 bytes per step).
     if (const int32_t sig =
             world_.all_reduce_value<int32_t>(StopSignals::received(), ReduceOp::MAX)) {
-      if (step > start_step_ && saved_at != step) lease.checkpoint_took(save(step));
+      double save_s = 0;
+      if (step > start_step_ && saved_at != step) lease.checkpoint_took(save_s = save(step));
+      stopped_after(step, save_s);
       outcome_ = Outcome::kSignalled;
       outcome_reason_ = fmt::format("{} received", StopSignals::name(sig));
       log_info("stopping before step {}: {}; {}continue with --resume auto", step + 1,
@@ -1103,7 +1115,9 @@ std::vector<StepStats> Trainer::run() {
     if (decision != LeaseKeeper::kContinue) {
       outcome_reason_ = lease.reason();  // on ranks other than 0: "rank 0 … its log says why"
       if (decision == LeaseKeeper::kStopWindow) {
-        if (step > start_step_ && saved_at != step) lease.checkpoint_took(save(step));
+        double save_s = 0;
+        if (step > start_step_ && saved_at != step) lease.checkpoint_took(save_s = save(step));
+        stopped_after(step, save_s);
         outcome_ = Outcome::kWindowEnded;
         log_info("stopping before step {}: {}; resume in the next window with --resume auto",
                  step + 1, outcome_reason_);
@@ -1166,6 +1180,7 @@ std::vector<StepStats> Trainer::run() {
     }
     const std::string line = j.dump() + "\n";
     metrics += line;
+    last_line = std::move(j);
     if (writer) {
       partial << line;
       partial.flush();

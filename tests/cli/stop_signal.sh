@@ -55,6 +55,13 @@ saved=$((10#${step:-0}))
 [ -f "$run/metrics.jsonl" ] && [ "$(wc -l < "$run/metrics.jsonl")" -eq "$saved" ] &&
   [ ! -e "$run/metrics.jsonl.partial" ] && [ -f "$run/trace.csv" ]
 check "SIGTERM: metrics.jsonl ($saved steps) and trace.csv are committed" $?
+# The stop's save is the last step's (its time in that row of the trace and of metrics.jsonl, as
+# a periodic save's, so the steps still tile the session), and that step's block is logged.
+last=$(tail -n 1 "$run/trace.csv" 2>/dev/null)
+[ "${last%%,*}" = "$saved" ] && [[ "${last##*,}" == *ckpt* ]] &&
+  echo "$last" | awk -F, '{ exit !($8 > 0) }' && grep -q "\[progress\] step $saved/400 " "$tmp/term.log" &&
+  tail -n 1 "$run/metrics.jsonl" | grep -q '"event":"ckpt'
+check "SIGTERM: the stop's save is in step $saved's trace row ('$last') and its block is logged" $?
 
 "$berth" "${args[@]}" --set train.steps=$((saved + 2)) --set debug.slow_rank=-1 --set debug.slow_rank_s=0 --resume auto \
   > "$tmp/resume.log" 2>&1
