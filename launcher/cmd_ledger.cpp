@@ -607,8 +607,14 @@ void register_ledger_commands(CLI::App& app) {
                        static_cast<long long>(b.reservation), b.owner.c_str(),
                        static_cast<long long>(b.priority), window_text(b.start, b.end).c_str());
         }
-        std::fprintf(refusal, "book it with: --start %s\n",
-                     format_utc_iso(r.earliest_start).c_str());
+        if (r.earliest_moves) {
+          std::fprintf(refusal,
+                       "book it with: --start earliest (that start is now + the notice a running "
+                       "holder gets: it moves with the clock)\n");
+        } else {
+          std::fprintf(refusal, "book it with: --start %s\n",
+                       format_utc_iso(r.earliest_start).c_str());
+        }
       }
       for (const auto& [s, e] : r.proposed_split) {
         std::fprintf(refusal, "  segment %s\n", window_text(s, e).c_str());

@@ -363,6 +363,7 @@ TEST_F(LedgerTest, PreemptingARunningHolderLeavesTheMinimumNotice) {
   const BookingResult now = l->reserve(p);  // asked for now: refused, saying why
   ASSERT_FALSE(now.booked);
   EXPECT_DOUBLE_EQ(now.earliest_start, now_ + 600);
+  EXPECT_TRUE(now.earliest_moves) << "now + the notice: --start earliest books it, that time not";
   EXPECT_NE(now.reason.find("reservation 1 is running there and gets the policy's min_notice_s "
                             "(10m00s) before it is preempted"),
             std::string::npos)
@@ -394,6 +395,7 @@ TEST_F(LedgerTest, ThePreemptionNoticeIsWeighedAgainstDevicesThatNeedNoCut) {
   const BookingResult refused = l->reserve(p);
   ASSERT_FALSE(refused.booked);
   EXPECT_DOUBLE_EQ(refused.earliest_start, kT0 + 300);
+  EXPECT_FALSE(refused.earliest_moves) << "carol's end is a fixed time";
   p.start.reset();
   const BookingResult r = l->reserve(p);
   ASSERT_TRUE(r.booked);
@@ -414,12 +416,18 @@ TEST_F(LedgerTest, ALeaseTakenEarlyWaitsForTheDevicesRunningHolder) {
   now_ = kT0 + kH - 100;  // within the 300 s start slack of bob's window
   const LeaseResult early = l->acquire_lease(2, "bob", "n2", 200, 60);
   ASSERT_FALSE(early.ok);
-  EXPECT_NE(early.reason.find("its device n1:cpu0 is still held by reservation 1's running job "
-                              "(pid 100 on n1"),
+  EXPECT_NE(early.reason.find("its device n1:cpu0 is still reservation 1's until "
+                              "2026-12-03T21:00:00Z (its job runs: pid 100 on n1)"),
             std::string::npos)
       << early.reason;
   EXPECT_NE(early.reason.find("launch again at the window's start"), std::string::npos);
-  l->release_lease(1, 1);  // alice stopped
+  // Stopped (or crashed, and relaunching), alice's window is still hers: bob still waits, or
+  // alice's relaunch would find her device taken for the rest of her window.
+  l->release_lease(1, 1);
+  EXPECT_FALSE(l->acquire_lease(2, "bob", "n2", 200, 60).ok);
+  EXPECT_TRUE(l->acquire_lease(1, "alice", "n1", 101, 60).ok);
+  l->release_lease(1, 2);
+  now_ = kT0 + kH;  // bob's window opens
   EXPECT_TRUE(l->acquire_lease(2, "bob", "n2", 200, 60).ok);
 }
 
@@ -613,6 +621,13 @@ TEST_F(LedgerTest, AnIdempotentRetryReplaysAfterItsStartHasPassed) {
   ASSERT_TRUE(c.booked && c.replayed);
   EXPECT_EQ(rows("reservations"), 1);
   // Another request under the key is refused as such, after the request's own checks.
+  // A replay is no way around the request's checks, nor for a start older than the booking.
+  ReserveRequest short_one = q;
+  short_one.duration_s = 0.5;
+  test::expect_error([&] { l->reserve(short_one); }, {"--duration must be at least 1s"});
+  ReserveRequest ancient = q;
+  ancient.start = kT0 - 24 * kH;
+  test::expect_error([&] { l->reserve(ancient); }, {"--start", "is in the past"});
   q.count = 3;
   test::expect_error([&] { l->reserve(q); }, {"--start", "is in the past"});
   q.start = now_ + 60;

@@ -75,6 +75,9 @@ struct BookingResult {
   std::vector<Reservation> reservations;  // one, or the chained segments
   std::vector<Reservation> preempted;     // bookings this one preempted
   double earliest_start = 0;              // when refused for time: the earliest feasible start
+  // It is now + the policy's min_notice_s for a running holder: it moves with the clock, so
+  // `--start earliest` books it, not that time given again.
+  bool earliest_moves = false;
   std::vector<Busy> blockers;             // what blocks the requested start
   std::vector<std::pair<double, double>> proposed_split;  // when refused for length
   std::string reason;                     // why refused, for the user

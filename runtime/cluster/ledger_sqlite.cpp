@@ -387,7 +387,9 @@ class SqliteLedger : public LedgerStore {
     req.duration_s = std::ceil(req.duration_s - 1e-6);
     WriteTxn t(db_);
     BookingResult out;
-    // A retry of a booked request replays it, first: its --start may be in the past by now.
+    validate_request(asked, now, /*start_bounds=*/false);
+    // A retry of a booked request replays it before the start's bounds: its --start may be in the
+    // past by now (compared with when it was booked instead).
     std::optional<Reservation> key_taken;  // by another request
     if (!req.idempotency_key.empty()) {
       Stmt s(db_, "SELECT id FROM reservations WHERE owner=? AND idem_key=? AND chain_prev=0");
@@ -400,7 +402,8 @@ class SqliteLedger : public LedgerStore {
         // The start as asked, or as booked from it (one up to past_slack_s ago started then).
         const bool same_start =
             !req.start || std::fabs(*req.start - r.start) < 1e-6 ||
-            std::fabs(std::floor(std::max(*req.start, r.created)) - r.start) < 1e-6;
+            (*req.start >= r.created - o_.policy.past_slack_s &&
+             std::fabs(std::floor(std::max(*req.start, r.created)) - r.start) < 1e-6);
         const bool same = int64_t(r.devices.size()) == req.count && r.model == req.model &&
                           r.priority == req.priority &&
                           (std::fabs(total - req.duration_s) < 1e-6 ||
@@ -420,7 +423,7 @@ class SqliteLedger : public LedgerStore {
         key_taken = r;
       }
     }
-    validate_request(asked, now);
+    validate_request(asked, now, /*start_bounds=*/true);
     BERTH_CHECK(!key_taken,
                 "idempotency key '{}' was already used by {} for a different request "
                 "(reservation {}); use a new key",
@@ -503,6 +506,8 @@ class SqliteLedger : public LedgerStore {
     }
     if (req.start && ans.start > start + 1e-9) {
       out.earliest_start = ans.start;
+      out.earliest_moves =
+          !notice.empty() && std::fabs(ans.start - std::ceil(sr.notice_until)) < 1e-9;
       out.blockers = ans.blockers;
       out.reason = "the devices are booked when asked" + notice;
       return out;
@@ -652,23 +657,26 @@ class SqliteLedger : public LedgerStore {
                                id, l->pid, l->host, l->token, format_utc_iso(l->expires));
       return out;
     }
-    // Taken early (start_slack_s), the window's devices may still run the booking before it (or
-    // a preempted one, until its notice ends): two jobs on one device. Its window is not over,
-    // so the device is still its; this launch waits for it.
-    std::map<int64_t, const Device*> mine;
-    for (const Device& d : r.devices) mine[d.id] = &d;
-    for (const Busy& b : active_busy(now)) {
-      if (b.reservation == id || !b.running || !mine.count(b.device)) continue;
-      const Reservation other = load(b.reservation);
-      const std::optional<Lease> l = live_lease(b.reservation, now);
-      out.reason = fmt::format(
-          "reservation {}'s window opens at {} (in {}), and its device {} is still held by "
-          "reservation {}'s running job (pid {} on {}, its window ends at {}): a lease is taken "
-          "early only on free devices; launch again at the window's start",
-          id, format_utc_iso(r.start), format_duration(std::max(0.0, r.start - now)),
-          device_name(*mine[b.device]), b.reservation, l ? l->pid : 0, l ? l->host : "?",
-          format_utc_iso(other.end));
-      return out;
+    // Taken early (start_slack_s), the window's devices may still be another booking's: the one
+    // before it (its job running, or relaunching within its window), or a preempted one until its
+    // notice ends. Two jobs on one device, or that booking's owner locked out of the rest of its
+    // window: this launch waits for the window's start.
+    if (now < r.start) {
+      std::map<int64_t, const Device*> mine;
+      for (const Device& d : r.devices) mine[d.id] = &d;
+      for (const Busy& b : active_busy(now)) {
+        if (b.reservation == id || !mine.count(b.device) || !(b.start <= now || b.running))
+          continue;
+        const std::optional<Lease> l = live_lease(b.reservation, now);
+        out.reason = fmt::format(
+            "reservation {}'s window opens at {} (in {}), and its device {} is still reservation "
+            "{}'s until {}{}: a lease is taken early only on devices no booking holds; launch "
+            "again at the window's start",
+            id, format_utc_iso(r.start), format_duration(r.start - now),
+            device_name(*mine[b.device]), b.reservation, format_utc_iso(b.end),
+            l ? fmt::format(" (its job runs: pid {} on {})", l->pid, l->host) : std::string());
+        return out;
+      }
     }
     Stmt tok(db_, "UPDATE tokens SET last=last+1 WHERE id=1 RETURNING last");
     tok.step();
@@ -764,7 +772,8 @@ class SqliteLedger : public LedgerStore {
     t.commit();
   }
 
-  void validate_request(const ReserveRequest& q, double now) const {
+  // `start_bounds`: also a --start not in the past (past_slack_s) nor past the horizon.
+  void validate_request(const ReserveRequest& q, double now, bool start_bounds) const {
     BERTH_CHECK(q.count >= 1 && q.count <= 4096,
                 "--gpus must be between 1 and 4096, got {}", q.count);
     // Windows are kept and shown to the second; a shorter one is lost in the start time's
@@ -788,8 +797,8 @@ class SqliteLedger : public LedgerStore {
       BERTH_CHECK(chars <= most, "{} is {} characters; at most {}", flag, chars, most);
     }
     BERTH_CHECK(!q.owner.empty(), "booking without an owner");
-    if (q.start) {
-      BERTH_CHECK(std::isfinite(*q.start), "--start is not a valid time");
+    if (q.start) BERTH_CHECK(std::isfinite(*q.start), "--start is not a valid time");
+    if (q.start && start_bounds) {
       BERTH_CHECK(*q.start >= now - o_.policy.past_slack_s,
                   "--start {} is in the past (now is {}); give a future time or --start earliest",
                   format_utc_iso(*q.start), format_utc_iso(now));

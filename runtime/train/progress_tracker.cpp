@@ -179,9 +179,7 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   if (new_epoch) add("epoch_boundary");
   const int64_t global_tokens = int64_t(st.tokens) * grid_.shape().dp * grid_.shape().cp;
   const StepRecord& r = monitor_->observe(done, all, global_tokens, cfg_.data.seq_len, event);
-  last_row_at_ = trace_.tellp();
-  trace_ << trace_csv_row(r);
-  trace_.flush();
+  append_row(r);
 
   nlohmann::json& j = *line;
   j["wall_s"] = r.duration_s;
@@ -217,6 +215,12 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   log_block(done, line);
 }
 
+void ProgressTracker::append_row(const StepRecord& r) {
+  last_row_at_ = trace_.tellp();
+  trace_ << trace_csv_row(r);
+  trace_.flush();
+}
+
 void ProgressTracker::log_block(int64_t done, nlohmann::json* line) {
   nlohmann::json& j = *line;
   const ProgressReport rep = monitor_->report();
@@ -240,15 +244,19 @@ void ProgressTracker::stopped_after(int64_t done, double save_s, nlohmann::json*
   if (save_s > 0) {
     const StepRecord& r = monitor_->amend_last(save_s, "ckpt");
     // The row, rewritten in place: the file is cut where it began and the row appended again.
-    trace_.close();
+    // (A trace that could not be written is left as it is: the stop is not failed for it.)
     const std::string partial = run_dir_ + "/trace.csv.partial";
     std::error_code ec;
-    std::filesystem::resize_file(partial, static_cast<uintmax_t>(last_row_at_), ec);
-    BERTH_CHECK(!ec, "cannot rewrite the last row of {}: {}", partial, ec.message());
-    trace_.open(partial, std::ios::app);
-    BERTH_CHECK(trace_.good(), "cannot write {}", partial);
-    trace_ << trace_csv_row(r);
-    trace_.flush();
+    if (last_row_at_ >= 0 && trace_.flush().good()) {
+      std::filesystem::resize_file(partial, static_cast<uintmax_t>(last_row_at_), ec);
+    }
+    if (last_row_at_ < 0 || !trace_.good() || ec) {
+      log_warn("progress: cannot rewrite the last row of {}{}; metrics.jsonl has the stop's save",
+               partial, ec ? " (" + ec.message() + ")" : std::string());
+    } else {
+      trace_.seekp(last_row_at_);
+      append_row(r);
+    }
     nlohmann::json& j = *line;
     j["wall_s"] = r.duration_s;
     j["overhead_s"] = r.overhead_s;

@@ -1084,12 +1084,28 @@ std::vector<StepStats> Trainer::run() {
   nlohmann::json last_line;  // the newest step's metrics object (the last line of `metrics`)
   // A stop after the session's first step: the step before it is the session's last; a save
   // of the stop (save_s > 0) is booked into that step's record, as a periodic save is.
+  std::streamoff partial_line_at = -1;  // where the last line of metrics.jsonl.partial starts
   auto stopped_after = [&](int64_t done, double save_s) {
     if (done <= start_step_) return;
     const size_t old_size = last_line.dump().size() + 1;
     progress.stopped_after(done, save_s, &last_line);
+    const std::string line = last_line.dump() + "\n";
     metrics.resize(metrics.size() - std::min(metrics.size(), old_size));
-    metrics += last_line.dump() + "\n";
+    metrics += line;
+    // The .partial file too (a run that ends fenced out or lease-lost commits only that one):
+    // cut where the line began, the line written again.
+    if (!writer || partial_line_at < 0) return;
+    std::error_code ec;
+    partial.flush();
+    std::filesystem::resize_file(partial_path, static_cast<uintmax_t>(partial_line_at), ec);
+    if (ec) {
+      log_warn("metrics: cannot rewrite the last line of {} ({}); metrics.jsonl has it",
+               partial_path, ec.message());
+      return;
+    }
+    partial.seekp(partial_line_at);
+    partial << line;
+    partial.flush();
   };
   // The newest step that trained: a skipped one (no targets) takes milliseconds, and a window's
   // end judged by it would let a real step start too late.
@@ -1182,6 +1198,7 @@ std::vector<StepStats> Trainer::run() {
     metrics += line;
     last_line = std::move(j);
     if (writer) {
+      partial_line_at = partial.tellp();
       partial << line;
       partial.flush();
     }
