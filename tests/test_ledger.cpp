@@ -431,6 +431,25 @@ TEST_F(LedgerTest, ALeaseTakenEarlyWaitsForTheDevicesRunningHolder) {
   EXPECT_TRUE(l->acquire_lease(2, "bob", "n2", 200, 60).ok);
 }
 
+TEST_F(LedgerTest, TheOwnersNextBookingIsTakenEarlyOnceTheBookingBeforeStopped) {
+  // The run of segment 1 stopped before its window's end (its stop reserve, exit 3); its batch
+  // script resumes under segment 2 at once: the same run goes on, on the same devices. (So with
+  // two bookings of one owner back to back.)
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ReserveRequest q = req(1, kT0, 8 * 24);
+  q.allow_split = true;
+  const BookingResult split = l->reserve(q);
+  ASSERT_TRUE(split.booked);
+  ASSERT_EQ(split.reservations.size(), 2u);
+  const int64_t first = split.reservations[0].id, second = split.reservations[1].id;
+  ASSERT_TRUE(l->acquire_lease(first, "alice", "n1", 100, 8 * 24 * kH).ok);
+  now_ = split.reservations[1].start - 120;
+  EXPECT_FALSE(l->acquire_lease(second, "alice", "n1", 101, 60).ok) << "segment 1 still runs";
+  l->release_lease(first, 1);
+  EXPECT_TRUE(l->acquire_lease(second, "alice", "n1", 101, 60).ok);
+}
+
 TEST_F(LedgerTest, AHolderThatTookItsLeaseEarlyIsCutNotBrokenAndHoldsItsDevicesFromNow) {
   // bob's window starts in 100 s; his job took the lease now (start slack). A preemption kept the
   // notice but broke his booking whole: the run lost its lease with no checkpoint (exit 4).

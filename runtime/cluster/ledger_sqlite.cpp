@@ -667,6 +667,9 @@ class SqliteLedger : public LedgerStore {
       for (const Busy& b : active_busy(now)) {
         if (b.reservation == id || !mine.count(b.device) || !(b.start <= now || b.running))
           continue;
+        // The owner's own booking before, once its job stopped: the same run goes on (a batch
+        // script resumes under the next booking at once, exit 3; the next segment of a split).
+        if (!b.running && b.owner == r.owner) continue;
         const std::optional<Lease> l = live_lease(b.reservation, now);
         out.reason = fmt::format(
             "reservation {}'s window opens at {} (in {}), and its device {} is still reservation "
