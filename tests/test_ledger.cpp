@@ -448,6 +448,14 @@ TEST_F(LedgerTest, TheOwnersNextBookingIsTakenEarlyOnceTheBookingBeforeStopped) 
   EXPECT_FALSE(l->acquire_lease(second, "alice", "n1", 101, 60).ok) << "segment 1 still runs";
   l->release_lease(first, 1);
   EXPECT_TRUE(l->acquire_lease(second, "alice", "n1", 101, 60).ok);
+  // Her job under segment 1 relaunched meanwhile (its window is still open): the device is
+  // segment 2's job's now, not two jobs'.
+  const LeaseResult twice = l->acquire_lease(first, "alice", "n1", 102, 60);
+  ASSERT_FALSE(twice.ok);
+  EXPECT_NE(twice.reason.find("(its job runs: pid 101 on n1): a device is leased to one job at a "
+                              "time; launch again once that job has stopped"),
+            std::string::npos)
+      << twice.reason;
 }
 
 TEST_F(LedgerTest, AHolderThatTookItsLeaseEarlyIsCutNotBrokenAndHoldsItsDevicesFromNow) {

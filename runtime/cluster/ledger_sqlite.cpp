@@ -644,11 +644,11 @@ class SqliteLedger : public LedgerStore {
     }
     if (now < r.start - o_.policy.start_slack_s) {
       out.reason = fmt::format("reservation {}'s window opens at {} (in {})", id,
-                               format_utc_minute(r.start), format_duration(r.start - now));
+                               format_utc_iso(r.start), format_duration(r.start - now));
       return out;
     }
     if (now >= r.end) {
-      out.reason = fmt::format("reservation {}'s window ended at {}", id, format_utc_minute(r.end));
+      out.reason = fmt::format("reservation {}'s window ended at {}", id, format_utc_iso(r.end));
       return out;
     }
     if (const std::optional<Lease> l = live_lease(id, now)) {
@@ -657,29 +657,32 @@ class SqliteLedger : public LedgerStore {
                                id, l->pid, l->host, l->token, format_utc_iso(l->expires));
       return out;
     }
-    // Taken early (start_slack_s), the window's devices may still be another booking's: the one
-    // before it (its job running, or relaunching within its window), or a preempted one until its
-    // notice ends. Two jobs on one device, or that booking's owner locked out of the rest of its
-    // window: this launch waits for the window's start.
-    if (now < r.start) {
-      std::map<int64_t, const Device*> mine;
-      for (const Device& d : r.devices) mine[d.id] = &d;
-      for (const Busy& b : active_busy(now)) {
-        if (b.reservation == id || !mine.count(b.device) || !(b.start <= now || b.running))
-          continue;
-        // The owner's own booking before, once its job stopped: the same run goes on (a batch
-        // script resumes under the next booking at once, exit 3; the next segment of a split).
-        if (!b.running && b.owner == r.owner) continue;
-        const std::optional<Lease> l = live_lease(b.reservation, now);
-        out.reason = fmt::format(
-            "reservation {}'s window opens at {} (in {}), and its device {} is still reservation "
-            "{}'s until {}{}: a lease is taken early only on devices no booking holds; launch "
-            "again at the window's start",
-            id, format_utc_iso(r.start), format_duration(r.start - now),
-            device_name(*mine[b.device]), b.reservation, format_utc_iso(b.end),
-            l ? fmt::format(" (its job runs: pid {} on {})", l->pid, l->host) : std::string());
-        return out;
-      }
+    // A device another booking's job runs on is never leased twice: the booking before still
+    // running, a preempted one in its notice, or the owner's next booking that took its lease
+    // early while this one's job had stopped. Before this window opens (start_slack_s), another
+    // owner's window on its devices holds it back too: that owner may be relaunching within it.
+    std::map<int64_t, const Device*> mine;
+    for (const Device& d : r.devices) mine[d.id] = &d;
+    const bool early = now < r.start;
+    for (const Busy& b : active_busy(now)) {
+      if (b.reservation == id || !mine.count(b.device)) continue;
+      if (!b.running && !(early && b.start <= now && b.owner != r.owner)) continue;
+      const std::optional<Lease> l = live_lease(b.reservation, now);
+      const std::string held = fmt::format(
+          "its device {} is still reservation {}'s until {}{}", device_name(*mine[b.device]),
+          b.reservation, format_utc_iso(b.end),
+          l ? fmt::format(" (its job runs: pid {} on {})", l->pid, l->host) : std::string());
+      out.reason = early ? fmt::format(
+                               "reservation {}'s window opens at {} (in {}), and {}: a lease is "
+                               "taken early only on devices no booking holds; launch again at "
+                               "the window's start",
+                               id, format_utc_iso(r.start), format_duration(r.start - now), held)
+                         : fmt::format(
+                               "reservation {}: {}: a device is leased to one job at a time; "
+                               "launch again once that job has stopped (its lease lapses at {} "
+                               "unless renewed)",
+                               id, held, l ? format_utc_iso(l->expires) : "once not renewed");
+      return out;
     }
     Stmt tok(db_, "UPDATE tokens SET last=last+1 WHERE id=1 RETURNING last");
     tok.step();

@@ -165,10 +165,10 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
       last_renew_ = unix_now();
       local_expiry_ = l.lease.expires;
       start_heartbeat(path);
-      log_info("lease: reservation {} held with fencing token {} until the window ends at {} "
-               "(renewed every {})",
-               reservation_, token_, format_utc_minute(window_end_),
-               format_duration(rc.lease_ttl_s / 3));
+      log_info(
+          "lease: reservation {} held with fencing token {} until the window ends at {} "
+          "(renewed every {})",
+          reservation_, token_, format_utc_iso(window_end_), format_duration(rc.lease_ttl_s / 3));
     } catch (const LeaseRefused& e) {
       refused = e.what();
       try {  // the other ranks wait in the broadcast below: tell them why, whatever happens here
@@ -280,7 +280,7 @@ void LeaseKeeper::record_renewal(const Lease& lease) {
                   "; the run stops with a checkpoint before it)"
             : " (extended)";
     log_info("lease: reservation {}'s window now ends at {}{}", reservation_,
-             format_utc_minute(lease.window_end), why);
+             format_utc_iso(lease.window_end), why);
   }
   window_end_ = lease.window_end;
 }
