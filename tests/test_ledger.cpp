@@ -431,6 +431,22 @@ TEST_F(LedgerTest, ALeaseTakenEarlyWaitsForTheDevicesRunningHolder) {
   EXPECT_TRUE(l->acquire_lease(2, "bob", "n2", 200, 60).ok);
 }
 
+TEST_F(LedgerTest, AnEarlyLeaseWaitsForAnotherOwnersBookingInTheMinutesBeforeItsWindow) {
+  // carol booked [T-200 s, T-100 s) on the slot, bob [T, T+1h). At T-300 s (start slack) bob's
+  // early job would run through carol's window, and her launch would then be refused.
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ASSERT_TRUE(l->reserve(req(1, kT0 + kH, 1, 3, "bob")).booked);
+  ASSERT_TRUE(l->reserve(req(1, kT0 + kH - 200, 100.0 / kH, 3, "carol")).booked);
+  now_ = kT0 + kH - 300;
+  const LeaseResult early = l->acquire_lease(1, "bob", "n1", 100, 60);
+  ASSERT_FALSE(early.ok);
+  EXPECT_NE(early.reason.find("is still reservation 2's until"), std::string::npos) << early.reason;
+  now_ = kT0 + kH - 200;
+  EXPECT_TRUE(l->acquire_lease(2, "carol", "n1", 200, 60).ok);
+  EXPECT_EQ(overlaps(), 0);
+}
+
 TEST_F(LedgerTest, TheOwnersNextBookingIsTakenEarlyOnceTheBookingBeforeStopped) {
   // The run of segment 1 stopped before its window's end (its stop reserve, exit 3); its batch
   // script resumes under segment 2 at once: the same run goes on, on the same devices. (So with

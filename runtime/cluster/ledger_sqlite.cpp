@@ -660,13 +660,16 @@ class SqliteLedger : public LedgerStore {
     // A device another booking's job runs on is never leased twice: the booking before still
     // running, a preempted one in its notice, or the owner's next booking that took its lease
     // early while this one's job had stopped. Before this window opens (start_slack_s), another
-    // owner's window on its devices holds it back too: that owner may be relaunching within it.
+    // owner's window on its devices before it holds it back too: that owner may be relaunching
+    // within it, or has yet to launch (a short booking in the minutes before this one).
     std::map<int64_t, const Device*> mine;
     for (const Device& d : r.devices) mine[d.id] = &d;
     const bool early = now < r.start;
     for (const Busy& b : active_busy(now)) {
       if (b.reservation == id || !mine.count(b.device)) continue;
-      if (!b.running && !(early && b.start <= now && b.owner != r.owner)) continue;
+      // (early: another owner's window anywhere between now and this one's start, where this
+      // job would run)
+      if (!b.running && !(early && b.start < r.start && b.owner != r.owner)) continue;
       const std::optional<Lease> l = live_lease(b.reservation, now);
       const std::string held = fmt::format(
           "its device {} is still reservation {}'s until {}{}", device_name(*mine[b.device]),
