@@ -416,15 +416,20 @@ TEST_F(LedgerTest, ALeaseTakenEarlyWaitsForTheDevicesRunningHolder) {
   now_ = kT0 + kH - 100;  // within the 300 s start slack of bob's window
   const LeaseResult early = l->acquire_lease(2, "bob", "n2", 200, 60);
   ASSERT_FALSE(early.ok);
-  EXPECT_NE(early.reason.find("its device n1:cpu0 is still reservation 1's until "
-                              "2026-12-03T21:00:00Z (its job runs: pid 100 on n1)"),
+  EXPECT_NE(early.reason.find("its device n1:cpu0 still runs reservation 1's job (pid 100 on n1)"),
             std::string::npos)
       << early.reason;
-  EXPECT_NE(early.reason.find("launch again at the window's start"), std::string::npos);
+  EXPECT_NE(early.reason.find("launch again once that job has stopped"), std::string::npos);
   // Stopped (or crashed, and relaunching), alice's window is still hers: bob still waits, or
   // alice's relaunch would find her device taken for the rest of her window.
   l->release_lease(1, 1);
-  EXPECT_FALSE(l->acquire_lease(2, "bob", "n2", 200, 60).ok);
+  const LeaseResult stopped = l->acquire_lease(2, "bob", "n2", 200, 60);
+  ASSERT_FALSE(stopped.ok);
+  EXPECT_NE(stopped.reason.find("its device n1:cpu0 is reservation 1's until 2026-12-03T21:00:00Z: "
+                                "a lease is taken early only on devices no booking holds; launch "
+                                "again at the window's start"),
+            std::string::npos)
+      << stopped.reason;
   EXPECT_TRUE(l->acquire_lease(1, "alice", "n1", 101, 60).ok);
   l->release_lease(1, 2);
   now_ = kT0 + kH;  // bob's window opens
@@ -441,10 +446,40 @@ TEST_F(LedgerTest, AnEarlyLeaseWaitsForAnotherOwnersBookingInTheMinutesBeforeIts
   now_ = kT0 + kH - 300;
   const LeaseResult early = l->acquire_lease(1, "bob", "n1", 100, 60);
   ASSERT_FALSE(early.ok);
-  EXPECT_NE(early.reason.find("is still reservation 2's until"), std::string::npos) << early.reason;
+  EXPECT_NE(early.reason.find("is reservation 2's until"), std::string::npos) << early.reason;
   now_ = kT0 + kH - 200;
   EXPECT_TRUE(l->acquire_lease(2, "carol", "n1", 200, 60).ok);
   EXPECT_EQ(overlaps(), 0);
+}
+
+TEST_F(LedgerTest, ACancelledBookingsRunningJobStillHoldsItsDevice) {
+  // Cancelled while its job trains: the job stops at its next renewal, but a booking made at once
+  // on the slot was leased meanwhile (two live leases on one device).
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ASSERT_TRUE(l->reserve(req(1, kT0, 1, 3, "root")).booked);
+  ASSERT_TRUE(l->acquire_lease(1, "root", "n1", 100, 300).ok);
+  l->cancel(1, "root");
+  ASSERT_TRUE(l->reserve(req(1, kT0, 0.5, 3, "nobody")).booked);
+  const LeaseResult second = l->acquire_lease(2, "nobody", "n2", 200, 60);
+  ASSERT_FALSE(second.ok);
+  EXPECT_NE(second.reason.find("still runs reservation 1's job (pid 100 on n1)"), std::string::npos)
+      << second.reason;
+  l->release_lease(1, 1);  // the job saw the cancellation at its renewal and stopped
+  EXPECT_TRUE(l->acquire_lease(2, "nobody", "n2", 200, 60).ok);
+}
+
+TEST_F(LedgerTest, AnEarlyLeaseWaitsForTheOwnersOwnBookingThatHasNotBegun) {
+  // alice's short booking C in the slack minutes before her booking R: R's early job would run
+  // through C's window, and C's launch would then be refused.
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ASSERT_TRUE(l->reserve(req(1, kT0 + kH, 1)).booked);
+  ASSERT_TRUE(l->reserve(req(1, kT0 + kH - 100, 100.0 / kH)).booked);
+  now_ = kT0 + kH - 300;
+  EXPECT_FALSE(l->acquire_lease(1, "alice", "n1", 100, 60).ok);
+  now_ = kT0 + kH - 100;
+  EXPECT_TRUE(l->acquire_lease(2, "alice", "n1", 101, 60).ok);
 }
 
 TEST_F(LedgerTest, TheOwnersNextBookingIsTakenEarlyOnceTheBookingBeforeStopped) {
@@ -468,8 +503,8 @@ TEST_F(LedgerTest, TheOwnersNextBookingIsTakenEarlyOnceTheBookingBeforeStopped) 
   // segment 2's job's now, not two jobs'.
   const LeaseResult twice = l->acquire_lease(first, "alice", "n1", 102, 60);
   ASSERT_FALSE(twice.ok);
-  EXPECT_NE(twice.reason.find("(its job runs: pid 101 on n1): a device is leased to one job at a "
-                              "time; launch again once that job has stopped"),
+  EXPECT_NE(twice.reason.find("still runs reservation 2's job (pid 101 on n1): a device is leased "
+                              "to one job at a time; launch again once that job has stopped"),
             std::string::npos)
       << twice.reason;
 }

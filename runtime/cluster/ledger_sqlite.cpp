@@ -657,35 +657,43 @@ class SqliteLedger : public LedgerStore {
                                id, l->pid, l->host, l->token, format_utc_iso(l->expires));
       return out;
     }
-    // A device another booking's job runs on is never leased twice: the booking before still
-    // running, a preempted one in its notice, or the owner's next booking that took its lease
-    // early while this one's job had stopped. Before this window opens (start_slack_s), another
-    // owner's window on its devices before it holds it back too: that owner may be relaunching
-    // within it, or has yet to launch (a short booking in the minutes before this one).
+    // A device another booking's job runs on is never leased twice, whatever that booking's
+    // state: the booking before still running (or past its window, finishing its save), a
+    // preempted one in its notice, a cancelled one whose job stops at its next renewal, or the
+    // owner's next booking that took its lease early while this one's job had stopped.
     std::map<int64_t, const Device*> mine;
     for (const Device& d : r.devices) mine[d.id] = &d;
-    const bool early = now < r.start;
-    for (const Busy& b : active_busy(now)) {
-      if (b.reservation == id || !mine.count(b.device)) continue;
-      // (early: another owner's window anywhere between now and this one's start, where this
-      // job would run)
-      if (!b.running && !(early && b.start < r.start && b.owner != r.owner)) continue;
-      const std::optional<Lease> l = live_lease(b.reservation, now);
-      const std::string held = fmt::format(
-          "its device {} is still reservation {}'s until {}{}", device_name(*mine[b.device]),
-          b.reservation, format_utc_iso(b.end),
-          l ? fmt::format(" (its job runs: pid {} on {})", l->pid, l->host) : std::string());
-      out.reason = early ? fmt::format(
-                               "reservation {}'s window opens at {} (in {}), and {}: a lease is "
-                               "taken early only on devices no booking holds; launch again at "
-                               "the window's start",
-                               id, format_utc_iso(r.start), format_duration(r.start - now), held)
-                         : fmt::format(
-                               "reservation {}: {}: a device is leased to one job at a time; "
-                               "launch again once that job has stopped (its lease lapses at {} "
-                               "unless renewed)",
-                               id, held, l ? format_utc_iso(l->expires) : "once not renewed");
+    for (const auto& [device, dev] : mine) {
+      Stmt q(db_,
+             "SELECT l.reservation, l.pid, l.host, l.expires FROM leases l JOIN booked b ON "
+             "b.reservation = l.reservation WHERE b.device=? AND l.reservation<>? AND "
+             "l.released=0 AND l.expires>? ORDER BY l.expires DESC");
+      q.bind(1, device).bind(2, id).bind(3, now);
+      if (!q.step()) continue;
+      out.reason = fmt::format(
+          "reservation {}: its device {} still runs reservation {}'s job (pid {} on {}): a device "
+          "is leased to one job at a time; launch again once that job has stopped (its lease "
+          "lapses at {} unless renewed)",
+          id, device_name(*dev), q.i64(0), q.i64(1), q.text(2), format_utc_iso(q.f64(3)));
       return out;
+    }
+    // Before this window opens (start_slack_s), another booking's window on its devices between
+    // now and its start holds it back too: that owner may be relaunching within it, or has yet
+    // to launch (a short booking in the minutes before). The owner's own booking before does not,
+    // once begun and its job stopped: the same run goes on (a batch script resumes under the next
+    // booking at once after exit 3; the next segment of a split).
+    if (now < r.start) {
+      for (const Busy& b : active_busy(now)) {
+        if (b.reservation == id || !mine.count(b.device) || b.start >= r.start) continue;
+        if (b.owner == r.owner && b.start <= now) continue;
+        out.reason = fmt::format(
+            "reservation {}'s window opens at {} (in {}), and its device {} is reservation {}'s "
+            "until {}: a lease is taken early only on devices no booking holds; launch again at "
+            "the window's start",
+            id, format_utc_iso(r.start), format_duration(r.start - now),
+            device_name(*mine[b.device]), b.reservation, format_utc_iso(b.end));
+        return out;
+      }
     }
     Stmt tok(db_, "UPDATE tokens SET last=last+1 WHERE id=1 RETURNING last");
     tok.step();
