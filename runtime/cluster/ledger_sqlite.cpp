@@ -387,7 +387,7 @@ class SqliteLedger : public LedgerStore {
     req.duration_s = std::ceil(req.duration_s - 1e-6);
     WriteTxn t(db_);
     BookingResult out;
-    validate_request(asked, now, /*start_bounds=*/false);
+    validate_request(asked);
     // A retry of a booked request replays it before the start's bounds: its --start may be in the
     // past by now (compared with when it was booked instead).
     std::optional<Reservation> key_taken;  // by another request
@@ -423,7 +423,7 @@ class SqliteLedger : public LedgerStore {
         key_taken = r;
       }
     }
-    validate_request(asked, now, /*start_bounds=*/true);
+    check_start_bounds(asked, now);
     BERTH_CHECK(!key_taken,
                 "idempotency key '{}' was already used by {} for a different request "
                 "(reservation {}); use a new key",
@@ -789,8 +789,8 @@ class SqliteLedger : public LedgerStore {
     t.commit();
   }
 
-  // `start_bounds`: also a --start not in the past (past_slack_s) nor past the horizon.
-  void validate_request(const ReserveRequest& q, double now, bool start_bounds) const {
+  // The request's fields (check_start_bounds checks its start against now).
+  void validate_request(const ReserveRequest& q) const {
     BERTH_CHECK(q.count >= 1 && q.count <= 4096,
                 "--gpus must be between 1 and 4096, got {}", q.count);
     // Windows are kept and shown to the second; a shorter one is lost in the start time's
@@ -815,7 +815,11 @@ class SqliteLedger : public LedgerStore {
     }
     BERTH_CHECK(!q.owner.empty(), "booking without an owner");
     if (q.start) BERTH_CHECK(std::isfinite(*q.start), "--start is not a valid time");
-    if (q.start && start_bounds) {
+  }
+
+  // A --start not in the past (past_slack_s) nor past the horizon (max_advance_s).
+  void check_start_bounds(const ReserveRequest& q, double now) const {
+    if (q.start) {
       BERTH_CHECK(*q.start >= now - o_.policy.past_slack_s,
                   "--start {} is in the past (now is {}); give a future time or --start earliest",
                   format_utc_iso(*q.start), format_utc_iso(now));

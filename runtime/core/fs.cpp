@@ -129,4 +129,15 @@ void trim_to_whole_lines(const std::string& path) {
   std::filesystem::resize_file(path, size - tail + last + 1, ec);
 }
 
+bool rewrite_from(std::ofstream& out, const std::string& path, std::streamoff at,
+                  const std::string& text) {
+  if (at < 0 || !out.flush()) return false;
+  std::error_code ec;
+  std::filesystem::resize_file(path, static_cast<uintmax_t>(at), ec);
+  if (ec) return false;
+  out.seekp(at);
+  out << text;
+  return bool(out.flush());
+}
+
 }  // namespace berth

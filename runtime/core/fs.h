@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 namespace berth {
@@ -58,5 +59,11 @@ void check_output_file(const std::string& path, const char* what, const char* ex
 // Cuts a text file after its last newline (a line a killed writer cut short); a file that ends in
 // one, or is empty, is left as it is.
 void trim_to_whole_lines(const std::string& path);
+
+// Replaces what `out` (open on `path`) wrote from byte `at` on with `text`: the file is cut at `at`
+// and `text` written there (the last line of an append-only file, amended in place). Returns
+// false when it cannot (`at` < 0, a stream or file error), the file then as it was or cut at `at`.
+bool rewrite_from(std::ofstream& out, const std::string& path, std::streamoff at,
+                  const std::string& text);
 
 }  // namespace berth

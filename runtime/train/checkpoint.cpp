@@ -145,6 +145,20 @@ std::string utc_now() {
              path, what, h5::h5_error_detail());
 }
 
+// How many of p[0..n) are NaN/Inf (or, `non_negative`, below 0), and the first one's index.
+struct BadValues {
+  int64_t count = 0, first = -1;
+};
+BadValues bad_values(const float* p, int64_t n, bool non_negative) {
+  BadValues out;
+  for (int64_t i = 0; i < n; i++) {
+    if (!std::isfinite(p[i]) || (non_negative && p[i] < 0.f)) {
+      if (out.count++ == 0) out.first = i;
+    }
+  }
+  return out;
+}
+
 [[noreturn]] void fail_tensor_type(const std::string& path, const std::string& name, hid_t type) {
   const bool f32 = H5Tget_class(type) == H5T_FLOAT && H5Tget_size(type) == sizeof(float);
   BERTH_FAIL(
@@ -480,18 +494,13 @@ namespace {
 // values below 0: AdamW's second moment is a mean of squares).
 void require_trainable(const float* p, int64_t n, bool non_negative, const std::string& path,
                        const std::string& name) {
-  int64_t count = 0, first = -1;
-  for (int64_t i = 0; i < n; i++) {
-    if (!std::isfinite(p[i]) || (non_negative && p[i] < 0.f)) {
-      if (count++ == 0) first = i;
-    }
-  }
-  BERTH_CHECK(count == 0,
+  const BadValues bad = bad_values(p, n, non_negative);
+  BERTH_CHECK(bad.count == 0,
               "'{}': tensor '{}' holds {} {} value(s) (first at element {}: {}), which training "
               "never leaves: the checkpoint is corrupt (or was edited); resume from an earlier "
               "one",
-              path, name, count, non_negative ? "NaN/Inf or negative" : "NaN/Inf", first,
-              first >= 0 ? p[first] : 0.f);
+              path, name, bad.count, non_negative ? "NaN/Inf or negative" : "NaN/Inf", bad.first,
+              bad.first >= 0 ? p[bad.first] : 0.f);
 }
 
 }  // namespace
@@ -712,18 +721,12 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
 void warn_non_finite(const CheckpointData& data, const ParamLayout& layout,
                      const std::string& source) {
   for (const ParamSpec& s : layout.specs) {
-    const float* p = data.params.data() + s.offset;
-    int64_t count = 0, first = -1;
-    for (int64_t i = 0; i < s.numel; i++) {
-      if (!std::isfinite(p[i])) {
-        if (count++ == 0) first = i;
-      }
-    }
-    if (count > 0) {
+    const BadValues bad = bad_values(data.params.data() + s.offset, s.numel, false);
+    if (bad.count > 0) {
       log_warn(
           "'{}': tensor {} holds {} NaN/Inf value(s) (first at element {}); the model will "
           "produce NaN losses unless this is repaired",
-          source, s.name, count, first);
+          source, s.name, bad.count, bad.first);
     }
   }
 }

@@ -243,19 +243,12 @@ void ProgressTracker::stopped_after(int64_t done, double save_s, nlohmann::json*
   if (!monitor_) return;
   if (save_s > 0) {
     const StepRecord& r = monitor_->amend_last(save_s, "ckpt");
-    // The row, rewritten in place: the file is cut where it began and the row appended again.
-    // (A trace that could not be written is left as it is: the stop is not failed for it.)
+    // The row, rewritten in place. (A trace that could not be written is left as it is: the stop
+    // is not failed for it.)
     const std::string partial = run_dir_ + "/trace.csv.partial";
-    std::error_code ec;
-    if (last_row_at_ >= 0 && trace_.flush().good()) {
-      std::filesystem::resize_file(partial, static_cast<uintmax_t>(last_row_at_), ec);
-    }
-    if (last_row_at_ < 0 || !trace_.good() || ec) {
-      log_warn("progress: cannot rewrite the last row of {}{}; metrics.jsonl has the stop's save",
-               partial, ec ? " (" + ec.message() + ")" : std::string());
-    } else {
-      trace_.seekp(last_row_at_);
-      append_row(r);
+    if (!rewrite_from(trace_, partial, last_row_at_, trace_csv_row(r))) {
+      log_warn("progress: cannot rewrite the last row of {}; metrics.jsonl has the stop's save",
+               partial);
     }
     nlohmann::json& j = *line;
     j["wall_s"] = r.duration_s;

@@ -1094,18 +1094,9 @@ std::vector<StepStats> Trainer::run() {
     metrics += line;
     // The .partial file too (a run that ends fenced out or lease-lost commits only that one):
     // cut where the line began, the line written again.
-    if (!writer || partial_line_at < 0) return;
-    std::error_code ec;
-    partial.flush();
-    std::filesystem::resize_file(partial_path, static_cast<uintmax_t>(partial_line_at), ec);
-    if (ec) {
-      log_warn("metrics: cannot rewrite the last line of {} ({}); metrics.jsonl has it",
-               partial_path, ec.message());
-      return;
+    if (writer && !rewrite_from(partial, partial_path, partial_line_at, line)) {
+      log_warn("metrics: cannot rewrite the last line of {}; metrics.jsonl has it", partial_path);
     }
-    partial.seekp(partial_line_at);
-    partial << line;
-    partial.flush();
   };
   // The newest step that trained: a skipped one (no targets) takes milliseconds, and a window's
   // end judged by it would let a real step start too late.
