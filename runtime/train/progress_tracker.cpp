@@ -179,7 +179,9 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   if (new_epoch) add("epoch_boundary");
   const int64_t global_tokens = int64_t(st.tokens) * grid_.shape().dp * grid_.shape().cp;
   const StepRecord& r = monitor_->observe(done, all, global_tokens, cfg_.data.seq_len, event);
-  append_row(r);
+  last_row_at_ = trace_.tellp();  // (a stop's save rewrites the row from there)
+  trace_ << trace_csv_row(r);
+  trace_.flush();
 
   nlohmann::json& j = *line;
   j["wall_s"] = r.duration_s;
@@ -213,12 +215,6 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   const int64_t end = cfg_.train.steps;
   if ((done - start_step_) % cfg_.progress.interval != 0 && done != end) return;
   log_block(done, line);
-}
-
-void ProgressTracker::append_row(const StepRecord& r) {
-  last_row_at_ = trace_.tellp();
-  trace_ << trace_csv_row(r);
-  trace_.flush();
 }
 
 void ProgressTracker::log_block(int64_t done, nlohmann::json* line) {

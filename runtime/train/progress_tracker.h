@@ -75,8 +75,6 @@ class ProgressTracker {
   void abandon();
 
  private:
-  // Rank 0: appends `r` to trace.csv.partial, remembering where it starts.
-  void append_row(const StepRecord& r);
   // Rank 0: the prediction into `line` and the [progress] block with its due warnings.
   void log_block(int64_t done, nlohmann::json* line);
 

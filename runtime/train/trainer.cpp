@@ -1082,11 +1082,14 @@ std::vector<StepStats> Trainer::run() {
   const auto t_session = std::chrono::steady_clock::now();
   int64_t saved_at = -1;  // step of the newest checkpoint this session
   nlohmann::json last_line;  // the newest step's metrics object (the last line of `metrics`)
-  // A stop after the session's first step: the step before it is the session's last; a save
-  // of the stop (save_s > 0) is booked into that step's record, as a periodic save is.
   std::streamoff partial_line_at = -1;  // where the last line of metrics.jsonl.partial starts
-  auto stopped_after = [&](int64_t done, double save_s) {
+  // A stop (signal, window's end) before step `done` + 1: after the session's first step, a
+  // checkpoint of step `done` unless it saved already, booked into that step's record as a
+  // periodic save is (collective: the save).
+  auto stop_after = [&](int64_t done) {
     if (done <= start_step_) return;
+    double save_s = 0;
+    if (saved_at != done) lease.checkpoint_took(save_s = save(done));
     const size_t old_size = last_line.dump().size() + 1;
     progress.stopped_after(done, save_s, &last_line);
     const std::string line = last_line.dump() + "\n";
@@ -1107,9 +1110,7 @@ std::vector<StepStats> Trainer::run() {
     // all-reduce of 4 bytes per step).
     if (const int32_t sig =
             world_.all_reduce_value<int32_t>(StopSignals::received(), ReduceOp::MAX)) {
-      double save_s = 0;
-      if (step > start_step_ && saved_at != step) lease.checkpoint_took(save_s = save(step));
-      stopped_after(step, save_s);
+      stop_after(step);
       outcome_ = Outcome::kSignalled;
       outcome_reason_ = fmt::format("{} received", StopSignals::name(sig));
       log_info("stopping before step {}: {}; {}continue with --resume auto", step + 1,
@@ -1122,9 +1123,7 @@ std::vector<StepStats> Trainer::run() {
     if (decision != LeaseKeeper::kContinue) {
       outcome_reason_ = lease.reason();  // on ranks other than 0: "rank 0 … its log says why"
       if (decision == LeaseKeeper::kStopWindow) {
-        double save_s = 0;
-        if (step > start_step_ && saved_at != step) lease.checkpoint_took(save_s = save(step));
-        stopped_after(step, save_s);
+        stop_after(step);
         outcome_ = Outcome::kWindowEnded;
         log_info("stopping before step {}: {}; resume in the next window with --resume auto",
                  step + 1, outcome_reason_);
