@@ -382,6 +382,31 @@ TEST_F(LedgerTest, PreemptingARunningHolderLeavesTheMinimumNotice) {
   EXPECT_EQ(overlaps(), 0);
 }
 
+// A training run's heartbeat renewed its lease in a ledger file removed (or replaced) since it
+// opened it: nobody else reads that file, so a new ledger at the path could book the devices.
+TEST_F(LedgerTest, ARenewalRefusesALedgerFileRemovedOrReplacedSinceItWasOpened) {
+  auto l = open();
+  l->register_devices(slots("n1", 1));
+  ASSERT_TRUE(l->reserve(req(1, kT0, 1, 3, "bob")).booked);
+  ASSERT_TRUE(l->acquire_lease(1, "bob", "n1", 100, 60).ok);
+  ASSERT_TRUE(l->renew_lease(1, 1, 60).ok);
+  const std::string away = path_ + ".away";
+  std::filesystem::rename(path_, away);
+  test::expect_error([&] { l->renew_lease(1, 1, 60); },
+                     {"the ledger " + path_ + " was removed after this process opened it",
+                      "put the ledger file back"});
+  {  // a new ledger, moved where it was
+    auto other = open_sqlite_ledger(path_ + ".new", options());
+    other->register_devices(slots("n1", 1));
+  }
+  std::filesystem::rename(path_ + ".new", path_);
+  test::expect_error([&] { l->renew_lease(1, 1, 60); },
+                     {"the ledger " + path_ + " was replaced by another file"});
+  std::filesystem::remove(path_);
+  std::filesystem::rename(away, path_);  // put back: the lease goes on
+  EXPECT_TRUE(l->renew_lease(1, 1, 60).ok);
+}
+
 TEST_F(LedgerTest, ThePreemptionNoticeIsWeighedAgainstDevicesThatNeedNoCut) {
   // slot 0: bob's P3 hour, running; slot 1: carol's P1 five minutes. A P1 preemptor's earliest
   // start is carol's end (no cut), not now + min_notice_s on bob's slot (it was offered that).

@@ -4,13 +4,16 @@
 // other's bookings before deciding.
 #include <pwd.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -291,6 +294,10 @@ class SqliteLedger : public LedgerStore {
       const std::string err = db_ ? sqlite3_errmsg(db_) : "out of memory";
       sqlite3_close(db_);
       BERTH_FAIL("cannot open the ledger {}: {}; check the path and its permissions", path, err);
+    }
+    if (struct stat st{}; ::stat(path.c_str(), &st) == 0) {
+      opened_dev_ = st.st_dev;
+      opened_ino_ = st.st_ino;
     }
     try {
       sqlite3_busy_timeout(db_, int(o_.busy_timeout_s * 1000));
@@ -712,6 +719,7 @@ class SqliteLedger : public LedgerStore {
   }
 
   LeaseResult renew_lease(int64_t id, int64_t token, double ttl_s) override {
+    require_same_file();
     WriteTxn t(db_);
     const double now = o_.clock();  // after any wait for a busy ledger: an expiry during it counts
     LeaseResult out;
@@ -949,9 +957,30 @@ class SqliteLedger : public LedgerStore {
     return l;
   }
 
+  // A renewal on a connection opened long ago (a training run's heartbeat) went on in a ledger
+  // file removed or replaced since (rm, a backup moved over it): SQLite writes to the file it has
+  // open, which nobody else reads any more, so a booking made in the new file at that path could
+  // take the devices this lease holds. Throws, naming what happened, when the path no longer
+  // names the file opened.
+  void require_same_file() const {
+    struct stat now {};
+    if (::stat(path_.c_str(), &now) != 0) {
+      BERTH_FAIL(
+          "the ledger {} was removed after this process opened it ({}): its lease is "
+          "recorded nowhere that others read; put the ledger file back",
+          path_, std::strerror(errno));
+    }
+    BERTH_CHECK(now.st_dev == opened_dev_ && now.st_ino == opened_ino_,
+                "the ledger {} was replaced by another file after this process opened it: its "
+                "lease is not in the file others read now; put the ledger that was there back",
+                path_);
+  }
+
   std::string path_;
   LedgerOptions o_;
   sqlite3* db_ = nullptr;
+  dev_t opened_dev_ = 0;  // the ledger file opened (require_same_file)
+  ino_t opened_ino_ = 0;
 };
 
 }  // namespace
