@@ -170,6 +170,20 @@ TEST(Plan, LayoutsAreRankedAndRejectionsSayWhy) {
     EXPECT_EQ(c.layout.dp * c.layout.microbatches * c.micro_batch_size, 64) << "global batch kept";
     EXPECT_EQ(in.model.NH % c.layout.tp, 0);
   }
+  // Packed rows aligned to 2 tokens: cp 2 splits a row in 4 chunks, so a document of 2 slots
+  // would straddle two ranks (berth train refuses it); no cp layout is offered, and one asked
+  // for says why.
+  PlanInput aligned = in;
+  aligned.pack_align = 2;
+  bool any_cp = false;
+  for (const LayoutChoice& c : rank_layouts(aligned, builtin_profile("h100"), 8)) {
+    any_cp = any_cp || c.layout.cp > 1;
+  }
+  EXPECT_FALSE(any_cp);
+  aligned.layout = PlanLayout{1, 1, 2, 4, 0, 1};
+  EXPECT_EQ(layout_invalid_reason(aligned), "data.pack_align (2) is not a multiple of 2·cp (4)");
+  aligned.pack_align = 4;
+  EXPECT_EQ(layout_invalid_reason(aligned), "");
   // A 1-device plan of a model too large for it says so and names the stage and sizes.
   PlanInput big = small(48, 64, 8192, 50257, 2048, 1);
   const Plan p = make_plan(big, builtin_profile("h100"));

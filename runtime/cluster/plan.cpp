@@ -375,6 +375,10 @@ std::string layout_invalid_reason(const PlanInput& in) {
   if (in.seq_len % (2 * l.cp) != 0 && l.cp > 1) {
     return fmt::format("seq_len ({}) is not divisible by 2·cp ({})", in.seq_len, 2 * l.cp);
   }
+  if (in.pack_align > 0 && in.pack_align % (2 * l.cp) != 0 && l.cp > 1) {
+    return fmt::format("data.pack_align ({}) is not a multiple of 2·cp ({})", in.pack_align,
+                       2 * l.cp);
+  }
   return "";
 }
 
@@ -516,7 +520,10 @@ std::vector<LayoutChoice> rank_layouts(const PlanInput& in, const HardwareProfil
     if (in.model.NH % tp != 0) continue;
     for (int64_t pp = 1; pp <= std::min(devices / tp, in.model.L); pp *= 2) {
       for (int64_t cp = 1; tp * pp * cp <= devices; cp *= 2) {
-        if (cp > 1 && in.seq_len % (2 * cp) != 0) break;
+        if (cp > 1 &&
+            (in.seq_len % (2 * cp) != 0 || (in.pack_align > 0 && in.pack_align % (2 * cp) != 0))) {
+          break;  // nor does any larger cp (a multiple of this one)
+        }
         if (devices % (tp * pp * cp) != 0) continue;
         const int64_t dp = devices / (tp * pp * cp);
         if (rows % dp != 0) continue;  // the global batch must split over dp

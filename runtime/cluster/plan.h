@@ -77,6 +77,9 @@ struct PlanInput {
   double attn_sq_per_row = 0;
   double data_bytes = 0;      // the token datasets a rank holds in memory (berth loads them whole)
   bool bf16 = false;          // run.precision = "bf16": GEMMs on bf16 inputs (else fp32)
+  // data.pack_align of a packed or padded run (0: automatic, 2·cp, or stream mode): under cp it
+  // must be a multiple of 2·cp.
+  int64_t pack_align = 0;
   std::vector<std::string> notes;  // what the input could not account for, printed with the plan
 };
 

@@ -45,6 +45,7 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
   in.micro_batch_size = cfg.train.micro_batch_size;
   in.steps = cfg.train.steps;
   in.bf16 = cfg.run.precision == "bf16";
+  in.pack_align = cfg.data.mode == "stream" ? 0 : cfg.data.pack_align;
   PlanLayout& l = in.layout;
   l.tp = cfg.parallel.tp;
   l.pp = cfg.parallel.pp;
