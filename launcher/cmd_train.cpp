@@ -87,9 +87,9 @@ CLI::Validator number_in(double lo, double hi) {
 
 namespace {
 
-// load_config on every rank, with one report: every rank reads the same file, so a bad config
-// fails on all of them alike and rank 0 alone prints it; a rank whose error differs (a file
-// missing on its node) prints its own. All ranks then exit together (no MPI_Abort), since the
+// load_config and check_layout on every rank, with one report: every rank reads the same file, so a
+// bad config fails on all of them alike and rank 0 alone prints it; a rank whose error differs (a
+// file missing on its node) prints its own. All ranks then exit together (no MPI_Abort), since the
 // vote is a collective every rank reaches whether its config loaded or not.
 RunConfig load_config_on_every_rank(const std::string& path,
                                     const std::vector<std::string>& overrides) {
@@ -100,6 +100,7 @@ RunConfig load_config_on_every_rank(const std::string& path,
   std::string error;
   try {
     cfg = load_config(path, overrides);
+    check_layout(*cfg, world);  // a layout every rank refuses is voted on like a config error
   } catch (const Error& e) {
     if (world == 1) throw;
     error = e.what();

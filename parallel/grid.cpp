@@ -31,6 +31,18 @@ GridShape resolve_grid(const GridRequest& r, int world, int64_t n_head, int64_t 
   BERTH_CHECK(r.tp >= 1 && r.pp >= 1 && r.cp >= 1 && r.dp >= 0,
               "parallel sizes must be >= 1 (dp may be 0 = derived): tp={} pp={} cp={} dp={}", r.tp,
               r.pp, r.cp, r.dp);
+  // Factor by factor, so no product can wrap (tp=pp=2^30 with cp=32 made tp·pp·cp 0, and then a
+  // division by it): every factor is first at most the world (< 2^31), so each product is of two
+  // numbers below 2^31.
+  BERTH_CHECK(r.tp <= world && r.pp <= world && r.cp <= world && r.tp * r.pp <= world &&
+                  r.tp * r.pp * r.cp <= world,
+              "tp·pp·cp = {}·{}·{} is more than the {} launched ranks: launch tp·pp·cp·dp ranks "
+              "or lower parallel.tp/pp/cp",
+              r.tp, r.pp, r.cp, world);
+  BERTH_CHECK(r.dp <= world,
+              "parallel.dp = {} is more than the {} launched ranks: set parallel.dp = 0 to derive "
+              "it from the ranks, or launch tp·pp·cp·dp ranks",
+              r.dp, world);
   const int64_t inner = r.tp * r.pp * r.cp;
   int64_t dp = r.dp;
   if (dp == 0) {
@@ -41,10 +53,14 @@ GridShape resolve_grid(const GridRequest& r, int world, int64_t n_head, int64_t 
     dp = world / inner;
   }
   BERTH_CHECK(inner * dp == world,
-              "tp·pp·cp·dp = {}·{}·{}·{} = {} does not match the {} launched ranks: set "
-              "parallel.dp = {} (or 0 to derive it) or launch {} ranks",
-              r.tp, r.pp, r.cp, dp, inner * dp, world, world % inner == 0 ? world / inner : 0,
-              inner * dp);
+              "tp·pp·cp·dp = {}·{}·{}·{} = {} does not match the {} launched ranks: {}", r.tp, r.pp,
+              r.cp, dp, inner * dp, world,
+              world % inner == 0
+                  ? fmt::format("set parallel.dp = {} (or 0 to derive it) or launch {} ranks",
+                                world / inner, inner * dp)
+                  : fmt::format("launch {} ranks (the {} launched do not split into groups of "
+                                "tp·pp·cp = {}), or change parallel.tp/pp/cp",
+                                inner * dp, world, inner));
   BERTH_CHECK(n_head % r.tp == 0, "model.n_head ({}) must be divisible by parallel.tp ({})", n_head,
               r.tp);
   BERTH_CHECK(r.pp <= n_layer, "parallel.pp ({}) > model.n_layer ({}): a stage needs a layer",

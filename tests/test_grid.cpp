@@ -75,6 +75,38 @@ TEST(ResolveGrid, DerivesDpAndChecksTheLayout) {
   test::expect_error([] { resolve_grid(GridRequest{0, 1, 1, 0}, 4, 4, 2); }, {"must be >= 1"});
 }
 
+// Sizes whose product wraps int64 (2^30·2^30·32 = 2^65 wrapped to 0, and the world was divided by
+// it) are refused by their factors, before any product is formed.
+TEST(ResolveGrid, RefusesSizesBeyondTheRanksWithoutFormingTheirProduct) {
+  constexpr int64_t k2p30 = int64_t(1) << 30, kMax32 = 2147483647;
+  for (const GridRequest& r : {GridRequest{k2p30, k2p30, 32, 0}, GridRequest{kMax32, kMax32, 4, 0},
+                               GridRequest{1, 1, 3, 0}, GridRequest{2, 1, k2p30, 1}}) {
+    test::expect_error(
+        [&] { resolve_grid(r, 2, 4, 2); },
+        {fmt::format("tp·pp·cp = {}·{}·{} is more than the 2 launched ranks", r.tp, r.pp, r.cp)});
+  }
+  test::expect_error(
+      [] {
+        resolve_grid(GridRequest{1, 1, 1, int64_t(1) << 40}, 2, 4, 2);
+      },
+      {"parallel.dp = 1099511627776 is more than the 2 launched ranks"});
+}
+
+// With dp set and the ranks not a multiple of tp·pp·cp no dp fits: the advice is the ranks to
+// launch, not a dp ("set parallel.dp = 0 (or 0 to derive it)" before).
+TEST(ResolveGrid, AdvisesTheRanksToLaunchWhenNoDpFits) {
+  try {
+    resolve_grid(GridRequest{1, 2, 1, 1}, 3, 4, 2);
+    ADD_FAILURE() << "pp 2 × dp 1 on 3 ranks was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("launch 2 ranks (the 3 launched do not split into groups of tp·pp·cp = 2)"),
+              std::string::npos)
+        << what;
+    EXPECT_EQ(what.find("set parallel.dp"), std::string::npos) << what;
+  }
+}
+
 TEST(Shards, CountsAndRangesCoverEveryElementOnce) {
   for (int64_t n : {0, 1, 7, 30080, 30081}) {
     for (int parts : {1, 2, 3, 4, 7}) {

@@ -254,6 +254,32 @@ void check_same_tokenizer(const TokenDataset& train, const TokenDataset& val,
 
 }  // namespace
 
+GridShape check_layout(const RunConfig& cfg, int world) {
+  const std::string where = cfg.source.empty() ? "config" : cfg.source;
+  const GridShape shape =
+      resolve_grid(GridRequest{cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.dp},
+                   world, cfg.model.n_head, cfg.model.n_layer);
+  for (const auto& [name, rank] : {std::pair{"debug.fail_rank", cfg.debug.fail_rank},
+                                   {"debug.slow_rank", cfg.debug.slow_rank}}) {
+    BERTH_CHECK(rank < world,
+                "{}: {} = {} is not a rank of this job ({} ranks): the fault would never fire",
+                where, name, rank, world);
+  }
+  const int64_t cp = shape.cp, T = cfg.data.seq_len;
+  if (cp > 1) {
+    BERTH_CHECK(T % (2 * cp) == 0,
+                "{}: parallel.cp = {} needs data.seq_len divisible by 2·cp = {} (got {}): each "
+                "row splits into 2·cp chunks",
+                where, cp, 2 * cp, T);
+    BERTH_CHECK(cfg.data.mode == "stream" || cfg.data.pack_align == 0 ||
+                    cfg.data.pack_align % (2 * cp) == 0,
+                "{}: data.pack_align = {} with parallel.cp = {}: it must be a multiple of 2·cp = "
+                "{} (or 0 for automatic)",
+                where, cfg.data.pack_align, cp, 2 * cp);
+  }
+  return shape;
+}
+
 Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
     : cfg_(cfg), world_(world) {
   heap_baseline_ = heap_in_use_bytes();
@@ -267,22 +293,14 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
               "{}: eval.interval is {} but data.val is not set; set data.val or eval.interval = 0",
               where, cfg_.eval.interval);
   // The layout is checked before anything is allocated.
-  const GridShape shape = resolve_grid(
-      GridRequest{cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.cp, cfg_.parallel.dp},
-      world.size(), cfg_.model.n_head, cfg_.model.n_layer);
-  for (const auto& [name, rank] : {std::pair{"debug.fail_rank", cfg_.debug.fail_rank},
-                                   {"debug.slow_rank", cfg_.debug.slow_rank}}) {
-    BERTH_CHECK(rank < world.size(),
-                "{}: {} = {} is not a rank of this job ({} ranks): the fault would never fire",
-                where, name, rank, world.size());
-  }
+  const GridShape shape = check_layout(cfg_, world.size());
   // A launch on a live run's directory is refused before it loads data and builds a model (which
   // takes minutes for big ones), and before it reads checkpoints that run may be pruning. A run
   // directory made later (run()) is locked there.
   run_dir_ = (std::filesystem::path(cfg_.run.out_dir) / cfg_.run.name).string();
   std::error_code dir_ec;
   if (world_.rank() == 0 && std::filesystem::is_directory(run_dir_, dir_ec)) {
-    run_lock_ = std::make_unique<RunDirLock>(run_dir_, leased());
+    run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased());
   }
   // The pre-flight plan of this config on this machine (berth plan), made once: checked here
   // against the host on the CPU, logged by run() and set beside the measured figures at its end.
@@ -356,17 +374,6 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
   const int B = int(cfg_.train.micro_batch_size), T = int(cfg_.data.seq_len);
   // Context parallelism: each rank runs the model on its zigzag half-chunks of every row.
   const int cp = shape.cp;
-  if (cp > 1) {
-    BERTH_CHECK(T % (2 * cp) == 0,
-                "{}: parallel.cp = {} needs data.seq_len divisible by 2·cp = {} (got {}): each "
-                "row splits into 2·cp chunks",
-                where, cp, 2 * cp, T);
-    BERTH_CHECK(cfg_.data.mode == "stream" || cfg_.data.pack_align == 0 ||
-                    cfg_.data.pack_align % (2 * cp) == 0,
-                "{}: data.pack_align = {} with parallel.cp = {}: it must be a multiple of 2·cp = "
-                "{} (or 0 for automatic)",
-                where, cfg_.data.pack_align, cp, 2 * cp);
-  }
   // data.val is read only when something evaluates: with eval.interval = 0 a config's val path
   // (on another cluster, not yet made) neither stops the run nor takes memory.
   const bool reads_val = cfg_.eval.interval > 0 && !cfg_.data.val.empty();

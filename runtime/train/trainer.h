@@ -154,8 +154,7 @@ class Trainer {
   int64_t skipped_steps_ = 0;
   std::string data_fingerprint_;   // of data.train (dataset_fingerprint), saved with checkpoints
   std::optional<Plan> preflight_;  // this config's plan on this machine (berth plan), if made
-  std::string preflight_error_;  // why not  // steps of the run (resumed ones too) with no targets:
-                                 // no update
+  std::string preflight_error_;    // why not
   Outcome outcome_ = Outcome::kFinished;
   std::string outcome_reason_;
 };
@@ -164,5 +163,11 @@ class Trainer {
 // model.vocab_size, enough tokens for one window, a /loss_mask with some targets (and a warning
 // that stream mode does not apply it), some document kept under data.long_docs = "drop".
 void check_dataset_fits(const TokenDataset& ds, const char* key, const RunConfig& cfg);
+
+// The config's parallel layout on `world` ranks (resolve_grid), the debug.*_rank faults, and what
+// context parallelism needs of data.seq_len and data.pack_align. Pure: `berth train` runs it in
+// its start-up vote, so a layout every rank refuses ends the job with one message and no
+// MPI_Abort, and the trainer runs it again for its other callers.
+GridShape check_layout(const RunConfig& cfg, int world);
 
 }  // namespace berth
