@@ -505,25 +505,44 @@ TEST(RunDirLock, OneRunPerDirectoryUnlessBothAreUnderALease) {
       std::filesystem::temp_directory_path() / fmt::format("berth_lock_{}", ::getpid());
   std::filesystem::create_directories(dir);
   {
-    const RunDirLock first(dir.string(), false);
-    test::expect_error(
-        [&] { RunDirLock second(dir.string(), false); },
-        {"is in use by another `berth train` (pid ", "(no lease)", "give this run another run.name",
-         "remove " + dir.string() + "/.berth.lock and launch again"});
+    const RunDirLock first(dir.string(), "run directory", "runs/a", false);
+    test::expect_error([&] { RunDirLock second(dir.string(), "run directory", "runs/a", false); },
+                       {"is in use by another `berth train` (pid ", "(no lease), run runs/a)",
+                        "give this run another run.name",
+                        "remove " + dir.string() + "/.berth.lock and launch again"});
     // A leased launch does not go beside a run without a lease either.
-    test::expect_error([&] { RunDirLock second(dir.string(), true); }, {"in use"});
+    test::expect_error([&] { RunDirLock second(dir.string(), "run directory", "runs/a", true); },
+                       {"in use"});
   }
   {
-    const RunDirLock released(dir.string(), false);  // the first one's went with it
+    const RunDirLock released(dir.string(), "run directory", "runs/a",
+                              false);  // the first one's went with it
   }
   {
     // Both under a lease: the ledger decides which trains, the fence which commits.
-    const RunDirLock holder(dir.string(), true);
+    const RunDirLock holder(dir.string(), "run directory", "runs/a", true);
     ::testing::internal::CaptureStderr();
-    EXPECT_NO_THROW({ RunDirLock taker(dir.string(), true); });
+    EXPECT_NO_THROW({ RunDirLock taker(dir.string(), "run directory", "runs/a", true); });
     const std::string err = ::testing::internal::GetCapturedStderr();
     EXPECT_NE(err.find("also held by pid"), std::string::npos) << err;
     EXPECT_NE(err.find("(under a lease)"), std::string::npos) << err;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Two runs of other names saving into one checkpoint.dir: the second is refused at start, naming
+// the first's run (it failed a save on the other's step directory, or mixed the two runs'
+// checkpoints for --resume auto).
+TEST(RunDirLock, OneRunPerCheckpointDirectory) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("berth_ckpt_lock_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  {
+    const RunDirLock first(dir.string(), "checkpoint directory", "runs/sa", false);
+    test::expect_error(
+        [&] { RunDirLock second(dir.string(), "checkpoint directory", "runs/sb", false); },
+        {"the checkpoint directory " + dir.string() + " is in use by another `berth train`",
+         "run runs/sa)", "give this run another checkpoint.dir"});
   }
   std::filesystem::remove_all(dir);
 }

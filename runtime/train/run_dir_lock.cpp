@@ -15,17 +15,18 @@
 
 namespace berth {
 
-RunDirLock::RunDirLock(const std::string& run_dir, bool leased) {
-  const std::string path = run_dir + "/.berth.lock";
+RunDirLock::RunDirLock(const std::string& dir, const std::string& what, const std::string& run_dir,
+                       bool leased) {
+  const std::string path = dir + "/.berth.lock";
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  BERTH_CHECK(fd_ >= 0, "cannot open {} to lock the run directory: {}", path, std::strerror(errno));
+  BERTH_CHECK(fd_ >= 0, "cannot open {} to lock the {}: {}", path, what, std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err != EWOULDBLOCK) {
       log_warn(
-          "cannot lock the run directory {} ({}: {}): a second `berth train` on it would not "
-          "be detected on this file system",
-          run_dir, path, std::strerror(err));
+          "cannot lock the {} {} ({}: {}): a second `berth train` on it would not be "
+          "detected on this file system",
+          what, dir, path, std::strerror(err));
       return;  // kept open, unlocked: nothing to release
     }
     ::close(fd_);
@@ -34,24 +35,25 @@ RunDirLock::RunDirLock(const std::string& run_dir, bool leased) {
     while (!holder.empty() && holder.back() == '\n') holder.pop_back();
     if (leased && holder.find("(under a lease)") != std::string::npos) {
       log_warn(
-          "the run directory {} is also held by {}: under a lease too, so the ledger decides "
-          "which of them trains, and the fencing token which may commit",
-          run_dir, holder);
+          "the {} {} is also held by {}: under a lease too, so the ledger decides which of "
+          "them trains, and the fencing token which may commit",
+          what, dir, holder);
       return;
     }
     BERTH_FAIL(
-        "the run directory {} is in use by another `berth train` ({}): wait for it to end "
-        "(or stop it: SIGTERM checkpoints and exits), or give this run another run.name. "
-        "If that process is gone (its node failed: on NFS a dead host's lock can outlive "
-        "it), remove {} and launch again",
-        run_dir, holder.empty() ? "it has not written who it is yet" : holder, path);
+        "the {} {} is in use by another `berth train` ({}): wait for it to end (or stop it: "
+        "SIGTERM checkpoints and exits), or give this run another {}. If that process is gone "
+        "(its node failed: on NFS a dead host's lock can outlive it), remove {} and launch "
+        "again",
+        what, dir, holder.empty() ? "it has not written who it is yet" : holder,
+        what == "run directory" ? "run.name" : "checkpoint.dir", path);
   }
   const std::string who =
-      fmt::format("pid {} on {} since {} ({})\n", ::getpid(), host_name(),
-                  format_utc_iso(unix_now()), leased ? "under a lease" : "no lease");
+      fmt::format("pid {} on {} since {} ({}), run {}\n", ::getpid(), host_name(),
+                  format_utc_iso(unix_now()), leased ? "under a lease" : "no lease", run_dir);
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) != ssize_t(who.size())) {
-    log_warn("cannot write {}: {} (a second launch will not be told who holds the run directory)",
-             path, std::strerror(errno));
+    log_warn("cannot write {}: {} (a second launch will not be told who holds the {})", path,
+             std::strerror(errno), what);
   }
 }
 

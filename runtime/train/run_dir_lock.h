@@ -6,6 +6,10 @@
 // with its process (kill -9 included). On NFS, flock is a lock of the client host: one held by a
 // node that died lasts until the server lets it go, so the refusal says how to break it.
 //
+// A checkpoint.dir of its own (not inside the run directory) gets the same lock: two runs of other
+// names saving into one would fail a save on the other's step directory, or mix their checkpoints
+// so that `--resume auto` continued the other run.
+//
 // Under a lease the fencing token already decides who may commit (docs/reservation.md): a
 // launch under a lease beside a holder under a lease (one paused past its TTL, whose lease the
 // ledger then hands over) goes on, with a warning. A file system that refuses flock warns that
@@ -18,9 +22,12 @@ namespace berth {
 
 class RunDirLock {
  public:
-  // Takes the lock of `run_dir` (which exists) or throws berth::Error naming its holder.
-  // `leased`: this launch trains under a lease (reservation.id, or on demand).
-  RunDirLock(const std::string& run_dir, bool leased);
+  // Takes the lock of `dir` (which exists) or throws berth::Error naming its holder. `what`:
+  // "run directory" or "checkpoint directory"; `run_dir`: this launch's run directory, written
+  // into the lock for a refused launch to name; `leased`: this launch trains under a lease
+  // (reservation.id, or on demand).
+  RunDirLock(const std::string& dir, const std::string& what, const std::string& run_dir,
+             bool leased);
   ~RunDirLock();  // closing the file releases the lock
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;

@@ -969,7 +969,16 @@ std::vector<StepStats> Trainer::run() {
     }
     // Before anything in the run directory is written or cleaned (a live run's checkpoint
     // temporaries, its FENCE); taken in the constructor already where the directory existed.
-    if (!run_lock_) run_lock_ = std::make_unique<RunDirLock>(run_dir_, leased());
+    if (!run_lock_) {
+      run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased());
+    }
+    // A checkpoint.dir of its own is locked too: another run's launch saving there (another
+    // run.name, the same checkpoint.dir) is refused now, not at a save hours in.
+    if (!ckpt_lock_ && !same_file_path(checkpoint_dir_, run_dir_ + "/checkpoints") &&
+        !same_file_path(checkpoint_dir_, run_dir_)) {
+      ckpt_lock_ =
+          std::make_unique<RunDirLock>(checkpoint_dir_, "checkpoint directory", run_dir_, leased());
+    }
     // The lease's token goes into checkpoint.dir's FENCE now, not at the first save: a holder
     // this run took the lease from must not commit in between.
     if (fencing_token_) claim_checkpoint_fence(checkpoint_dir_, *fencing_token_);
@@ -1281,6 +1290,7 @@ std::vector<StepStats> Trainer::run() {
       }(),
       outcome_ == Outcome::kLeaseLost ? partial_path : metrics_path,
       outcome_ == Outcome::kLeaseLost ? " (not committed: the lease is lost)" : "");
+  ckpt_lock_.reset();
   run_lock_.reset();  // the next run in this directory (a test's, a resume) may start
   return all;
 }
