@@ -41,10 +41,10 @@ void write_file_atomic(const std::string& path, const std::string& text) {
     BERTH_CHECK(out.good(), "cannot write {}: {} (check that the directory exists and is writable)",
                 path, std::strerror(errno));
     out << text;
-    out.flush();
-    if (!out.good()) {
+    if (!out.flush()) {
+      const int err = errno;
       std::remove(tmp.c_str());
-      BERTH_FAIL("writing {} failed (disk full?)", path);
+      BERTH_FAIL("writing {} failed: {}", path, std::strerror(err));
     }
   }
   commit_file(tmp, path);

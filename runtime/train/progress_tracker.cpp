@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "runtime/comm/communicator.h"
@@ -181,7 +183,13 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   const StepRecord& r = monitor_->observe(done, all, global_tokens, cfg_.data.seq_len, event);
   last_row_at_ = trace_.tellp();  // (a stop's save rewrites the row from there)
   trace_ << trace_csv_row(r);
-  trace_.flush();
+  if (!trace_.flush() && !trace_failed_) {  // a full disk: said once, when it happens
+    trace_failed_ = true;
+    log_warn(
+        "progress: cannot write {}/trace.csv.partial ({}): it stops before step {}, and "
+        "trace.csv is not committed at the end (free space there to keep the next run's)",
+        run_dir_, std::strerror(errno), done);
+  }
 
   nlohmann::json& j = *line;
   j["wall_s"] = r.duration_s;
@@ -242,7 +250,8 @@ void ProgressTracker::stopped_after(int64_t done, double save_s, nlohmann::json*
     // The row, rewritten in place. (A trace that could not be written is left as it is: the stop
     // is not failed for it.)
     const std::string partial = run_dir_ + "/trace.csv.partial";
-    if (!rewrite_from(trace_, partial, last_row_at_, trace_csv_row(r))) {
+    if (!trace_failed_ && !rewrite_from(trace_, partial, last_row_at_, trace_csv_row(r))) {
+      trace_failed_ = true;  // cut where the row began: not committed whole
       log_warn("progress: cannot rewrite the last row of {}; metrics.jsonl has the stop's save",
                partial);
     }
@@ -256,8 +265,17 @@ void ProgressTracker::stopped_after(int64_t done, double save_s, nlohmann::json*
 
 void ProgressTracker::finish() {
   if (!monitor_) return;
+  const bool whole = !trace_failed_ && trace_.flush();
   trace_.close();
   const std::string trace = run_dir_ + "/trace.csv";
+  // A trace cut by a full disk is not committed as whole (it would not replay: a row cut short).
+  if (!whole || trace_.fail()) {
+    log_warn(
+        "progress: {}.partial could not be written whole (disk full?); trace.csv is not "
+        "committed",
+        trace);
+    return;
+  }
   commit_file(trace + ".partial", trace);
   if (steps_ > 0 && walls_s_ > 0) {
     log_info("progress: trace of this session in {} (replay: berth eta replay {} --meta {}/"

@@ -86,6 +86,7 @@ class ProgressTracker {
   std::unique_ptr<ProgressMonitor> monitor_;  // rank 0
   std::ofstream trace_;                       // rank 0
   std::streamoff last_row_at_ = 0;            // rank 0: where the newest trace row starts
+  bool trace_failed_ = false;  // rank 0: a write of trace.csv.partial failed (not committed)
   int64_t last_block_step_ = -1;              // rank 0: the step of the newest block logged
   double session_start_unix_ = 0;
   double window_end_unix_ = 0;  // rank 0: the window the monitor uses (0 = none)

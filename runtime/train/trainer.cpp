@@ -2,9 +2,12 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -124,6 +127,27 @@ std::optional<int64_t> record_step(const std::string& line) {
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
   if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) return std::nullopt;
   return j["step"].get<int64_t>();
+}
+
+// The steps after the first of `kept` up to `last` that `kept` lacks, as ranges ("10..20, 33"; the
+// first 5 ranges, then how many more); empty when none are.
+std::string missing_steps(std::vector<int64_t> kept, int64_t last) {
+  std::sort(kept.begin(), kept.end());
+  kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
+  if (kept.empty()) return "";
+  kept.push_back(last + 1);  // a missing tail ends at `last`
+  std::vector<std::string> ranges;
+  for (size_t i = 1; i < kept.size(); ++i) {
+    const int64_t lo = kept[i - 1] + 1, hi = kept[i] - 1;
+    if (lo > hi) continue;
+    ranges.push_back(lo == hi ? fmt::format("{}", lo) : fmt::format("{}..{}", lo, hi));
+  }
+  if (ranges.size() > 5) {
+    const size_t more = ranges.size() - 5;
+    ranges.resize(5);
+    ranges.push_back(fmt::format("and {} more range(s)", more));
+  }
+  return fmt::format("{}", fmt::join(ranges, ", "));
 }
 
 // The last step recorded in a metrics.jsonl (its records are in step order: read from the end);
@@ -1051,7 +1075,10 @@ std::vector<StepStats> Trainer::run() {
   std::ofstream partial;
   if (writer) {
     std::error_code ec;
-    if (start_step_ > 0 && std::filesystem::exists(partial_path, ec)) {
+    // A .resume already there is what a start that could not copy it back kept (below): the
+    // .partial beside it holds a cut copy of it at most.
+    if (start_step_ > 0 && std::filesystem::exists(partial_path, ec) &&
+        !std::filesystem::exists(partial_path + ".resume", ec)) {
       std::filesystem::rename(partial_path, partial_path + ".resume", ec);
     }
     // A new file, not the old one truncated: a holder that lost the lease may still have that one
@@ -1070,6 +1097,7 @@ std::vector<StepStats> Trainer::run() {
     if (std::filesystem::exists(previous, ec)) {
       std::istringstream in(read_text_file(previous));
       int64_t unreadable = 0;
+      std::vector<int64_t> kept;
       for (std::string line; std::getline(in, line);) {
         if (line.empty()) continue;
         const std::optional<int64_t> step = record_step(line);
@@ -1077,6 +1105,7 @@ std::vector<StepStats> Trainer::run() {
           ++unreadable;  // a run killed mid-write leaves its last line cut short
         } else if (*step <= start_step_) {
           metrics += line + "\n";
+          kept.push_back(*step);
         }
       }
       if (unreadable > 0) {
@@ -1085,8 +1114,23 @@ std::vector<StepStats> Trainer::run() {
             "metrics.jsonl (a run killed while writing cuts its last line short)",
             unreadable, previous);
       }
+      // Steps missing between the first recorded one and the checkpoint's (a write that failed on
+      // a full disk, a file cut short): said, since metrics.jsonl will lack them for good.
+      const std::string missing = missing_steps(kept, start_step_);
+      if (!missing.empty()) {
+        log_warn(
+            "metrics: {} has no record of step(s) {} of this run (a write that failed, e.g. "
+            "on a full disk); metrics.jsonl will lack them",
+            previous, missing);
+      }
     }
     partial << metrics;
+    // The lines before the resumed step are only in the .resume file until they are copied back:
+    // it is kept when they could not be (the next start reads it again).
+    BERTH_CHECK(partial.flush(),
+                "cannot write {} ({}): free space in {}; the metrics of the steps before {} are "
+                "kept in {}.resume for the next start",
+                partial_path, std::strerror(errno), run_dir_, start_step_ + 1, partial_path);
     std::filesystem::remove(partial_path + ".resume", ec);
   }
   std::vector<StepStats> all;
@@ -1099,6 +1143,7 @@ std::vector<StepStats> Trainer::run() {
   int64_t saved_at = -1;  // step of the newest checkpoint this session
   nlohmann::json last_line;  // the newest step's metrics object (the last line of `metrics`)
   std::streamoff partial_line_at = -1;  // where the last line of metrics.jsonl.partial starts
+  bool partial_failed = false;          // a write of metrics.jsonl.partial failed (said once)
   // A stop (signal, window's end) before step `done` + 1: after the session's first step, a
   // checkpoint of step `done` unless it saved already, booked into that step's record as a
   // periodic save is (collective: the save).
@@ -1113,7 +1158,7 @@ std::vector<StepStats> Trainer::run() {
     metrics += line;
     // The .partial file too (a run that ends fenced out or lease-lost commits only that one):
     // cut where the line began, the line written again.
-    if (writer && !rewrite_from(partial, partial_path, partial_line_at, line)) {
+    if (writer && !partial_failed && !rewrite_from(partial, partial_path, partial_line_at, line)) {
       log_warn("metrics: cannot rewrite the last line of {}; metrics.jsonl has it", partial_path);
     }
   };
@@ -1206,7 +1251,14 @@ std::vector<StepStats> Trainer::run() {
     if (writer) {
       partial_line_at = partial.tellp();
       partial << line;
-      partial.flush();
+      if (!partial.flush() && !partial_failed) {  // a full disk: said once, when it happens
+        partial_failed = true;
+        log_warn(
+            "metrics: cannot write {} ({}): it stops before step {}; the run goes on and "
+            "commits metrics.jsonl at its end from memory, so a run killed before then "
+            "loses the records from step {} on (free space in {})",
+            partial_path, std::strerror(errno), done, done, run_dir_);
+      }
     }
   }
   const double session_s = seconds_since(t_session);

@@ -370,6 +370,31 @@ rc=$?
 report "train_resume_warns_of_unreadable_metrics" "$([ $rc -eq 0 ] || echo " rc $rc"
   grep -q "metrics: 1 line(s) of .*metrics.jsonl are not step records" "$log" || echo " no warning"
   [ "$(wc -l <"$tmp/runs/collide/metrics.jsonl")" -eq 5 ] || echo " not 5 step lines")"
+# A step record missing from metrics.jsonl (a write that failed on a full disk) was lost on resume
+# without a word: the gap is named.
+grep -v '"step":2,' "$tmp/runs/collide/metrics.jsonl" >"$tmp/gap.jsonl"
+mv "$tmp/gap.jsonl" "$tmp/runs/collide/metrics.jsonl"
+train_tiny collide --set "run.out_dir=$tmp/runs" --set train.steps=6 --resume auto >"$log" 2>&1
+rc=$?
+report "train_resume_names_missing_metrics_steps" "$([ $rc -eq 0 ] || echo " rc $rc"
+  grep -q "metrics: .*metrics.jsonl has no record of step(s) 2 of this run" "$log" ||
+    echo " no warning"
+  [ "$(wc -l <"$tmp/runs/collide/metrics.jsonl")" -eq 5 ] || echo " not 5 step lines")"
+# Two runs of other names saving into one checkpoint.dir at once: the second is refused at start
+# (it failed at its first save on the other's step directory, or mixed their checkpoints).
+mkdir -p "$tmp/ckshared"
+"$BERTH" train "$TINY_TOML" "${TINY_SETS[@]}" --set "data.train=$tmp/d.h5" --set run.name=sharea \
+  --set "checkpoint.dir=$tmp/ckshared" --set train.steps=60 --set checkpoint.interval=0 \
+  --set debug.data_delay_s=0.1 >"$log.a" 2>&1 &
+share_pid=$!
+for _ in $(seq 100); do grep -q "resolved config" "$log.a" 2>/dev/null && break; sleep 0.1; done
+expect_error "train_refuses_a_checkpoint_dir_in_use" \
+  "the checkpoint directory $tmp/ckshared is in use by another \`berth train\` (pid $share_pid on" \
+  "$tmp/runs/shareb/metrics.jsonl" train_tiny shareb --set "checkpoint.dir=$tmp/ckshared"
+report "train_checkpoint_dir_refusal_names_the_holders_run" \
+  "$(grep -q "(no lease), run $tmp/runs/sharea)" "$log" || echo " the holder's run is not named")"
+kill "$share_pid" 2>/dev/null
+wait "$share_pid"
 
 # More evaluation batches than the validation set holds: an error naming the most that fits, before
 # any batch is held in memory (eval.batches = 20000000 grew to 14 GB).
