@@ -87,51 +87,75 @@ CLI::Validator number_in(double lo, double hi) {
 
 namespace {
 
-// load_config and check_layout on every rank, with one report: every rank reads the same file, so a
-// bad config fails on all of them alike and rank 0 alone prints it; a rank whose error differs (a
-// file missing on its node) prints its own. All ranks then exit together (no MPI_Abort), since the
-// vote is a collective every rank reaches whether its config loaded or not.
-RunConfig load_config_on_every_rank(const std::string& path,
-                                    const std::vector<std::string>& overrides) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  std::optional<RunConfig> cfg;
-  std::string error;
-  try {
-    cfg = load_config(path, overrides);
-    check_layout(*cfg, world);  // a layout every rank refuses is voted on like a config error
-  } catch (const Error& e) {
-    if (world == 1) throw;
-    error = e.what();
-  }
-  // [failed, error hash] reduced by min and by max: all failed with one message, or not. The vote
-  // is the run's first collective: a rank that never comes (an MPMD launch whose other program
-  // is not `berth train`) is ended by the watchdog, at this rank's comm_timeout_s (the default
-  // when its config did not load), instead of waiting forever.
-  install_comm_watchdog(cfg ? cfg->parallel.comm_timeout_s : RunConfig().parallel.comm_timeout_s,
-                        kExitCommTimeout);
-  const uint64_t mine[2] = {error.empty() ? 0u : 1u,
-                            error.empty() ? 0u : std::hash<std::string>{}(error)};
-  uint64_t lo[2], hi[2];
+// One start-up vote, a collective every rank reaches whether its step failed or not: each rank's
+// `error` (empty: none) and `value`. When no rank failed it returns whether `value` is the same on
+// every rank. Otherwise an error every rank shares is printed once, by rank 0, ending "(on all W
+// ranks)", and one of some ranks only by each of them (`others_failed` on rank 0 when it did not
+// fail), and all ranks exit together (ExitStatus, no MPI_Abort).
+bool vote_at_start(const std::string& error, uint64_t value, int rank, int world,
+                   const char* others_failed) {
+  const uint64_t mine[3] = {error.empty() ? 0u : 1u,
+                            error.empty() ? 0u : std::hash<std::string>{}(error), value};
+  uint64_t lo[3], hi[3];
   {
     const WatchedCall call(
         "all_reduce of the start-up config vote (does every rank run `berth "
         "train`?)",
         sizeof mine, world);
-    MPI_Allreduce(mine, lo, 2, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(mine, hi, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(mine, lo, 3, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(mine, hi, 3, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
   }
-  if (hi[0] == 0) return std::move(*cfg);
+  if (hi[0] == 0) return lo[2] == hi[2];
   const bool alike = lo[0] == 1 && lo[1] == hi[1];
   if (!error.empty() && (!alike || rank == 0)) {
     log_error("{}{}", error, alike && world > 1 ? fmt::format(" (on all {} ranks)", world) : "");
   }
-  if (!alike && rank == 0 && error.empty()) {
-    log_error("the config loaded here but not on every rank: each failing rank prints why");
-  }
+  if (!alike && rank == 0 && error.empty()) log_error("{}", others_failed);
   install_comm_watchdog(nullptr);
   throw ExitStatus{kExitError};
+}
+
+// load_config, then check_layout, on every rank, with one report each (vote_at_start): every rank
+// reads the same file, so a bad config or a layout the ranks cannot run fails on all of them
+// alike. The layout is checked only where every rank loaded the same config: configs that differ
+// are the trainer's to report, naming the keys (a layout error of one side would hide them).
+RunConfig load_config_on_every_rank(const std::string& path,
+                                    const std::vector<std::string>& overrides) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world == 1) {
+    RunConfig cfg = load_config(path, overrides);
+    check_layout(cfg, world);
+    return cfg;
+  }
+  std::optional<RunConfig> cfg;
+  std::string error;
+  try {
+    cfg = load_config(path, overrides);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // The vote is the run's first collective: a rank that never comes (an MPMD launch whose other
+  // program is not `berth train`) is ended by the watchdog, at this rank's comm_timeout_s (the
+  // default when its config did not load), instead of waiting forever.
+  install_comm_watchdog(cfg ? cfg->parallel.comm_timeout_s : RunConfig().parallel.comm_timeout_s,
+                        kExitCommTimeout);
+  const uint64_t config_hash = cfg ? std::hash<std::string>{}(config_to_toml(*cfg)) : 0;
+  const bool same = vote_at_start(error, config_hash, rank, world,
+                                  "the config loaded here but not on every rank: each failing "
+                                  "rank prints why");
+  if (same) {
+    try {
+      check_layout(*cfg, world);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    vote_at_start(error, 0, rank, world,
+                  "the layout fits the ranks here but not on every rank: each failing rank "
+                  "prints why");
+  }
+  return std::move(*cfg);
 }
 
 }  // namespace

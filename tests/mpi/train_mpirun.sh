@@ -80,6 +80,16 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $(( $(date +%s) - start )) -lt 60 ] &&
     grep -q "1 of the 2 ranks got another config than rank 0 (rank 1 among them; rank 0 vs rank 1: train.steps = 4 vs 5)" "$tmp/mpmd.log"
 check "ranks with different configs are refused at start, naming the key (rc $rc)" $?
+# One side's config also has a layout the ranks cannot run: still the differing key is named (the
+# layout is checked only where every rank read the same config), not that side's layout error.
+timeout 120 "${mpi[@]}" -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=mpmd : \
+    -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=mpmd --set parallel.dp=1 \
+    > "$tmp/mpmd_layout.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+    grep -q "rank 0 vs rank 1: parallel.dp = 0 vs 1" "$tmp/mpmd_layout.log" &&
+    ! grep -q "does not match the 2 launched ranks" "$tmp/mpmd_layout.log"
+check "differing configs are named before a layout one side cannot run (rc $rc)" $?
 
 # An MPMD launch whose other program is not `berth train` (it exits at once): the start-up config
 # vote, the first collective, waited forever; the watchdog ends it at comm_timeout_s (exit 5).
