@@ -201,14 +201,19 @@ TEST_F(DataParallelTest, ZeroOneCheckpointResumesAtAnotherDp) {
   };
   RunConfig again = cfg;
   again.run.name = "zero1_again";
-  Trainer parallel(again, world());
-  parallel.resume(ck);
-  const std::vector<double> at_n = rest(parallel);
+  std::vector<double> at_n;
+  {  // (gone before the next trainer of the same checkpoint.dir, whose lock it holds)
+    Trainer parallel(again, world());
+    parallel.resume(ck);
+    at_n = rest(parallel);
+  }
 
   std::unique_ptr<Communicator> self = world().split(world().rank(), 0);
   RunConfig one = config(2 * n, 1, 0, 1);
   one.run.name = "zero1_one_rank";
-  one.checkpoint.dir = cfg.checkpoint.dir;
+  // Each rank is a one-rank job of its own here: its own checkpoint.dir (two jobs of one lock
+  // otherwise); it resumes from the path.
+  one.checkpoint.dir = (dir_ / fmt::format("ck_one_rank_{}", world().rank())).string();
   Trainer single(one, *self);
   single.resume(ck);
   EXPECT_EQ(single.start_step(), 10);

@@ -537,12 +537,34 @@ TEST(RunDirLock, OneRunPerCheckpointDirectory) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / fmt::format("berth_ckpt_lock_{}", ::getpid());
   std::filesystem::create_directories(dir);
+  const std::string sa = (dir / "runs" / "sa").string(), sb = (dir / "runs" / "sb").string();
   {
-    const RunDirLock first(dir.string(), "checkpoint directory", "runs/sa", false);
+    const RunDirLock first(dir.string(), "checkpoint directory", sa, false);
     test::expect_error(
-        [&] { RunDirLock second(dir.string(), "checkpoint directory", "runs/sb", false); },
+        [&] { RunDirLock second(dir.string(), "checkpoint directory", sb, false); },
         {"the checkpoint directory " + dir.string() + " is in use by another `berth train`",
-         "run runs/sa)", "give this run another checkpoint.dir"});
+         "(no lease), run " + sa + ")", "give this run another checkpoint.dir"});
+  }
+  {
+    // Under leases of two bookings nothing decides between two runs: refused too. A launch of the
+    // same run under a lease goes on (the ledger and the fence decide, as for its run directory).
+    const RunDirLock first(dir.string(), "checkpoint directory", sa, true);
+    test::expect_error([&] { RunDirLock second(dir.string(), "checkpoint directory", sb, true); },
+                       {"is in use by another `berth train`", "(under a lease), run " + sa + ")"});
+    ::testing::internal::CaptureStderr();
+    EXPECT_NO_THROW({ RunDirLock again(dir.string(), "checkpoint directory", sa, true); });
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("also held by pid"), std::string::npos) << err;
+  }
+  {
+    // Another run under the same booking (a launch taking over a paused holder's lease with
+    // another run.out_dir): the ledger decides between them too.
+    const RunDirLock first(dir.string(), "checkpoint directory", sa, true, 7);
+    test::expect_error([&] { RunDirLock other(dir.string(), "checkpoint directory", sb, true, 8); },
+                       {"(under a lease of reservation 7), run " + sa + ")"});
+    ::testing::internal::CaptureStderr();
+    EXPECT_NO_THROW({ RunDirLock taker(dir.string(), "checkpoint directory", sb, true, 7); });
+    ::testing::internal::GetCapturedStderr();
   }
   std::filesystem::remove_all(dir);
 }

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "runtime/core/check.h"
@@ -16,8 +17,11 @@
 namespace berth {
 
 RunDirLock::RunDirLock(const std::string& dir, const std::string& what, const std::string& run_dir,
-                       bool leased) {
+                       bool leased, int64_t reservation) {
   const std::string path = dir + "/.berth.lock";
+  std::error_code ec;
+  const std::filesystem::path canonical = std::filesystem::weakly_canonical(run_dir, ec);
+  const std::string run = ec ? run_dir : canonical.string();  // as the lock names it
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   BERTH_CHECK(fd_ >= 0, "cannot open {} to lock the {}: {}", path, what, std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -33,7 +37,15 @@ RunDirLock::RunDirLock(const std::string& dir, const std::string& what, const st
     fd_ = -1;
     std::string holder = read_text_file(path);  // who holds it, as it wrote itself in
     while (!holder.empty() && holder.back() == '\n') holder.pop_back();
-    if (leased && holder.find("(under a lease)") != std::string::npos) {
+    // Two leased launches of one run, or of one booking (a requeue, a launch taking over a
+    // holder paused past its TTL): the ledger gives the lease to one of them and the fence lets
+    // only that one commit. Two leased runs of other names saving into one checkpoint.dir under
+    // two bookings: nothing decides between them, so they are refused as unleased ones are.
+    const bool same_run =
+        what == "run directory" || holder.ends_with(", run " + run) ||
+        (reservation > 0 && holder.find(fmt::format("(under a lease of reservation {})",
+                                                    reservation)) != std::string::npos);
+    if (leased && same_run && holder.find("(under a lease") != std::string::npos) {
       log_warn(
           "the {} {} is also held by {}: under a lease too, so the ledger decides which of "
           "them trains, and the fencing token which may commit",
@@ -48,9 +60,12 @@ RunDirLock::RunDirLock(const std::string& dir, const std::string& what, const st
         what, dir, holder.empty() ? "it has not written who it is yet" : holder,
         what == "run directory" ? "run.name" : "checkpoint.dir", path);
   }
-  const std::string who =
-      fmt::format("pid {} on {} since {} ({}), run {}\n", ::getpid(), host_name(),
-                  format_utc_iso(unix_now()), leased ? "under a lease" : "no lease", run_dir);
+  const std::string who = fmt::format(
+      "pid {} on {} since {} ({}), run {}\n", ::getpid(), host_name(), format_utc_iso(unix_now()),
+      !leased           ? std::string("no lease")
+      : reservation > 0 ? fmt::format("under a lease of reservation {}", reservation)
+                        : std::string("under a lease"),
+      run);
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) != ssize_t(who.size())) {
     log_warn("cannot write {}: {} (a second launch will not be told who holds the {})", path,
              std::strerror(errno), what);

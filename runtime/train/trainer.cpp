@@ -322,9 +322,16 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
   // takes minutes for big ones), and before it reads checkpoints that run may be pruning. A run
   // directory made later (run()) is locked there.
   run_dir_ = (std::filesystem::path(cfg_.run.out_dir) / cfg_.run.name).string();
+  checkpoint_dir_ = cfg_.checkpoint.dir.empty() ? run_dir_ + "/checkpoints" : cfg_.checkpoint.dir;
   std::error_code dir_ec;
   if (world_.rank() == 0 && std::filesystem::is_directory(run_dir_, dir_ec)) {
-    run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased());
+    run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased(),
+                                             cfg_.reservation.id);
+  }
+  // So is a launch on the checkpoint.dir of another live run (another run.name pointed at it):
+  // before a resume reads it and before run() weighs what it holds.
+  if (world_.rank() == 0 && std::filesystem::is_directory(checkpoint_dir_, dir_ec)) {
+    lock_checkpoint_dir();
   }
   // The pre-flight plan of this config on this machine (berth plan), made once: checked here
   // against the host on the CPU, logged by run() and set beside the measured figures at its end.
@@ -455,7 +462,6 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
   flops_per_token_ = gpt_flops_per_token(canonical_, T);
   batches_.resize(size_t(cfg_.parallel.microbatches));
   for (PackedBatch& b : batches_) reset_rows(&b, B, T);
-  checkpoint_dir_ = cfg_.checkpoint.dir.empty() ? run_dir_ + "/checkpoints" : cfg_.checkpoint.dir;
   if (!cfg_.model.init_from.empty()) {
     const auto t_load = std::chrono::steady_clock::now();
     const CheckpointData ck = load_checkpoint(cfg_.model.init_from, false);
@@ -927,6 +933,16 @@ double Trainer::evaluate() {
   return g.all_reduce_value(sum, ReduceOp::SUM) / double(g.all_reduce_value(count, ReduceOp::SUM));
 }
 
+void Trainer::lock_checkpoint_dir() {
+  // Another run saving into this run's checkpoint.dir (its own, or this run's checkpoints/ that
+  // another run.name was pointed at) failed a save on the other's step directory, or mixed the two
+  // runs' checkpoints for --resume auto. A checkpoint.dir that is the run directory is locked as
+  // that.
+  if (ckpt_lock_ || same_file_path(checkpoint_dir_, run_dir_)) return;
+  ckpt_lock_ = std::make_unique<RunDirLock>(checkpoint_dir_, "checkpoint directory", run_dir_,
+                                            leased(), cfg_.reservation.id);
+}
+
 std::vector<StepStats> Trainer::run() {
   // A new run must not collide with an earlier run's checkpoints: its first save would fail after
   // hours of training. Checked before anything is taken or written.
@@ -985,23 +1001,21 @@ std::vector<StepStats> Trainer::run() {
     // would otherwise fail only after the steps before it had run (all of them with
     // checkpoint.interval = 0). A refusal takes back the run directory it made (it was left
     // empty).
+    const bool ckpt_dir_existed = std::filesystem::exists(checkpoint_dir_, ec);
     try {
       ensure_writable_dir(checkpoint_dir_, "checkpoint directory (checkpoint.dir)");
+      // Before anything in the run directory is written or cleaned (a live run's checkpoint
+      // temporaries, its FENCE); taken in the constructor already where the directories existed.
+      if (!run_lock_) {
+        run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased(),
+                                                 cfg_.reservation.id);
+      }
+      lock_checkpoint_dir();
     } catch (const Error&) {
+      // What this launch made, and only that, is taken back (left empty).
+      if (!ckpt_dir_existed) std::filesystem::remove(checkpoint_dir_, ec);
       if (!run_dir_existed) std::filesystem::remove(run_dir_, ec);
       throw;
-    }
-    // Before anything in the run directory is written or cleaned (a live run's checkpoint
-    // temporaries, its FENCE); taken in the constructor already where the directory existed.
-    if (!run_lock_) {
-      run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased());
-    }
-    // A checkpoint.dir of its own is locked too: another run's launch saving there (another
-    // run.name, the same checkpoint.dir) is refused now, not at a save hours in.
-    if (!ckpt_lock_ && !same_file_path(checkpoint_dir_, run_dir_ + "/checkpoints") &&
-        !same_file_path(checkpoint_dir_, run_dir_)) {
-      ckpt_lock_ =
-          std::make_unique<RunDirLock>(checkpoint_dir_, "checkpoint directory", run_dir_, leased());
     }
     // The lease's token goes into checkpoint.dir's FENCE now, not at the first save: a holder
     // this run took the lease from must not commit in between.

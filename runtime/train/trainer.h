@@ -144,7 +144,8 @@ class Trainer {
   double flops_per_token_ = 0;
   std::string run_dir_, checkpoint_dir_;
   std::unique_ptr<RunDirLock> run_lock_;   // rank 0, until run() ends
-  std::unique_ptr<RunDirLock> ckpt_lock_;  // the same, of a checkpoint.dir of its own
+  std::unique_ptr<RunDirLock> ckpt_lock_;  // the same, of checkpoint.dir (lock_checkpoint_dir)
+  void lock_checkpoint_dir();              // rank 0; once
   // Whether this launch trains under a lease (a reservation, or one booked on demand).
   bool leased() const { return cfg_.reservation.id > 0 || cfg_.reservation.without == "on-demand"; }
   int64_t start_step_ = 0;
