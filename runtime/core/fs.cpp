@@ -41,7 +41,8 @@ void write_file_atomic(const std::string& path, const std::string& text) {
     BERTH_CHECK(out.good(), "cannot write {}: {} (check that the directory exists and is writable)",
                 path, std::strerror(errno));
     out << text;
-    if (!out.flush()) {
+    // close() too: on NFS a full disk or quota shows at close, and the file is then cut short.
+    if (!out.flush() || (out.close(), out.fail())) {
       const int err = errno;
       std::remove(tmp.c_str());
       BERTH_FAIL("writing {} failed: {}", path, std::strerror(err));

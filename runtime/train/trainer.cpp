@@ -1089,8 +1089,10 @@ std::vector<StepStats> Trainer::run() {
   std::ofstream partial;
   if (writer) {
     std::error_code ec;
-    // A .resume already there is what a start that could not copy it back kept (below): the
-    // .partial beside it holds a cut copy of it at most.
+    // A .resume already there is what a resume that could not copy it back kept (below): the
+    // .partial beside it holds a cut copy of it at most. A run from step 0 has no earlier steps:
+    // such a file is of an earlier run, and would be taken for this one's at its resume.
+    if (start_step_ == 0) std::filesystem::remove(partial_path + ".resume", ec);
     if (start_step_ > 0 && std::filesystem::exists(partial_path, ec) &&
         !std::filesystem::exists(partial_path + ".resume", ec)) {
       std::filesystem::rename(partial_path, partial_path + ".resume", ec);
@@ -1128,23 +1130,31 @@ std::vector<StepStats> Trainer::run() {
             "metrics.jsonl (a run killed while writing cuts its last line short)",
             unreadable, previous);
       }
-      // Steps missing between the first recorded one and the checkpoint's (a write that failed on
-      // a full disk, a file cut short): said, since metrics.jsonl will lack them for good.
+      // Steps missing between the first recorded one and the checkpoint's, or all of them (a
+      // write that failed on a full disk, a file cut short): said, since metrics.jsonl will lack
+      // them for good. (Steps before the first record are not: a run resumed from another run's
+      // checkpoint records from there.)
       const std::string missing = missing_steps(kept, start_step_);
       if (!missing.empty()) {
         log_warn(
             "metrics: {} has no record of step(s) {} of this run (a write that failed, e.g. "
             "on a full disk); metrics.jsonl will lack them",
             previous, missing);
+      } else if (kept.empty()) {
+        log_warn(
+            "metrics: {} has no record of the steps before {} (a write that failed, e.g. on "
+            "a full disk, or a run resumed from another run's checkpoint that stopped "
+            "before its first step); metrics.jsonl will have none of them",
+            previous, start_step_ + 1);
       }
     }
     partial << metrics;
-    // The lines before the resumed step are only in the .resume file until they are copied back:
-    // it is kept when they could not be (the next start reads it again).
+    // The lines before the resumed step are only in `previous` until they are copied back: it is
+    // kept when they could not be (the next start reads it again).
     BERTH_CHECK(partial.flush(),
                 "cannot write {} ({}): free space in {}; the metrics of the steps before {} are "
-                "kept in {}.resume for the next start",
-                partial_path, std::strerror(errno), run_dir_, start_step_ + 1, partial_path);
+                "kept in {} for the next start",
+                partial_path, std::strerror(errno), run_dir_, start_step_ + 1, previous);
     std::filesystem::remove(partial_path + ".resume", ec);
   }
   std::vector<StepStats> all;
@@ -1158,6 +1168,7 @@ std::vector<StepStats> Trainer::run() {
   nlohmann::json last_line;  // the newest step's metrics object (the last line of `metrics`)
   std::streamoff partial_line_at = -1;  // where the last line of metrics.jsonl.partial starts
   bool partial_failed = false;          // a write of metrics.jsonl.partial failed (said once)
+  int64_t partial_failed_at = 0;        // at that step
   // A stop (signal, window's end) before step `done` + 1: after the session's first step, a
   // checkpoint of step `done` unless it saved already, booked into that step's record as a
   // periodic save is (collective: the save).
@@ -1267,10 +1278,11 @@ std::vector<StepStats> Trainer::run() {
       partial << line;
       if (!partial.flush() && !partial_failed) {  // a full disk: said once, when it happens
         partial_failed = true;
+        partial_failed_at = done;
         log_warn(
             "metrics: cannot write {} ({}): it stops before step {}; the run goes on and "
-            "commits metrics.jsonl at its end from memory, so a run killed before then "
-            "loses the records from step {} on (free space in {})",
+            "commits metrics.jsonl at its end from memory (unless it loses its lease), so a "
+            "run killed before then loses the records from step {} on (free space in {})",
             partial_path, std::strerror(errno), done, done, run_dir_);
       }
     }
@@ -1316,6 +1328,12 @@ std::vector<StepStats> Trainer::run() {
           "(this session's steps are in metrics.jsonl.partial and trace.csv.partial), since the "
           "lease is no longer this run's and a launch that takes the booking over may write there",
           run_dir_);
+      if (partial_failed) {
+        log_warn(
+            "metrics: metrics.jsonl.partial lacks this session's steps from {} on (its write "
+            "failed), and they are not committed anywhere: they are lost",
+            partial_failed_at);
+      }
     }
   } else {
     progress.finish();

@@ -380,21 +380,31 @@ report "train_resume_names_missing_metrics_steps" "$([ $rc -eq 0 ] || echo " rc 
   grep -q "metrics: .*metrics.jsonl has no record of step(s) 2 of this run" "$log" ||
     echo " no warning"
   [ "$(wc -l <"$tmp/runs/collide/metrics.jsonl")" -eq 5 ] || echo " not 5 step lines")"
-# Two runs of other names saving into one checkpoint.dir at once: the second is refused at start
-# (it failed at its first save on the other's step directory, or mixed their checkpoints).
-mkdir -p "$tmp/ckshared"
+# Two runs of other names saving into one checkpoint.dir at once: the second, pointed at the
+# first's checkpoints/ (as the refusal of a new run into a run directory suggests), is refused at
+# start; it failed at its first save on the other's step directory, or mixed their checkpoints.
 "$BERTH" train "$TINY_TOML" "${TINY_SETS[@]}" --set "data.train=$tmp/d.h5" --set run.name=sharea \
-  --set "checkpoint.dir=$tmp/ckshared" --set train.steps=60 --set checkpoint.interval=0 \
-  --set debug.data_delay_s=0.1 >"$log.a" 2>&1 &
+  --set train.steps=60 --set checkpoint.interval=0 --set debug.data_delay_s=0.1 >"$log.a" 2>&1 &
 share_pid=$!
 for _ in $(seq 100); do grep -q "resolved config" "$log.a" 2>/dev/null && break; sleep 0.1; done
 expect_error "train_refuses_a_checkpoint_dir_in_use" \
-  "the checkpoint directory $tmp/ckshared is in use by another \`berth train\` (pid $share_pid on" \
-  "$tmp/runs/shareb/metrics.jsonl" train_tiny shareb --set "checkpoint.dir=$tmp/ckshared"
+  "the checkpoint directory $tmp/runs/sharea/checkpoints is in use by another \`berth train\` (pid $share_pid on" \
+  "$tmp/runs/shareb" train_tiny shareb --set "checkpoint.dir=$tmp/runs/sharea/checkpoints"
 report "train_checkpoint_dir_refusal_names_the_holders_run" \
   "$(grep -q "(no lease), run $tmp/runs/sharea)" "$log" || echo " the holder's run is not named")"
 kill "$share_pid" 2>/dev/null
 wait "$share_pid"
+# A metrics.jsonl.partial.resume left by a resume that could not copy it back belongs to that run:
+# a new run of the name from step 0 removes it (its resume took the stale steps for its own).
+mkdir -p "$tmp/runs/staleresume"
+printf '{"step":1,"stale":true}\n' >"$tmp/runs/staleresume/metrics.jsonl.partial.resume"
+train_tiny staleresume >"$log" 2>&1
+rc=$?
+train_tiny staleresume --set train.steps=5 --resume auto >"$log" 2>&1
+report "train_from_step_0_drops_an_earlier_runs_resume_file" "$([ $rc -eq 0 ] || echo " rc $rc"
+  [ ! -e "$tmp/runs/staleresume/metrics.jsonl.partial.resume" ] || echo " .resume left"
+  grep -q stale "$tmp/runs/staleresume/metrics.jsonl" && echo " stale steps in metrics.jsonl"
+  [ "$(wc -l <"$tmp/runs/staleresume/metrics.jsonl")" -eq 5 ] || echo " not 5 step lines")"
 
 # More evaluation batches than the validation set holds: an error naming the most that fits, before
 # any batch is held in memory (eval.batches = 20000000 grew to 14 GB).
