@@ -116,7 +116,7 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
     // open, and its writes must not land in this run's trace.
     std::filesystem::remove(trace + ".partial", ec);
     trace_.open(trace + ".partial", std::ios::trunc);
-    BERTH_CHECK(trace_.good(), "cannot write {}.partial", trace);
+    BERTH_CHECK(trace_.good(), "cannot write {}.partial: {}", trace, std::strerror(errno));
     trace_ << trace_csv_header();
     tty_ = isatty(STDOUT_FILENO) != 0;
   }

@@ -1101,7 +1101,7 @@ std::vector<StepStats> Trainer::run() {
     // open, and its writes must not land in this run's metrics.
     std::filesystem::remove(partial_path, ec);
     partial.open(partial_path, std::ios::trunc);
-    BERTH_CHECK(partial.good(), "cannot write {}", partial_path);
+    BERTH_CHECK(partial.good(), "cannot write {}: {}", partial_path, std::strerror(errno));
   }
   std::string metrics;
   if (writer && start_step_ > 0) {  // keep the metrics of the steps before the resumed one
