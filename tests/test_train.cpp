@@ -507,7 +507,8 @@ TEST(RunDirLock, OneRunPerDirectoryUnlessBothAreUnderALease) {
   {
     const RunDirLock first(dir.string(), "run directory", "runs/a", false);
     test::expect_error([&] { RunDirLock second(dir.string(), "run directory", "runs/a", false); },
-                       {"is in use by another `berth train` (pid ", "(no lease), run runs/a)",
+                       {"is in use by another `berth train` (pid ",
+                        "(no lease), run " + std::filesystem::absolute("runs/a").string() + ")",
                         "give this run another run.name",
                         "remove " + dir.string() + "/.berth.lock and launch again"});
     // A leased launch does not go beside a run without a lease either.
@@ -565,6 +566,21 @@ TEST(RunDirLock, OneRunPerCheckpointDirectory) {
     ::testing::internal::CaptureStderr();
     EXPECT_NO_THROW({ RunDirLock taker(dir.string(), "checkpoint directory", sb, true, 7); });
     ::testing::internal::GetCapturedStderr();
+  }
+  {
+    // The run is named by its absolute path: a relaunch that spells it otherwise is the same run,
+    // and a path that quotes a lock's words is not mistaken for them.
+    {
+      const RunDirLock first(dir.string(), "checkpoint directory",
+                             std::filesystem::relative(sa).string(), true);
+      ::testing::internal::CaptureStderr();
+      EXPECT_NO_THROW({ RunDirLock again(dir.string(), "checkpoint directory", sa, true); });
+      ::testing::internal::GetCapturedStderr();
+    }
+    const std::string odd = (dir / "a), run ").string() + sb;  // its line ends ", run " + sb
+    const RunDirLock first(dir.string(), "checkpoint directory", odd, true);
+    test::expect_error([&] { RunDirLock other(dir.string(), "checkpoint directory", sb, true); },
+                       {"is in use by another `berth train`"});
   }
   std::filesystem::remove_all(dir);
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -15,12 +16,39 @@
 #include "runtime/core/log.h"
 
 namespace berth {
+namespace {
+
+// What a lock's line says of its holder: "pid P on HOST since TIME (LEASE), run DIR", LEASE
+// being "no lease", "under a lease" or "under a lease of reservation N". Read by its structure,
+// not by searching the line, since DIR is any path (older berths wrote no ", run DIR").
+struct LockHolder {
+  bool leased = false;
+  int64_t reservation = 0;
+  std::string run;
+};
+
+LockHolder parse_holder(const std::string& line) {
+  LockHolder h;
+  const size_t sep = line.find("), run ");  // the first: HOST and TIME hold no ')'
+  const size_t end = sep == std::string::npos ? line.rfind(')') : sep;
+  const size_t open = end == std::string::npos ? std::string::npos : line.rfind(" (", end);
+  if (open == std::string::npos) return h;
+  const std::string lease = line.substr(open + 2, end - open - 2);
+  const std::string of = "under a lease of reservation ";
+  h.leased = lease.rfind("under a lease", 0) == 0;
+  if (lease.rfind(of, 0) == 0) h.reservation = std::atoll(lease.c_str() + of.size());
+  if (sep != std::string::npos) h.run = line.substr(sep + 7);
+  return h;
+}
+
+}  // namespace
 
 RunDirLock::RunDirLock(const std::string& dir, const std::string& what, const std::string& run_dir,
                        bool leased, int64_t reservation) {
   const std::string path = dir + "/.berth.lock";
   std::error_code ec;
-  const std::filesystem::path canonical = std::filesystem::weakly_canonical(run_dir, ec);
+  const std::filesystem::path canonical =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(run_dir, ec), ec);
   const std::string run = ec ? run_dir : canonical.string();  // as the lock names it
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   BERTH_CHECK(fd_ >= 0, "cannot open {} to lock the {}: {}", path, what, std::strerror(errno));
@@ -39,13 +67,13 @@ RunDirLock::RunDirLock(const std::string& dir, const std::string& what, const st
     while (!holder.empty() && holder.back() == '\n') holder.pop_back();
     // Two leased launches of one run, or of one booking (a requeue, a launch taking over a
     // holder paused past its TTL): the ledger gives the lease to one of them and the fence lets
-    // only that one commit. Two leased runs of other names saving into one checkpoint.dir under
-    // two bookings: nothing decides between them, so they are refused as unleased ones are.
+    // only that one commit. Two leased runs of other names saving into one directory under two
+    // bookings: nothing decides between them, so they are refused as unleased ones are.
+    const LockHolder h = parse_holder(holder);
     const bool same_run =
-        what == "run directory" || holder.ends_with(", run " + run) ||
-        (reservation > 0 && holder.find(fmt::format("(under a lease of reservation {})",
-                                                    reservation)) != std::string::npos);
-    if (leased && same_run && holder.find("(under a lease") != std::string::npos) {
+        h.run.empty() ? what == "run directory"  // written by a berth that did not name the run
+                      : h.run == run || (reservation > 0 && h.reservation == reservation);
+    if (leased && same_run && h.leased) {
       log_warn(
           "the {} {} is also held by {}: under a lease too, so the ledger decides which of "
           "them trains, and the fencing token which may commit",

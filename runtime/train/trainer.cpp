@@ -1012,9 +1012,13 @@ std::vector<StepStats> Trainer::run() {
       }
       lock_checkpoint_dir();
     } catch (const Error&) {
-      // What this launch made, and only that, is taken back (left empty).
+      // What this launch made, and only that, is taken back (left empty but for its own lock).
       if (!ckpt_dir_existed) std::filesystem::remove(checkpoint_dir_, ec);
-      if (!run_dir_existed) std::filesystem::remove(run_dir_, ec);
+      if (!run_dir_existed) {
+        run_lock_.reset();
+        std::filesystem::remove(run_dir_ + "/.berth.lock", ec);
+        std::filesystem::remove(run_dir_, ec);
+      }
       throw;
     }
     // The lease's token goes into checkpoint.dir's FENCE now, not at the first save: a holder
@@ -1097,19 +1101,17 @@ std::vector<StepStats> Trainer::run() {
         !std::filesystem::exists(partial_path + ".resume", ec)) {
       std::filesystem::rename(partial_path, partial_path + ".resume", ec);
     }
-    // A new file, not the old one truncated: a holder that lost the lease may still have that one
-    // open, and its writes must not land in this run's metrics.
-    std::filesystem::remove(partial_path, ec);
-    partial.open(partial_path, std::ios::trunc);
-    BERTH_CHECK(partial.good(), "cannot write {}: {}", partial_path, std::strerror(errno));
+    // (A .partial beside a .resume is a cut copy of it: the new one replaces it, below.)
   }
   std::string metrics;
+  // A killed run left its lines in the .partial file (now .resume); a finished one in
+  // metrics.jsonl.
+  std::error_code resume_ec;
+  const std::string previous = std::filesystem::exists(partial_path + ".resume", resume_ec)
+                                   ? partial_path + ".resume"
+                                   : metrics_path;
   if (writer && start_step_ > 0) {  // keep the metrics of the steps before the resumed one
-    // A killed run left its lines in the .partial file; a finished one in metrics.jsonl.
     std::error_code ec;
-    const std::string previous = std::filesystem::exists(partial_path + ".resume", ec)
-                                     ? partial_path + ".resume"
-                                     : metrics_path;
     if (std::filesystem::exists(previous, ec)) {
       std::istringstream in(read_text_file(previous));
       int64_t unreadable = 0;
@@ -1148,14 +1150,29 @@ std::vector<StepStats> Trainer::run() {
             previous, start_step_ + 1);
       }
     }
-    partial << metrics;
-    // The lines before the resumed step are only in `previous` until they are copied back: it is
-    // kept when they could not be (the next start reads it again).
-    BERTH_CHECK(partial.flush(),
-                "cannot write {} ({}): free space in {}; the metrics of the steps before {} are "
-                "kept in {} for the next start",
-                partial_path, std::strerror(errno), run_dir_, start_step_ + 1, previous);
+  }
+  if (writer) {
+    // The new .partial holds the records before the resumed step (none from step 0), whole or not
+    // at all: written beside, synced and renamed into place, and only then is `previous` (a
+    // .resume) let go; a copy that fails leaves it for the next start, and no cut .partial that
+    // the next start would take for the killed run's records. A new file, not the old one
+    // truncated: a holder that lost the lease may still have that one open, and its writes must
+    // not land in this run's metrics.
+    try {
+      write_file_atomic(partial_path, metrics);
+      sync_to_disk(partial_path);
+    } catch (const Error& e) {
+      std::error_code ec;
+      std::filesystem::remove(partial_path, ec);  // (a cut copy of a .resume)
+      BERTH_FAIL(
+          "{}: free space in {}; the metrics of the steps before {} are kept in {} for "
+          "the next start",
+          e.what(), run_dir_, start_step_ + 1, previous);
+    }
+    std::error_code ec;
     std::filesystem::remove(partial_path + ".resume", ec);
+    partial.open(partial_path, std::ios::app);
+    BERTH_CHECK(partial.good(), "cannot write {}: {}", partial_path, std::strerror(errno));
   }
   std::vector<StepStats> all;
   const int64_t steps = cfg_.train.steps;
