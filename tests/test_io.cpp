@@ -10,9 +10,10 @@
 #include <vector>
 
 #include "runtime/core/check.h"
-#include "tests/expect_error.h"
+#include "runtime/core/fs.h"
 #include "runtime/io/importers.h"
 #include "runtime/io/token_dataset.h"
+#include "tests/expect_error.h"
 
 namespace berth {
 namespace {
@@ -740,6 +741,25 @@ TEST_F(IoTest, LlmcWriteRejectsWideTokens) {
                {"token 65536 at index 1 does not fit uint16"});
   EXPECT_FALSE(fs::exists(path("w.bin")));
   EXPECT_TRUE(temp_leftovers().empty());
+}
+
+// A stop's amend of the last line of an append-only file cuts it at the line's start and writes the
+// line again; where the path names another file now (a launch that took the run directory over
+// replaced it), that file is left alone.
+TEST_F(IoTest, RewriteFromAmendsTheLastLineOfItsOwnFileOnly) {
+  const std::string p = path("log.jsonl");
+  std::ofstream out(p, std::ios::trunc);
+  out << "one\n";
+  const std::streamoff at = out.tellp();
+  out << "two\n";
+  out.flush();
+  const FileId mine = file_id(p);
+  ASSERT_TRUE(rewrite_from(out, p, mine, at, "TWO\n"));
+  EXPECT_EQ(read_text_file(p), "one\nTWO\n");
+  fs::remove(p);
+  std::ofstream(p) << "the other launch's line\n";
+  EXPECT_FALSE(rewrite_from(out, p, mine, at, "2\n"));
+  EXPECT_EQ(read_text_file(p), "the other launch's line\n");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "runtime/core/fs.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -130,9 +131,16 @@ void trim_to_whole_lines(const std::string& path) {
   std::filesystem::resize_file(path, size - tail + last + 1, ec);
 }
 
-bool rewrite_from(std::ofstream& out, const std::string& path, std::streamoff at,
-                  const std::string& text) {
-  if (at < 0 || !out.flush()) return false;
+FileId file_id(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};
+  return FileId{static_cast<unsigned long long>(st.st_dev),
+                static_cast<unsigned long long>(st.st_ino)};
+}
+
+bool rewrite_from(std::ofstream& out, const std::string& path, const FileId& opened,
+                  std::streamoff at, const std::string& text) {
+  if (at < 0 || !out.flush() || file_id(path) != opened) return false;
   std::error_code ec;
   std::filesystem::resize_file(path, static_cast<uintmax_t>(at), ec);
   if (ec) return false;

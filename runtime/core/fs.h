@@ -60,10 +60,19 @@ void check_output_file(const std::string& path, const char* what, const char* ex
 // one, or is empty, is left as it is.
 void trim_to_whole_lines(const std::string& path);
 
-// Replaces what `out` (open on `path`) wrote from byte `at` on with `text`: the file is cut at `at`
-// and `text` written there (the last line of an append-only file, amended in place). Returns
-// false when it cannot (`at` < 0, a stream or file error), the file then as it was or cut at `at`.
-bool rewrite_from(std::ofstream& out, const std::string& path, std::streamoff at,
-                  const std::string& text);
+// Which file `path` names now (device and inode); {0, 0} when none.
+struct FileId {
+  unsigned long long dev = 0, ino = 0;
+  bool operator==(const FileId&) const = default;
+};
+FileId file_id(const std::string& path);
+
+// Replaces what `out` (open on `path`, the file `opened`) wrote from byte `at` on with `text`: the
+// file is cut at `at` and `text` written there (the last line of an append-only file, amended in
+// place). Returns false when it cannot (`at` < 0, a stream or file error), the file then as it was
+// or cut at `at`, and when `path` names another file than `opened` now (a launch that took the
+// run directory over replaced it: that file is not cut).
+bool rewrite_from(std::ofstream& out, const std::string& path, const FileId& opened,
+                  std::streamoff at, const std::string& text);
 
 }  // namespace berth

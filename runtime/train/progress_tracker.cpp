@@ -117,6 +117,7 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
     std::filesystem::remove(trace + ".partial", ec);
     trace_.open(trace + ".partial", std::ios::trunc);
     BERTH_CHECK(trace_.good(), "cannot write {}.partial: {}", trace, std::strerror(errno));
+    trace_id_ = file_id(trace + ".partial");
     trace_ << trace_csv_header();
     tty_ = isatty(STDOUT_FILENO) != 0;
   }
@@ -250,7 +251,8 @@ void ProgressTracker::stopped_after(int64_t done, double save_s, nlohmann::json*
     // The row, rewritten in place. (A trace that could not be written is left as it is: the stop
     // is not failed for it.)
     const std::string partial = run_dir_ + "/trace.csv.partial";
-    if (!trace_failed_ && !rewrite_from(trace_, partial, last_row_at_, trace_csv_row(r))) {
+    if (!trace_failed_ &&
+        !rewrite_from(trace_, partial, trace_id_, last_row_at_, trace_csv_row(r))) {
       trace_failed_ = true;  // cut where the row began: not committed whole
       log_warn("progress: cannot rewrite the last row of {}; metrics.jsonl has the stop's save",
                partial);

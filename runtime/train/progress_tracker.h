@@ -17,6 +17,7 @@
 #include "runtime/cluster/progress_monitor.h"
 #include "runtime/config/config.h"
 #include "runtime/core/backend.h"
+#include "runtime/core/fs.h"
 
 namespace berth {
 
@@ -87,6 +88,7 @@ class ProgressTracker {
   std::ofstream trace_;                       // rank 0
   std::streamoff last_row_at_ = 0;            // rank 0: where the newest trace row starts
   bool trace_failed_ = false;  // rank 0: a write of trace.csv.partial failed (not committed)
+  FileId trace_id_;            // rank 0: the file trace_ writes (a stop's amend cuts only that one)
   int64_t last_block_step_ = -1;              // rank 0: the step of the newest block logged
   double session_start_unix_ = 0;
   double window_end_unix_ = 0;  // rank 0: the window the monitor uses (0 = none)

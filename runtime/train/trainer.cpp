@@ -1091,6 +1091,7 @@ std::vector<StepStats> Trainer::run() {
   const std::string metrics_path = run_dir_ + "/metrics.jsonl";
   const std::string partial_path = metrics_path + ".partial";
   std::ofstream partial;
+  FileId partial_id;  // the file `partial` writes (a stop's amend cuts only that one)
   if (writer) {
     std::error_code ec;
     // A .resume already there is what a resume that could not copy it back kept (below): the
@@ -1173,6 +1174,7 @@ std::vector<StepStats> Trainer::run() {
     std::filesystem::remove(partial_path + ".resume", ec);
     partial.open(partial_path, std::ios::app);
     BERTH_CHECK(partial.good(), "cannot write {}: {}", partial_path, std::strerror(errno));
+    partial_id = file_id(partial_path);
   }
   std::vector<StepStats> all;
   const int64_t steps = cfg_.train.steps;
@@ -1200,7 +1202,8 @@ std::vector<StepStats> Trainer::run() {
     metrics += line;
     // The .partial file too (a run that ends fenced out or lease-lost commits only that one):
     // cut where the line began, the line written again.
-    if (writer && !partial_failed && !rewrite_from(partial, partial_path, partial_line_at, line)) {
+    if (writer && !partial_failed &&
+        !rewrite_from(partial, partial_path, partial_id, partial_line_at, line)) {
       log_warn("metrics: cannot rewrite the last line of {}; metrics.jsonl has it", partial_path);
     }
   };
