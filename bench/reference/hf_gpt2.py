@@ -1,6 +1,6 @@
 """berth's GPT-2 against Hugging Face transformers' GPT2LMHeadModel, on the CPU.
 
-    python bench/reference/hf_gpt2.py build/berth WORKDIR
+    python bench/reference/hf_gpt2.py build/berth WORKDIR   (a new or empty directory)
 
 Needs torch, transformers, safetensors and numpy (not installed by scripts/bootstrap: a venv with
 `pip install torch transformers safetensors numpy`). It makes a small random GPT-2 (its LayerNorm
@@ -8,13 +8,16 @@ and bias parameters moved off their defaults, so they are tested too), imports i
 (`berth model import --format hf-gpt2`), trains one step on a dataset of exactly one window, and
 compares with transformers in float32 and float64 on the same tokens:
   - step 1's loss and gradient norm (before clipping);
+  - the learning rate of step 1 (against what the schedule should give);
   - every parameter after one AdamW step, for three optimizer settings (weight decay on the 2-D
-    weights only, warm-up, clipping with an eps large enough for clipping to show);
+    weights only, the first step of a warm-up, clipping with an eps large enough for clipping to
+    show); a NaN fails;
   - the export of the untouched import (bit-identical).
 berth passes when its loss and norm are within 1e-5 relative of float64 and every parameter is
 within 4x float32 transformers' own distance from float64 (plus 1e-7). Exit 1 otherwise.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,16 +33,18 @@ from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 BERTH, WORK = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs", "tiny.toml")
 T = 32  # tokens per window
-RUNS = {  # name: (lr, schedule, warmup, weight_decay, grad_clip, eps)
-    "plain": (1e-3, "constant", 0, 0.1, 0.0, 1e-8),
-    "warmup_decay": (4e-3, "cosine", 2, 5.0, 1.0, 1e-8),
-    "clipped": (1e-3, "constant", 0, 0.1, 1.0, 1e-3),
+RUNS = {  # name: (lr, schedule, warmup, weight_decay, grad_clip, eps, the lr of step 1)
+    "plain": (1e-3, "constant", 0, 0.1, 0.0, 1e-8, 1e-3),
+    "warmup_decay": (4e-3, "cosine", 2, 5.0, 1.0, 1e-8, 2e-3),  # step 1 of a 2-step warm-up
+    "clipped": (1e-3, "constant", 0, 0.1, 1.0, 1e-3, 1e-3),
 }
 
 
 def berth(*args):
-    subprocess.run([BERTH, *args], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, cwd=WORK)
+    done = subprocess.run([BERTH, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, cwd=WORK)
+    if done.returncode != 0:
+        sys.exit(f"berth {' '.join(args[:3])} failed (exit {done.returncode}):\n{done.stderr}")
 
 
 def make_inputs():
@@ -100,12 +105,15 @@ def reference(tokens, dtype, lr, wd, clip, eps):
 
 
 def main():
+    if os.path.exists(WORK) and os.listdir(WORK):
+        sys.exit(f"{WORK} is not empty: give a new or empty directory")
     os.makedirs(WORK, exist_ok=True)
     tokens = make_inputs()
     ok = True
-    for name, (lr, schedule, warmup, wd, clip, eps) in RUNS.items():
+    for name, (lr, schedule, warmup, wd, clip, eps, step_lr) in RUNS.items():
         metrics, exported = train(name, lr, schedule, warmup, wd, clip, eps)
-        step_lr = metrics["lr"]  # the schedule's value at step 1 (warm-up: lr / warmup_steps)
+        # The reference takes the lr the schedule should give at step 1, not berth's own.
+        lr_right = math.isclose(metrics["lr"], step_lr, rel_tol=1e-9)
         loss32, norm32, p32 = reference(tokens, torch.float32, step_lr, wd, clip, eps)
         loss64, norm64, p64 = reference(tokens, torch.float64, step_lr, wd, clip, eps)
         rel_loss = abs(metrics["loss"] - loss64) / loss64
@@ -115,19 +123,22 @@ def main():
             mine = torch.tensor(exported[key]).double()
             allowed = 4 * (p32[key] - ref).abs().max().item() + 1e-7
             ratio = (mine - ref).abs().max().item() / allowed
-            if ratio > worst:
-                worst, worst_name = ratio, key
-        passed = rel_loss <= 1e-5 and rel_norm <= 1e-5 and worst <= 1 and len(exported) == len(p64)
+            if not math.isfinite(ratio) or ratio > worst:  # (a NaN is the worst)
+                worst, worst_name = (ratio if math.isfinite(ratio) else math.inf), key
+        passed = (lr_right and rel_loss <= 1e-5 and rel_norm <= 1e-5 and worst <= 1 and
+                  set(exported) == set(p64))
         ok = ok and passed
-        print(f"{name:13s} lr {step_lr:.3g} | loss berth {metrics['loss']:.9f} fp32 {loss32:.9f} "
+        print(f"{name:13s} lr {metrics['lr']:.3g} (expected {step_lr:.3g}) | loss berth {metrics['loss']:.9f} fp32 {loss32:.9f} "
               f"fp64 {loss64:.9f} ({rel_loss:.1e}) | grad_norm berth {metrics['grad_norm']:.9f} "
               f"fp64 {norm64:.9f} ({rel_norm:.1e}) | params: worst {worst:.2f} of the allowance "
               f"({worst_name}) | {'ok' if passed else 'MISMATCH'}")
     berth("model", "export", "--format", "hf-gpt2", "ckpt", "--out", "export_untouched")
     original = load_file(f"{WORK}/hf/model.safetensors")
     again = load_file(f"{WORK}/export_untouched/model.safetensors")
-    same = all(np.array_equal(original[k], again[k.replace("transformer.", "")])
-               for k in original if k != "lm_head.weight")
+    names = {k.replace("transformer.", ""): k for k in original if k != "lm_head.weight"}
+    same = set(names) == set(again) and all(
+        original[k].dtype == again[n].dtype and original[k].shape == again[n].shape and
+        original[k].tobytes() == again[n].tobytes() for n, k in names.items())
     ok = ok and same
     print(f"export of the untouched import: {'bit-identical' if same else 'DIFFERS'}")
     sys.exit(0 if ok else 1)

@@ -140,10 +140,18 @@ FileId file_id(const std::string& path) {
 
 bool rewrite_from(std::ofstream& out, const std::string& path, const FileId& opened,
                   std::streamoff at, const std::string& text) {
-  if (at < 0 || !out.flush() || file_id(path) != opened) return false;
-  std::error_code ec;
-  std::filesystem::resize_file(path, static_cast<uintmax_t>(at), ec);
-  if (ec) return false;
+  if (at < 0 || !out.flush()) return false;
+  // Cut through a descriptor of the file checked, not by path again: a takeover that swaps the
+  // path between a check and a cut by path would have its file cut.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  const bool mine =
+      ::fstat(fd, &st) == 0 && FileId{static_cast<unsigned long long>(st.st_dev),
+                                      static_cast<unsigned long long>(st.st_ino)} == opened;
+  const bool cut = mine && ::ftruncate(fd, static_cast<off_t>(at)) == 0;
+  ::close(fd);
+  if (!cut) return false;
   out.seekp(at);
   out << text;
   return bool(out.flush());

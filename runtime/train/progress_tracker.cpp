@@ -253,9 +253,16 @@ void ProgressTracker::stopped_after(int64_t done, double save_s, nlohmann::json*
     const std::string partial = run_dir_ + "/trace.csv.partial";
     if (!trace_failed_ &&
         !rewrite_from(trace_, partial, trace_id_, last_row_at_, trace_csv_row(r))) {
-      trace_failed_ = true;  // cut where the row began: not committed whole
-      log_warn("progress: cannot rewrite the last row of {}; metrics.jsonl has the stop's save",
-               partial);
+      trace_failed_ = true;  // not committed whole (cut where the row began, or not this run's)
+      if (file_id(partial) != trace_id_) {
+        log_warn(
+            "progress: {} is another launch's file now (it took the run directory over); "
+            "left alone",
+            partial);
+      } else {
+        log_warn("progress: cannot rewrite the last row of {}; metrics.jsonl has the stop's save",
+                 partial);
+      }
     }
     nlohmann::json& j = *line;
     j["wall_s"] = r.duration_s;

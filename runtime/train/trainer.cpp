@@ -1204,7 +1204,14 @@ std::vector<StepStats> Trainer::run() {
     // cut where the line began, the line written again.
     if (writer && !partial_failed &&
         !rewrite_from(partial, partial_path, partial_id, partial_line_at, line)) {
-      log_warn("metrics: cannot rewrite the last line of {}; metrics.jsonl has it", partial_path);
+      if (file_id(partial_path) != partial_id) {
+        log_warn(
+            "metrics: {} is another launch's file now (it took the run directory over); "
+            "left alone",
+            partial_path);
+      } else {
+        log_warn("metrics: cannot rewrite the last line of {}; metrics.jsonl has it", partial_path);
+      }
     }
   };
   // The newest step that trained: a skipped one (no targets) takes milliseconds, and a window's
