@@ -4,7 +4,6 @@
 // other's bookings before deciding.
 #include <pwd.h>
 #include <sqlite3.h>
-#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
@@ -295,10 +294,7 @@ class SqliteLedger : public LedgerStore {
       sqlite3_close(db_);
       BERTH_FAIL("cannot open the ledger {}: {}; check the path and its permissions", path, err);
     }
-    if (struct stat st{}; ::stat(path.c_str(), &st) == 0) {
-      opened_dev_ = st.st_dev;
-      opened_ino_ = st.st_ino;
-    }
+    opened_ = file_id(path);
     try {
       sqlite3_busy_timeout(db_, int(o_.busy_timeout_s * 1000));
       switch_to_wal(path);
@@ -963,14 +959,14 @@ class SqliteLedger : public LedgerStore {
   // take the devices this lease holds. Throws, naming what happened, when the path no longer
   // names the file opened.
   void require_same_file() const {
-    struct stat now {};
-    if (::stat(path_.c_str(), &now) != 0) {
+    const FileId now = file_id(path_);
+    if (now == FileId{}) {
       BERTH_FAIL(
           "the ledger {} was removed after this process opened it ({}): its lease is "
           "recorded nowhere that others read; put the ledger file back",
           path_, std::strerror(errno));
     }
-    BERTH_CHECK(now.st_dev == opened_dev_ && now.st_ino == opened_ino_,
+    BERTH_CHECK(now == opened_,
                 "the ledger {} was replaced by another file after this process opened it: its "
                 "lease is not in the file others read now; put the ledger that was there back",
                 path_);
@@ -979,8 +975,7 @@ class SqliteLedger : public LedgerStore {
   std::string path_;
   LedgerOptions o_;
   sqlite3* db_ = nullptr;
-  dev_t opened_dev_ = 0;  // the ledger file opened (require_same_file)
-  ino_t opened_ino_ = 0;
+  FileId opened_;  // the ledger file opened (require_same_file)
 };
 
 }  // namespace

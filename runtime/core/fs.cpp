@@ -131,11 +131,17 @@ void trim_to_whole_lines(const std::string& path) {
   std::filesystem::resize_file(path, size - tail + last + 1, ec);
 }
 
+namespace {
+FileId id_of(const struct stat& st) {
+  return FileId{static_cast<unsigned long long>(st.st_dev),
+                static_cast<unsigned long long>(st.st_ino)};
+}
+}  // namespace
+
 FileId file_id(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return {};
-  return FileId{static_cast<unsigned long long>(st.st_dev),
-                static_cast<unsigned long long>(st.st_ino)};
+  return id_of(st);
 }
 
 bool rewrite_from(std::ofstream& out, const std::string& path, const FileId& opened,
@@ -146,9 +152,7 @@ bool rewrite_from(std::ofstream& out, const std::string& path, const FileId& ope
   const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) return false;
   struct stat st {};
-  const bool mine =
-      ::fstat(fd, &st) == 0 && FileId{static_cast<unsigned long long>(st.st_dev),
-                                      static_cast<unsigned long long>(st.st_ino)} == opened;
+  const bool mine = ::fstat(fd, &st) == 0 && id_of(st) == opened;
   const bool cut = mine && ::ftruncate(fd, static_cast<off_t>(at)) == 0;
   ::close(fd);
   if (!cut) return false;
