@@ -29,75 +29,36 @@ const char* long_docs_name(LongDocs l) { return l == LongDocs::DROP ? "drop" : "
 
 // ---- writing ------------------------------------------------------------------------------------
 
-[[noreturn]] void fail_write(const std::string& path, const std::string& step) {
-  BERTH_FAIL("writing packing plan '{}' failed at {}: {} (disk full or directory not writable?)",
-             path, step, h5_error_detail());
-}
-
-void write_i64_dataset(hid_t file, const char* name, const std::vector<int64_t>& v,
-                       const std::string& path) {
-  const hsize_t dims[1] = {static_cast<hsize_t>(v.size())};
-  H5Id space(H5Screate_simple(1, dims, nullptr), H5Sclose);
-  if (!space.valid()) fail_write(path, fmt::format("/{} dataspace", name));
-  H5Id dset(H5Dcreate2(file, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                       H5P_DEFAULT),
-            H5Dclose);
-  if (!dset.valid()) fail_write(path, fmt::format("creating /{}", name));
-  if (!v.empty() &&
-      H5Dwrite(dset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0) {
-    fail_write(path, fmt::format("writing /{}", name));
-  }
-  if (!dset.close()) fail_write(path, fmt::format("closing /{}", name));
-}
-
-void write_scalar_attr(hid_t file, const char* name, hid_t file_type, hid_t mem_type,
-                       const void* value, const std::string& path) {
-  if (!h5::write_scalar_attr(file, name, file_type, mem_type, value)) {
-    fail_write(path, fmt::format("attribute '{}'", name));
-  }
-}
-
-void write_string_attr(hid_t file, const char* name, const std::string& value,
-                       const std::string& path) {
-  if (!h5::write_string_attr(file, name, value)) {
-    fail_write(path, fmt::format("attribute '{}'", name));
-  }
-}
-
 void write_hdf5(const std::string& tmp, const std::string& path, const PackPlan& plan,
                 const std::string& key) {
-  H5Id fapl(file_access_plist(), H5Pclose);
-  H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (!file.valid()) {
-    BERTH_FAIL("cannot create '{}' (temporary for '{}'): {}; check that the directory exists and "
-               "is writable",
-               tmp, path, h5_error_detail());
-  }
+  const h5::FileWriter w("packing plan", path);
+  H5Id file = w.create_temporary(tmp);
   const hid_t f = file.get();
   const PackOptions& o = plan.options;
-  write_string_attr(f, "format", kPlanFormatName, path);
-  write_scalar_attr(f, "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &kPlanFormatVersion,
-                    path);
-  write_string_attr(f, "key", key, path);
-  write_scalar_attr(f, "seq_len", H5T_STD_I64LE, H5T_NATIVE_INT64, &o.seq_len, path);
-  write_string_attr(f, "algorithm", pack_algorithm_name(o.algorithm), path);
-  write_scalar_attr(f, "window", H5T_STD_I64LE, H5T_NATIVE_INT64, &o.window, path);
-  write_scalar_attr(f, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &o.seed, path);
-  write_string_attr(f, "long_docs", long_docs_name(o.long_docs), path);
-  write_scalar_attr(f, "alpha", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &o.alpha, path);
-  write_scalar_attr(f, "beta", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &o.beta, path);
-  write_scalar_attr(f, "align", H5T_STD_I64LE, H5T_NATIVE_INT64, &o.align, path);
+  w.string_attr(f, "format", kPlanFormatName);
+  w.i64_attr(f, "format_version", kPlanFormatVersion);
+  w.string_attr(f, "key", key);
+  w.i64_attr(f, "seq_len", o.seq_len);
+  w.string_attr(f, "algorithm", pack_algorithm_name(o.algorithm));
+  w.i64_attr(f, "window", o.window);
+  w.scalar_attr(f, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &o.seed);
+  w.string_attr(f, "long_docs", long_docs_name(o.long_docs));
+  w.scalar_attr(f, "alpha", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &o.alpha);
+  w.scalar_attr(f, "beta", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &o.beta);
+  w.i64_attr(f, "align", o.align);
 
-  write_i64_dataset(f, "row_offsets", plan.row_offsets, path);
+  auto i64_dataset = [&](const char* name, const std::vector<int64_t>& v) {
+    w.dataset_1d(f, name, H5T_STD_I64LE, H5T_NATIVE_INT64, v.data(), v.size());
+  };
+  i64_dataset("row_offsets", plan.row_offsets);
   std::vector<int64_t> col(plan.pieces.size());
   for (size_t i = 0; i < col.size(); ++i) col[i] = plan.pieces[i].doc;
-  write_i64_dataset(f, "piece_doc", col, path);
+  i64_dataset("piece_doc", col);
   for (size_t i = 0; i < col.size(); ++i) col[i] = plan.pieces[i].start;
-  write_i64_dataset(f, "piece_start", col, path);
+  i64_dataset("piece_start", col);
   for (size_t i = 0; i < col.size(); ++i) col[i] = plan.pieces[i].length;
-  write_i64_dataset(f, "piece_length", col, path);
-  if (H5Fflush(f, H5F_SCOPE_LOCAL) < 0) fail_write(path, "flush");
-  if (!file.close()) fail_write(path, "close");
+  i64_dataset("piece_length", col);
+  w.finish(file);
 }
 
 // ---- reading ------------------------------------------------------------------------------------

@@ -135,6 +135,68 @@ inline bool write_string_attr(hid_t obj, const char* name, const std::string& va
   return write_scalar_attr(obj, name, type.get(), type.get(), &cstr);
 }
 
+// Writes the parts of one file of a berth HDF5 format (`what`: "token dataset", "packing plan",
+// "checkpoint file") at `path`. Every failure throws one message naming the format, the file, the
+// step and HDF5's reason: "writing <what> '<path>' failed at <step>: <reason> (disk full or
+// directory not writable?)".
+class FileWriter {
+ public:
+  FileWriter(const char* what, std::string path) : what_(what), path_(std::move(path)) {}
+
+  [[noreturn]] void fail(const std::string& step) const {
+    BERTH_FAIL("writing {} '{}' failed at {}: {} (disk full or directory not writable?)", what_,
+               path_, step, h5_error_detail());
+  }
+  // Creates (truncates) `tmp`, the temporary the caller renames to `path` once it is complete.
+  H5Id create_temporary(const std::string& tmp) const {
+    H5Id fapl(file_access_plist(), H5Pclose);
+    H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+    if (!file.valid()) {
+      BERTH_FAIL(
+          "cannot create '{}' (temporary for '{}'): {}; check that the directory exists "
+          "and is writable",
+          tmp, path_, h5_error_detail());
+    }
+    return file;
+  }
+  // Flushes and closes a file that create_temporary made.
+  void finish(H5Id& file) const {
+    if (H5Fflush(file.get(), H5F_SCOPE_LOCAL) < 0) fail("flush");
+    if (!file.close()) fail("close");
+  }
+  void scalar_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_type,
+                   const void* value) const {
+    if (!write_scalar_attr(obj, name, file_type, mem_type, value)) {
+      fail(fmt::format("attribute '{}'", name));
+    }
+  }
+  void i64_attr(hid_t obj, const char* name, int64_t value) const {
+    scalar_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
+  }
+  void string_attr(hid_t obj, const char* name, const std::string& value) const {
+    if (!write_string_attr(obj, name, value)) fail(fmt::format("attribute '{}'", name));
+  }
+  // A 1-D dataset of `n` values, `mem_type` in memory and `file_type` in the file (HDF5 converts
+  // in strips, e.g. uint32 in memory to uint16 on disk).
+  void dataset_1d(hid_t loc, const char* name, hid_t file_type, hid_t mem_type, const void* data,
+                  size_t n) const {
+    const hsize_t dims[1] = {static_cast<hsize_t>(n)};
+    H5Id space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+    if (!space.valid()) fail(fmt::format("/{} dataspace", name));
+    H5Id dset(H5Dcreate2(loc, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+              H5Dclose);
+    if (!dset.valid()) fail(fmt::format("creating /{}", name));
+    if (n > 0 && H5Dwrite(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
+      fail(fmt::format("writing /{}", name));
+    }
+    if (!dset.close()) fail(fmt::format("closing /{}", name));
+  }
+
+ private:
+  const char* what_;
+  std::string path_;
+};
+
 // Reads the value of a string attribute `attr` of string type `type` (variable or fixed length;
 // trailing space padding dropped) into *out. Returns false when HDF5 fails; the caller raises its
 // own format's error.

@@ -33,63 +33,25 @@ constexpr const char* kImportHint = "import it with `berth data import`";
 
 // ---- writing ------------------------------------------------------------------------------------
 
-[[noreturn]] void fail_write(const std::string& path, const std::string& step) {
-  BERTH_FAIL("writing token dataset '{}' failed at {}: {} (disk full or directory not writable?)",
-             path, step, h5_error_detail());
-}
-
-void write_dataset_1d(hid_t file, const char* name, hid_t file_type, hid_t mem_type,
-                      const void* data, size_t n, const std::string& path) {
-  const hsize_t dims[1] = {static_cast<hsize_t>(n)};
-  H5Id space(H5Screate_simple(1, dims, nullptr), H5Sclose);
-  if (!space.valid()) fail_write(path, fmt::format("/{} dataspace", name));
-  H5Id dset(H5Dcreate2(file, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-            H5Dclose);
-  if (!dset.valid()) fail_write(path, fmt::format("creating /{}", name));
-  // HDF5 converts mem_type -> file_type in strips (e.g. uint32 in memory -> uint16 on disk).
-  if (n > 0 && H5Dwrite(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
-    fail_write(path, fmt::format("writing /{}", name));
-  }
-  if (!dset.close()) fail_write(path, fmt::format("closing /{}", name));
-}
-
-void write_int_attr(hid_t file, const char* name, int64_t value, const std::string& path) {
-  if (!h5::write_i64_attr(file, name, value)) fail_write(path, fmt::format("attribute '{}'", name));
-}
-
-void write_string_attr(hid_t file, const char* name, const std::string& value,
-                       const std::string& path) {
-  if (!h5::write_string_attr(file, name, value)) {
-    fail_write(path, fmt::format("attribute '{}'", name));
-  }
-}
-
 void write_hdf5(const std::string& tmp, const std::string& path, const TokenDataset& ds) {
-  H5Id fapl(file_access_plist(), H5Pclose);
-  H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (!file.valid()) {
-    BERTH_FAIL("cannot create '{}' (temporary for '{}'): {}; check that the directory exists and "
-               "is writable",
-               tmp, path, h5_error_detail());
-  }
+  const h5::FileWriter w("token dataset", path);
+  H5Id file = w.create_temporary(tmp);
   const hid_t f = file.get();
-  write_string_attr(f, "format", kTokenFormatName, path);
-  write_int_attr(f, "format_version", kTokenFormatVersion, path);
-  write_int_attr(f, "vocab_size", ds.vocab_size, path);
-  write_int_attr(f, "eot_token", ds.eot_token, path);
-  write_string_attr(f, "tokenizer", ds.tokenizer, path);
+  w.string_attr(f, "format", kTokenFormatName);
+  w.i64_attr(f, "format_version", kTokenFormatVersion);
+  w.i64_attr(f, "vocab_size", ds.vocab_size);
+  w.i64_attr(f, "eot_token", ds.eot_token);
+  w.string_attr(f, "tokenizer", ds.tokenizer);
 
   const hid_t token_type = ds.vocab_size <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
-  write_dataset_1d(f, "tokens", token_type, H5T_NATIVE_UINT32, ds.tokens.data(), ds.tokens.size(),
-                   path);
-  write_dataset_1d(f, "doc_offsets", H5T_STD_U64LE, H5T_NATIVE_UINT64, ds.doc_offsets.data(),
-                   ds.doc_offsets.size(), path);
+  w.dataset_1d(f, "tokens", token_type, H5T_NATIVE_UINT32, ds.tokens.data(), ds.tokens.size());
+  w.dataset_1d(f, "doc_offsets", H5T_STD_U64LE, H5T_NATIVE_UINT64, ds.doc_offsets.data(),
+               ds.doc_offsets.size());
   if (!ds.loss_mask.empty()) {
-    write_dataset_1d(f, "loss_mask", H5T_STD_U8LE, H5T_NATIVE_UINT8, ds.loss_mask.data(),
-                     ds.loss_mask.size(), path);
+    w.dataset_1d(f, "loss_mask", H5T_STD_U8LE, H5T_NATIVE_UINT8, ds.loss_mask.data(),
+                 ds.loss_mask.size());
   }
-  if (H5Fflush(f, H5F_SCOPE_LOCAL) < 0) fail_write(path, "flush");
-  if (!file.close()) fail_write(path, "close");
+  w.finish(file);
 }
 
 // ---- reading ------------------------------------------------------------------------------------

@@ -36,37 +36,22 @@ constexpr const char* kTmpMarker = ".tmp-";
 
 // ---- writing ------------------------------------------------------------------------------------
 
-[[noreturn]] void fail_write(const std::string& path, const std::string& what) {
-  BERTH_FAIL("writing checkpoint file '{}' failed at {}: {} (disk full or not writable?)", path,
-             what, h5::h5_error_detail());
-}
-
+// An int64 array attribute (an empty one has a null dataspace).
 void write_i64_array_attr(hid_t obj, const char* name, const std::vector<int64_t>& v,
-                          const std::string& path) {
+                          const h5::FileWriter& w) {
   const hsize_t dims[1] = {hsize_t(v.size())};
   H5Id space(v.empty() ? H5Screate(H5S_NULL) : H5Screate_simple(1, dims, nullptr), H5Sclose);
   H5Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   if (!space.valid() || !attr.valid() ||
       (!v.empty() && H5Awrite(attr.get(), H5T_NATIVE_INT64, v.data()) < 0)) {
-    fail_write(path, fmt::format("attribute '{}'", name));
-  }
-}
-
-void write_i64_attr(hid_t obj, const char* name, int64_t value, const std::string& path) {
-  if (!h5::write_i64_attr(obj, name, value)) fail_write(path, fmt::format("attribute '{}'", name));
-}
-
-void write_string_attr(hid_t obj, const char* name, const std::string& value,
-                       const std::string& path) {
-  if (!h5::write_string_attr(obj, name, value)) {
-    fail_write(path, fmt::format("attribute '{}'", name));
+    w.fail(fmt::format("attribute '{}'", name));
   }
 }
 
 // One float32 dataset `name` (inside `loc`) with the tensor's shape, Fletcher-32 checksummed
 // chunks of at most ~16 Mi elements, and the full_shape/offset attributes of a whole tensor.
 void write_tensor(hid_t loc, const std::string& name, const float* data,
-                  const std::vector<int64_t>& shape, const std::string& path) {
+                  const std::vector<int64_t>& shape, const h5::FileWriter& w) {
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   std::vector<hsize_t> chunk = dims;
   hsize_t rest = 1;
@@ -76,56 +61,58 @@ void write_tensor(hid_t loc, const std::string& name, const float* data,
   H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   if (!space.valid() || !dcpl.valid() || H5Pset_chunk(dcpl.get(), int(chunk.size()), chunk.data()) < 0 ||
       H5Pset_fletcher32(dcpl.get()) < 0) {
-    fail_write(path, fmt::format("dataset '{}' properties", name));
+    w.fail(fmt::format("dataset '{}' properties", name));
   }
   H5Id dset(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(),
                        H5P_DEFAULT),
             H5Dclose);
   if (!dset.valid() || H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
-    fail_write(path, fmt::format("dataset '{}'", name));
+    w.fail(fmt::format("dataset '{}'", name));
   }
-  write_i64_array_attr(dset.get(), "full_shape", shape, path);
-  write_i64_array_attr(dset.get(), "offset", std::vector<int64_t>(shape.size(), 0), path);
-  if (!dset.close()) fail_write(path, fmt::format("closing dataset '{}'", name));
+  write_i64_array_attr(dset.get(), "full_shape", shape, w);
+  write_i64_array_attr(dset.get(), "offset", std::vector<int64_t>(shape.size(), 0), w);
+  if (!dset.close()) w.fail(fmt::format("closing dataset '{}'", name));
 }
 
 void write_model_file(const std::string& path, const CheckpointData& d, const ParamLayout& layout) {
+  const h5::FileWriter w("checkpoint file", path);
   H5Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) fail_write(path, "creating the file");
+  if (!file.valid()) w.fail("creating the file");
   const hid_t f = file.get();
-  write_string_attr(f, "format", kCheckpointFormat, path);
-  write_i64_attr(f, "format_version", kCheckpointFormatVersion, path);
-  write_i64_attr(f, "n_layer", d.model.L, path);
-  write_i64_attr(f, "n_head", d.model.NH, path);
-  write_i64_attr(f, "d_model", d.model.C, path);
-  write_i64_attr(f, "vocab_size", d.model.V, path);
-  write_i64_attr(f, "padded_vocab_size", d.model.Vp, path);
-  write_i64_attr(f, "max_seq_len", d.model.maxT, path);
+  w.string_attr(f, "format", kCheckpointFormat);
+  w.i64_attr(f, "format_version", kCheckpointFormatVersion);
+  w.i64_attr(f, "n_layer", d.model.L);
+  w.i64_attr(f, "n_head", d.model.NH);
+  w.i64_attr(f, "d_model", d.model.C);
+  w.i64_attr(f, "vocab_size", d.model.V);
+  w.i64_attr(f, "padded_vocab_size", d.model.Vp);
+  w.i64_attr(f, "max_seq_len", d.model.maxT);
   // The step its weights are of (meta.json's), as optimizer.h5 has adam_step: a model.h5 copied
   // in from another step of the run is named at load.
-  write_i64_attr(f, "step", d.meta.step, path);
+  w.i64_attr(f, "step", d.meta.step);
   for (const ParamSpec& s : layout.specs) {
-    write_tensor(f, s.name, d.params.data() + s.offset, s.shape, path);
+    write_tensor(f, s.name, d.params.data() + s.offset, s.shape, w);
   }
-  if (!file.close()) fail_write(path, "closing the file");
+  if (!file.close()) w.fail("closing the file");
 }
 
 void write_optimizer_file(const std::string& path, const CheckpointData& d,
                           const ParamLayout& layout) {
+  const h5::FileWriter w("checkpoint file", path);
   H5Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) fail_write(path, "creating the file");
-  write_string_attr(file.get(), "format", kCheckpointFormat, path);
-  write_i64_attr(file.get(), "format_version", kCheckpointFormatVersion, path);
-  write_i64_attr(file.get(), "adam_step", d.adam_step, path);
+  if (!file.valid()) w.fail("creating the file");
+  w.string_attr(file.get(), "format", kCheckpointFormat);
+  w.i64_attr(file.get(), "format_version", kCheckpointFormatVersion);
+  w.i64_attr(file.get(), "adam_step", d.adam_step);
   for (const char* moment : {"m", "v"}) {
     H5Id group(H5Gcreate2(file.get(), moment, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    if (!group.valid()) fail_write(path, fmt::format("group '{}'", moment));
+    if (!group.valid()) w.fail(fmt::format("group '{}'", moment));
     const std::vector<float>& buf = moment[0] == 'm' ? d.adam_m : d.adam_v;
     for (const ParamSpec& s : layout.specs) {
-      write_tensor(group.get(), s.name, buf.data() + s.offset, s.shape, path);
+      write_tensor(group.get(), s.name, buf.data() + s.offset, s.shape, w);
     }
   }
-  if (!file.close()) fail_write(path, "closing the file");
+  if (!file.close()) w.fail("closing the file");
 }
 
 std::string utc_now() {
