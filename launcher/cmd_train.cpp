@@ -193,8 +193,7 @@ void register_train_command(CLI::App& app) {
       ~Uninstall() { install_comm_watchdog(nullptr); }
     } uninstall;
     std::unique_ptr<Communicator> world = make_mpi_world();
-    Trainer trainer(cfg, *world);
-    if (!args->resume.empty()) trainer.resume(args->resume);
+    Trainer trainer(cfg, *world, nullptr, args->resume);
     try {
       trainer.run();
     } catch (const LeaseRefused& e) {  // every rank throws it together

@@ -238,7 +238,7 @@ TEST_F(CheckpointTest, AResumeArchivesTheKilledSessionsTraceWholeWithItsFacts) {
 }
 
 TEST_F(CheckpointTest, ResumeAutoPicksTheNewestCompleteAndCleansPartials) {
-  RunConfig cfg = config(20, true);
+  RunConfig cfg = config(18, true);  // saves at 5, 10 and 15
   cfg.checkpoint.interval = 5;
   Trainer a(cfg, test::world());
   a.run();
@@ -272,6 +272,71 @@ TEST_F(CheckpointTest, KeepLastPrunesOlderCheckpoints) {
   }
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{checkpoint_dir_name(16), checkpoint_dir_name(20)}));
+}
+
+TEST_F(CheckpointTest, TheLastStepSavesAtAMultipleOfTheIntervalWithoutFinal) {
+  // checkpoint.final = false leaves out the save after the last step only where the interval
+  // does: "save every N steps" saved at 10 and 20 of 30 steps, and lost the last 10.
+  RunConfig cfg = config(30, false);  // interval 10, final false
+  Trainer a(cfg, test::world());
+  a.run();
+  for (int64_t step : {10, 20, 30}) {
+    EXPECT_TRUE(fs::exists(a.checkpoint_dir() + "/" + checkpoint_dir_name(step) + "/meta.json"))
+        << step;
+  }
+  cfg.run.name = "not_a_multiple";
+  cfg.train.steps = 25;
+  Trainer b(cfg, test::world());
+  b.run();
+  EXPECT_FALSE(fs::exists(b.checkpoint_dir() + "/" + checkpoint_dir_name(25)));
+  EXPECT_EQ(latest_checkpoint(b.checkpoint_dir()).value(),
+            b.checkpoint_dir() + "/" + checkpoint_dir_name(20));
+}
+
+TEST_F(CheckpointTest, GoingBackToAnEarlierCheckpointSaysHowToBranch) {
+  RunConfig cfg = config(30, false);
+  Trainer a(cfg, test::world());
+  a.run();
+  const std::string step10 = a.checkpoint_dir() + "/" + checkpoint_dir_name(10);
+  // Resumed from step 10 of the run's own checkpoints, it would save over step 20 and 30: it was
+  // told those were "an earlier run" to continue with --resume auto (which continues from 30).
+  Trainer b(cfg, test::world(), nullptr, step10);
+  EXPECT_EQ(b.start_step(), 10);
+  test::expect_error([&] { b.run(); },
+                     {"this run resumes from " + step10 + " at step 10",
+                      "holds later checkpoints (the newest, step-00000030, is at step 30)",
+                      "move the step directories after it out of",
+                      "another run.name (or checkpoint.dir) and keep --resume " + step10});
+  // ... which works: a new run.name branches from step 10.
+  cfg.run.name = "branch";
+  Trainer c(cfg, test::world(), nullptr, step10);
+  c.run();
+  EXPECT_TRUE(fs::exists(c.checkpoint_dir() + "/" + checkpoint_dir_name(30) + "/meta.json"));
+}
+
+TEST_F(CheckpointTest, AResumeDoesNotReadInitFrom) {
+  RunConfig cfg = config(10, false);
+  Trainer a(cfg, test::world());
+  a.run();
+  const fs::path copy = dir_ / "pretrained";
+  fs::copy(a.checkpoint_dir() + "/" + checkpoint_dir_name(10), copy);
+  RunConfig ft = cfg;
+  ft.run.name = "finetune";
+  ft.model.init_from = copy.string();
+  ft.train.steps = 20;
+  {
+    Trainer b(ft, test::world());
+    b.run();
+  }
+  // The pretrained weights are gone (scratch cleaned): the resume replaces them anyway.
+  fs::remove_all(copy);
+  ft.train.steps = 30;
+  Trainer c(ft, test::world(), nullptr, "auto");
+  EXPECT_EQ(c.start_step(), 20);
+  // A start from step 0 still needs them, and says which key names them.
+  ft.run.name = "fresh";
+  test::expect_error([&] { Trainer d(ft, test::world(), nullptr, "auto"); },
+                     {"model.init_from: ", "does not exist"});
 }
 
 TEST_F(CheckpointTest, ShapeMismatchIsExplained) {

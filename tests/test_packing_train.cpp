@@ -146,5 +146,48 @@ TEST(PackedTraining, LossMaskDropsMaskedTargets) {
   EXPECT_EQ(unmasked.n_targets() - b.n_targets(), 4);
 }
 
+TEST(PackedTraining, ADocumentsLastTokenPredictsTheEotThatOpensTheNext) {
+  // llm.c files put EOT before each document (the importer starts a document at each EOT): the
+  // last token of a document had no target, so packed training never learned to end one.
+  TokenDataset ds;
+  ds.vocab_size = kVocab;
+  ds.eot_token = kVocab - 1;
+  const uint32_t e = uint32_t(ds.eot_token);
+  ds.tokens = {e, 5, 6,  7,  e, 8,
+               9, e, 10, 11, 12};  // EOT-first documents; the last one ends the file
+  ds.doc_offsets = {0, 4, 7, 11};
+  PackOptions o;
+  o.seq_len = kT;
+  o.algorithm = PackAlgorithm::PADDED;
+  o.seed = 0;
+  const PackPlan plan = pack_documents(document_lengths(ds), o);
+  PackedBatch b;
+  std::vector<int64_t> rows(size_t(plan.n_rows()));
+  for (size_t i = 0; i < rows.size(); i++) rows[i] = int64_t(i);
+  fill_packed_rows(ds, plan, rows, kT, &b);
+  check_invariants(b, kVocab, kT);
+  // Each row holds one document from position 0; its targets are the next tokens, then EOT where
+  // one follows the document in the file.
+  std::map<int32_t, std::vector<int32_t>> targets;  // by the document's second token
+  for (int r = 0; r < b.B; r++) {
+    std::vector<int32_t> t;
+    for (int j = 0; j < kT && b.targets[size_t(r * kT + j)] >= 0; j++)
+      t.push_back(b.targets[size_t(r * kT + j)]);
+    targets[b.tokens[size_t(r * kT + 1)]] = t;
+  }
+  EXPECT_EQ(targets[5], (std::vector<int32_t>{5, 6, 7, int32_t(e)}));
+  EXPECT_EQ(targets[8], (std::vector<int32_t>{8, 9, int32_t(e)}));
+  EXPECT_EQ(targets[10], (std::vector<int32_t>{10, 11, 12}));  // nothing follows the last
+  // A document that ends with its own EOT (text imports) predicts nothing after it, not even an
+  // EOT that a next (empty) document holds.
+  ds.tokens = {5, 6, e, e, 8, e};
+  ds.doc_offsets = {0, 3, 4, 6};
+  const PackPlan text = pack_documents(document_lengths(ds), o);
+  rows.assign(size_t(text.n_rows()), 0);
+  for (size_t i = 0; i < rows.size(); i++) rows[i] = int64_t(i);
+  fill_packed_rows(ds, text, rows, kT, &b);
+  EXPECT_EQ(b.n_targets(), 2 + 0 + 1);
+}
+
 }  // namespace
 }  // namespace berth

@@ -46,12 +46,21 @@ void fill_packed_rows(const TokenDataset& ds, const PackPlan& plan,
                   piece.doc);
       b->cu_seqlens.push_back(base + pos);
       b->max_seqlen = std::max<int32_t>(b->max_seqlen, int32_t(piece.length));
+      // A document's last token predicts the EOT that follows it, where one does and the document
+      // does not end with its own (llm.c files put EOT before each document, so it opens the next
+      // one): without it the model never learns where a document ends. Text imports end each
+      // document with its own EOT.
+      const auto is_eot = [&](uint64_t at) { return int64_t(ds.tokens[at]) == ds.eot_token; };
+      const uint64_t last =
+          ds.eot_token >= 0 && doc_end < ds.tokens.size() && is_eot(doc_end) && !is_eot(doc_end - 1)
+              ? doc_end + 1
+              : doc_end;
       for (int64_t j = 0; j < piece.length; j++) {
         const uint64_t at = doc_begin + uint64_t(piece.start + j);
         const size_t i = size_t(base + pos + j);
         b->tokens[i] = int32_t(ds.tokens[at]);
         b->positions[i] = int32_t(j);
-        int32_t target = at + 1 < doc_end ? int32_t(ds.tokens[at + 1]) : -1;
+        int32_t target = at + 1 < last ? int32_t(ds.tokens[at + 1]) : -1;
         if (target >= 0 && masked && ds.loss_mask[at + 1] == 0) target = -1;
         b->targets[i] = target;
       }
@@ -134,11 +143,20 @@ PackOptions pack_options(const RunConfig& cfg, int cp) {
   return o;
 }
 
+PackOptions eval_pack_options(const RunConfig& cfg, int cp) {
+  PackOptions o = pack_options(cfg, cp);
+  o.seed = kEvalPackSeed;
+  return o;
+}
+
 std::string packed_plan_path(const RunConfig& cfg, const std::string& data_path,
-                             const PackOptions& o) {
-  if (data_path == cfg.data.train && !cfg.data.pack_plan.empty()) return cfg.data.pack_plan;
-  return fmt::format("{}.plan-{}-T{}{}.h5", data_path, pack_algorithm_name(o.algorithm),
-                     o.seq_len, o.align > 1 ? fmt::format("-a{}", o.align) : std::string());
+                             const PackOptions& o, bool eval) {
+  if (!eval && data_path == cfg.data.train && !cfg.data.pack_plan.empty()) {
+    return cfg.data.pack_plan;
+  }
+  return fmt::format("{}.plan-{}-T{}{}{}.h5", data_path, pack_algorithm_name(o.algorithm),
+                     o.seq_len, o.align > 1 ? fmt::format("-a{}", o.align) : std::string(),
+                     eval ? "-eval" : "");
 }
 
 }  // namespace berth

@@ -23,7 +23,10 @@
 
 namespace berth {
 
-// Fills `batch` (resized to rows.size() × T) with the plan rows `rows`.
+// Fills `batch` (resized to rows.size() × T) with the plan rows `rows`. Each token's target is the
+// next token of its document (none for the document's last token, or where /loss_mask is 0),
+// and a document's last token predicts an EOT right after the document when the document does
+// not end with one itself (EOT-first layouts such as llm.c's).
 void fill_packed_rows(const TokenDataset& ds, const PackPlan& plan, const std::vector<int64_t>& rows,
                       int T, PackedBatch* batch);
 
@@ -61,9 +64,16 @@ std::vector<int64_t> document_lengths(const TokenDataset& ds);
 // ranks: algorithm, window, long documents, seed, and the alignment (data.pack_align; automatic:
 // 2·cp under context parallelism, else 1).
 PackOptions pack_options(const RunConfig& cfg, int cp);
+// The same for the evaluation data: its documents in one fixed order (seed kEvalPackSeed), not
+// the run.seed order, so the val loss of given weights is one number whatever the seed (a seed
+// sweep's val curves compare).
+constexpr uint64_t kEvalPackSeed = 0;
+PackOptions eval_pack_options(const RunConfig& cfg, int cp);
 // Where the plan of `data_path` is cached: data.pack_plan for the training data when set, else
-// <data_path>.plan-<algorithm>-T<seq_len>[-a<align>].h5.
+// <data_path>.plan-<algorithm>-T<seq_len>[-a<align>].h5, and for the evaluation's plan (`eval`)
+// <data_path>.plan-<algorithm>-T<seq_len>[-a<align>]-eval.h5 (a data.val that is also a
+// data.train keeps both plans).
 std::string packed_plan_path(const RunConfig& cfg, const std::string& data_path,
-                             const PackOptions& o);
+                             const PackOptions& o, bool eval = false);
 
 }  // namespace berth

@@ -54,7 +54,8 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
                          : dm.total > 0                    ? double(dm.total) / kGiB
                                         : host_capacity_gib_per_rank(ranks_on_host);
     f.warmup_steps = cfg.progress.warmup_steps;
-    f.final_ckpt = cfg.checkpoint.final ? 1 : 0;
+    // checkpoint.final = false: the last step saves as any other (a multiple of the interval).
+    f.final_ckpt = cfg.checkpoint.final ? 1 : -1;
     f.final_eval = cfg.eval.interval > 0 ? 1 : 0;
     // Priors of the event costs, until the first is seen: a save writes the fp32 weights and
     // AdamW's two moments (12 bytes a parameter); an evaluation runs eval.batches forward passes

@@ -175,10 +175,16 @@ void check_dataset_fits(const TokenDataset& ds, const char* key, const RunConfig
               "{} '{}' has vocab_size {} but model.vocab_size is {}: raise model.vocab_size "
               "to at least {}",
               key, path, ds.vocab_size, cfg.model.vocab_size, ds.vocab_size);
-  BERTH_CHECK(ds.n_tokens() >= cfg.data.seq_len + 1,
-              "{} '{}' has {} tokens, fewer than data.seq_len + 1 = {}: lower data.seq_len or "
-              "give a bigger {}",
-              key, path, ds.n_tokens(), cfg.data.seq_len + 1, key);
+  // A stream window is seq_len + 1 tokens; packed and padded rows take documents of any length
+  // (a short data.val fills its rows with padding).
+  const bool stream = cfg.data.mode == "stream";
+  BERTH_CHECK(ds.n_tokens() >= (stream ? cfg.data.seq_len + 1 : 2),
+              "{} '{}' has {} tokens, fewer than {}: {}", key, path, ds.n_tokens(),
+              stream ? fmt::format("data.seq_len + 1 = {} (one window of data.mode = \"stream\")",
+                                   cfg.data.seq_len + 1)
+                     : std::string("2 (a token to predict from another)"),
+              stream ? fmt::format("lower data.seq_len or give a bigger {}", key)
+                     : fmt::format("give a bigger {}", key));
   if (!ds.loss_mask.empty()) {
     // The mask applies to a document's targets (its first token is never one).
     bool any_target = false;
@@ -304,7 +310,8 @@ GridShape check_layout(const RunConfig& cfg, int world) {
   return shape;
 }
 
-Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
+Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
+                 const std::string& resume)
     : cfg_(cfg), world_(world) {
   heap_baseline_ = heap_in_use_bytes();
   require_same_config_on_every_rank();
@@ -414,12 +421,12 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
   check_dataset_fits(train_ds_, "data.train", cfg_);
   data_fingerprint_ = dataset_fingerprint(train_ds_);
   require_same_data_on_every_rank(world, data_fingerprint_, cfg_.data.train);
-  loader_ = make_loader(&train_ds_, cfg_.data.train, cfg_.data.shuffle, uint64_t(cfg_.run.seed));
+  loader_ = make_loader(&train_ds_, cfg_.data.train, false);
   if (reads_val) {
     val_ds_ = read_token_dataset(cfg_.data.val);
     check_dataset_fits(val_ds_, "data.val", cfg_);
     check_same_tokenizer(train_ds_, val_ds_, cfg_);
-    val_loader_ = make_loader(&val_ds_, cfg_.data.val, false, 0);
+    val_loader_ = make_loader(&val_ds_, cfg_.data.val, true);
     // An evaluation holds its batches in memory and reads the validation windows from the start:
     // more batches than one pass over data.val takes only repeat windows (weighting them twice)
     // and grow memory (eval.batches = 20000000 took 14 GB before evaluating anything).
@@ -462,21 +469,45 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend)
   flops_per_token_ = gpt_flops_per_token(canonical_, T);
   batches_.resize(size_t(cfg_.parallel.microbatches));
   for (PackedBatch& b : batches_) reset_rows(&b, B, T);
-  if (!cfg_.model.init_from.empty()) {
-    const auto t_load = std::chrono::steady_clock::now();
-    const CheckpointData ck = load_checkpoint(cfg_.model.init_from, false);
-    const std::string diff = describe_shape_mismatch(ck.model, gcfg_);
-    BERTH_CHECK(diff.empty(), "model.init_from '{}' does not fit this model: {}; set model.* to "
-                "the checkpoint's shape", cfg_.model.init_from, diff);
-    model_->set_params(local_from_full(ck.params, ck.model));
-    log_info("init_from {}: weights loaded in {:.2f} s (fresh optimizer, step 0)",
-             cfg_.model.init_from,
-             seconds_since(t_load));
+  // The validation windows every evaluation reads: without a target among them (a /loss_mask
+  // that is 0 there) the val loss is 0/0, which vanished from the log and metrics.jsonl.
+  if (val_loader_) {
+    int64_t targets = 0;
+    load_eval_batches(&targets);
+    BERTH_CHECK(targets > 0,
+                "the {} validation batches an evaluation reads (eval.batches × dp {} × "
+                "micro_batch_size {} rows from the start of data.val '{}') hold no target token: "
+                "its /loss_mask is 0 there, so the val loss is undefined; raise eval.batches, or "
+                "check how the dataset's mask was made",
+                cfg_.eval.batches, grid_->shape().dp, cfg_.train.micro_batch_size, cfg_.data.val);
   }
+  if (!resume.empty()) this->resume(resume);
+  if (start_step_ == 0) load_init_from();
+}
+
+void Trainer::load_init_from() {
+  if (cfg_.model.init_from.empty()) return;
+  const auto t_load = std::chrono::steady_clock::now();
+  CheckpointData ck;
+  try {
+    ck = load_checkpoint(cfg_.model.init_from, false);
+  } catch (const Error& e) {
+    BERTH_FAIL("model.init_from: {}", e.what());
+  }
+  const std::string diff = describe_shape_mismatch(ck.model, gcfg_);
+  BERTH_CHECK(diff.empty(),
+              "model.init_from '{}' does not fit this model: {}; set model.* to "
+              "the checkpoint's shape",
+              cfg_.model.init_from, diff);
+  model_->set_params(local_from_full(ck.params, ck.model));
+  log_info("init_from {}: weights loaded in {:.2f} s (fresh optimizer, step 0)",
+           cfg_.model.init_from, seconds_since(t_load));
 }
 
 std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const std::string& path,
-                                                  bool shuffle, uint64_t seed) {
+                                                  bool eval) {
+  const bool shuffle = !eval && cfg_.data.shuffle;
+  const uint64_t seed = eval ? 0 : uint64_t(cfg_.run.seed);
   const int B = int(cfg_.train.micro_batch_size), T = int(cfg_.data.seq_len);
   const StreamLoader::Shard shard{grid_->coord().dp, grid_->shape().dp};
   if (cfg_.data.mode == "stream") {
@@ -491,8 +522,9 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
   // offsets and every packing option; a matching plan is reused, a stale one rebuilt. Rank 0
   // builds or checks it; the others read it (or, where the cache cannot be written, pack the
   // same plan themselves: it is a pure function of the lengths and options).
-  const PackOptions o = pack_options(cfg_, grid_->shape().cp);
-  const std::string cache = packed_plan_path(cfg_, path, o);
+  const PackOptions o =
+      eval ? eval_pack_options(cfg_, grid_->shape().cp) : pack_options(cfg_, grid_->shape().cp);
+  const std::string cache = packed_plan_path(cfg_, path, o, eval);
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<int64_t> lengths = document_lengths(*ds);
   PackPlan plan;
@@ -505,7 +537,7 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
       // A plan path the config names, not there yet, is where the plan must go: a missing or
       // read-only directory there is the config's mistake (a typo), not a cache to skip.
       std::error_code ec;
-      if (path == cfg_.data.train && !cfg_.data.pack_plan.empty() &&
+      if (!eval && path == cfg_.data.train && !cfg_.data.pack_plan.empty() &&
           !std::filesystem::exists(cache, ec)) {
         check_output_file(cache, "data.pack_plan", "pack_plan.h5");
       }
@@ -615,6 +647,7 @@ void Trainer::resume(const std::string& spec) {
   skipped_steps_ = ck.meta.skipped_steps;
   loader_->set_rows_consumed(ck.meta.rows_consumed);
   start_step_ = ck.meta.step;
+  resumed_from_ = path;
   if (world_.rank() == 0 && !ck.meta.config_toml.empty()) warn_resume_changes(path, ck.meta);
   log_info("resumed from {} at step {} (saved by layout {}) in {:.2f} s", path, start_step_,
            ck.meta.layout.empty() ? "?" : ck.meta.layout,
@@ -872,7 +905,9 @@ StepStats Trainer::train_step(int64_t step) {
     ++skipped_steps_;
     st.loss = std::numeric_limits<double>::quiet_NaN();
     st.seconds = seconds_since(t0);
-    st.tokens_per_s = tokens / st.seconds;
+    // Nothing was computed: no tokens trained, no rate (it read 7.9 M tok/s, the batch's tokens
+    // over the time to load it), and the progress predictor leaves the step out of its rate.
+    st.tokens = 0;
     return st;
   }
   model_->zero_grad();
@@ -910,7 +945,7 @@ StepStats Trainer::train_step(int64_t step) {
   return st;
 }
 
-double Trainer::evaluate() {
+std::vector<const PackedBatch*> Trainer::load_eval_batches(int64_t* targets) {
   BERTH_CHECK(val_loader_ != nullptr, "evaluation needs data.val");
   val_loader_->set_rows_consumed(0);
   const size_t n = size_t(cfg_.eval.batches);
@@ -924,13 +959,20 @@ double Trainer::evaluate() {
     mine.push_back(&b);
     count += b.n_targets();
   }
+  *targets = grid_->dp_cp().all_reduce_value(count, ReduceOp::SUM);
+  return mine;
+}
+
+double Trainer::evaluate() {
+  int64_t targets = 0;
+  std::vector<const PackedBatch*> mine = load_eval_batches(&targets);
+  const int n = int(mine.size());
   StageRunner runner(*model_, std::move(mine), 0.f, false);
   const GridShape& shape = grid_->shape();
-  run_schedule(grid_->pp(), schedule_forward_only(shape.pp, shard_.stage, int(n)), runner);
+  run_schedule(grid_->pp(), schedule_forward_only(shape.pp, shard_.stage, n), runner);
   double sum = runner.loss_sum();
   if (shape.pp > 1) sum = grid_->pp().all_reduce_value(sum, ReduceOp::SUM);
-  Communicator& g = grid_->dp_cp();
-  return g.all_reduce_value(sum, ReduceOp::SUM) / double(g.all_reduce_value(count, ReduceOp::SUM));
+  return grid_->dp_cp().all_reduce_value(sum, ReduceOp::SUM) / double(targets);
 }
 
 void Trainer::lock_checkpoint_dir() {
@@ -943,17 +985,33 @@ void Trainer::lock_checkpoint_dir() {
                                             leased(), cfg_.reservation.id);
 }
 
+bool Trainer::saves_at(int64_t step) const {
+  const int64_t interval = cfg_.checkpoint.interval;
+  return (interval > 0 && step % interval == 0) ||
+         (cfg_.checkpoint.final && step == cfg_.train.steps);
+}
+
 std::vector<StepStats> Trainer::run() {
   // A new run must not collide with an earlier run's checkpoints: its first save would fail after
   // hours of training. Checked before anything is taken or written.
   if (const std::optional<std::string> newest = latest_checkpoint(checkpoint_dir_)) {
     const std::string name = std::filesystem::path(*newest).filename().string();
     const int64_t step = checkpoint_step(*newest);
-    BERTH_CHECK(step <= start_step_,
+    // A resume from an earlier checkpoint than the newest (going back past a loss spike) would
+    // save over the later ones, and a relaunch's --resume auto would take those.
+    BERTH_CHECK(step <= start_step_ || !resumed_from_.empty(),
                 "checkpoint.dir {} already holds checkpoints of an earlier run (the newest, {}, "
                 "is at step {}) and this run starts at step {}: continue that run with --resume "
                 "auto, or give this one another run.name or checkpoint.dir",
                 checkpoint_dir_, name, step, start_step_);
+    BERTH_CHECK(step <= start_step_,
+                "this run resumes from {} at step {}, but checkpoint.dir {} holds later "
+                "checkpoints (the newest, {}, is at step {}): its saves would collide with them, "
+                "and a relaunch with --resume auto would continue from them. To go back to step "
+                "{}, move the step directories after it out of {}, or give this run another "
+                "run.name (or checkpoint.dir) and keep --resume {}",
+                resumed_from_, start_step_, checkpoint_dir_, name, step, start_step_,
+                checkpoint_dir_, resumed_from_);
   }
   // Nor with an earlier run's committed results when there is no checkpoint to continue it from
   // (checkpoint.interval = 0, checkpoint.final = false): a new run of the same name replaced its
@@ -975,10 +1033,7 @@ std::vector<StepStats> Trainer::run() {
   // A step directory without meta.json (not a checkpoint berth saved) where this run's config
   // saves would fail that save, after the steps before it.
   for (const auto& [step, dir] : incomplete_checkpoints(checkpoint_dir_)) {
-    const int64_t interval = cfg_.checkpoint.interval, last = cfg_.train.steps;
-    const bool saves_there =
-        step > start_step_ && step <= last &&
-        ((interval > 0 && step % interval == 0) || (cfg_.checkpoint.final && step == last));
+    const bool saves_there = step > start_step_ && step <= cfg_.train.steps && saves_at(step);
     BERTH_CHECK(!saves_there,
                 "checkpoint.dir holds {} without meta.json (not a checkpoint berth saved), where "
                 "this run saves at step {}: remove it, or give this run another checkpoint.dir",
@@ -1277,9 +1332,7 @@ std::vector<StepStats> Trainer::run() {
           st.grad_norm, st.seconds * 1e3, st.tokens_per_s, st.model_flops_per_s / 1e9,
           val_loss >= 0 ? fmt::format(" | val loss {:.4f}", val_loss) : std::string());
     }
-    const bool ckpt =
-        (cfg_.checkpoint.interval > 0 && done % cfg_.checkpoint.interval == 0 && done < steps) ||
-        (cfg_.checkpoint.final && done == steps);
+    const bool ckpt = saves_at(done);
     if (ckpt) {
       progress.overhead([&] { lease.checkpoint_took(save(done)); });
       saved_at = done;

@@ -54,7 +54,11 @@ class Trainer {
   // bad input. Collective over `world` (every rank constructs its Trainer together).
   // `backend` (tests): run on this backend, on host memory, instead of making run.device's; the
   // caller keeps it alive.
-  Trainer(const RunConfig& cfg, Communicator& world, Backend* backend = nullptr);
+  // `resume` (berth train --resume): resume(resume) at the end of construction; model.init_from
+  // is then read only when that finds no checkpoint (`auto` in an empty checkpoint.dir), as the
+  // checkpoint's weights replace it.
+  Trainer(const RunConfig& cfg, Communicator& world, Backend* backend = nullptr,
+          const std::string& resume = "");
 
   // Continues from a checkpoint: `spec` is a checkpoint directory or "auto" (the newest complete
   // checkpoint in checkpoint.dir; none there = start at step 0, with a notice). Restores weights,
@@ -129,15 +133,20 @@ class Trainer {
   TokenDataset train_ds_, val_ds_;
   std::unique_ptr<GPT<float>> model_;
   std::unique_ptr<AdamW> opt_;
-  // The training or validation data's loader (packed modes: its plan, packed_plan_path).
+  // The training data's loader, or with `eval` the validation data's (read in order; packed
+  // modes: its plan, packed_plan_path, in eval_pack_options' fixed document order).
   std::unique_ptr<BatchSource> make_loader(const TokenDataset* ds, const std::string& path,
-                                           bool shuffle, uint64_t seed);
+                                           bool eval);
 
   std::unique_ptr<BatchSource> loader_, val_loader_;
   std::string data_summary_;  // how the training data is laid out, logged at start
   std::vector<PackedBatch> batches_;  // one per micro-batch
   std::vector<PackedBatch> cp_batches_;  // cp > 1: this rank's zigzag shard of each micro-batch
   std::vector<PackedBatch> val_batches_, cp_val_batches_;
+  // Reads the evaluation's batches from the start of data.val into val_batches_ and returns this
+  // rank's model batches of them, and the target tokens of all of them over the dp×cp group in
+  // *targets. Collective.
+  std::vector<const PackedBatch*> load_eval_batches(int64_t* targets);
   PackedBatch& model_batch(PackedBatch& full, PackedBatch& local);
   DeviceBuffer<float> shard_grads_;   // ZeRO-1: this rank's reduced gradient shard
   std::vector<size_t> shard_counts_;  // ZeRO-1: elements per dp×cp rank
@@ -149,6 +158,11 @@ class Trainer {
   // Whether this launch trains under a lease (a reservation, or one booked on demand).
   bool leased() const { return cfg_.reservation.id > 0 || cfg_.reservation.without == "on-demand"; }
   int64_t start_step_ = 0;
+  std::string resumed_from_;  // the checkpoint resume() loaded ("": none)
+  void load_init_from();      // model.init_from's weights, with a fresh optimizer
+  // Whether this run's config saves a checkpoint after global step `step` (checkpoint.interval,
+  // checkpoint.final).
+  bool saves_at(int64_t step) const;
   std::vector<std::vector<char>> leaked_;  // debug.leak_mib_per_step
   std::optional<int64_t> fencing_token_;
   double heap_baseline_ = 0, heap_peak_ = 0;
@@ -162,8 +176,9 @@ class Trainer {
 };
 
 // The dataset `key` ("data.train" or "data.val") must fit the model and the config: vocab_size <=
-// model.vocab_size, enough tokens for one window, a /loss_mask with some targets (and a warning
-// that stream mode does not apply it), some document kept under data.long_docs = "drop".
+// model.vocab_size, enough tokens (one stream window; 2 in packed and padded modes), a /loss_mask
+// with some targets (and a warning that stream mode does not apply it), some document kept under
+// data.long_docs = "drop".
 void check_dataset_fits(const TokenDataset& ds, const char* key, const RunConfig& cfg);
 
 // The config's parallel layout on `world` ranks (resolve_grid), the debug.*_rank faults, and what
