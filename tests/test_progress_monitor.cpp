@@ -297,6 +297,30 @@ TEST(ProgressMonitor, WindowEndsBeforeFinishWithExtendCommand) {
           WarningKind::Window));
 }
 
+TEST(ProgressMonitor, ALeasedRunsWindowWarningCountsItsStopReserve) {
+  // A leased run stops its reserve (1.5 × checkpoint + margin) before the window's end: a window
+  // of 120 s for a ~100 s run raised nothing, and the run stopped short at 90 s.
+  RunFacts f = facts();
+  f.lease_s = 120;
+  MonitorSettings s = settings(2);
+  s.reservation = "R-12";
+  s.window_end_unix = s.session_start_unix + 120;
+  ProgressMonitor m(f, s);
+  for (int64_t step = 1; step <= 200; ++step) m.observe(step, balanced(2, step), 4096, 128, "");
+  EXPECT_FALSE(has(m.report(), WarningKind::Window));
+  m.set_window_end(s.session_start_unix + 120, false, 30);
+  std::string msg;
+  ASSERT_TRUE(has(m.report(), WarningKind::Window, &msg));
+  EXPECT_NE(msg.find("the run must stop by 2026-12-02T12:01:30Z (30s before the booked window "
+                     "ends at 2026-12-02T12:02:00Z, to save its checkpoint), 10s before the "
+                     "predicted finish"),
+            std::string::npos)
+      << msg;
+  // The advice fits the stop point: 70 s left at 0.1 s a step after step 200.
+  EXPECT_NE(msg.find("lower train.steps to about 900"), std::string::npos) << msg;
+  EXPECT_EQ(m.predictor().facts().lease_s, 120);  // the trace's facts keep the booked window
+}
+
 TEST(ProgressMonitor, AnExtendedWindowEndsTheWarningACutOneRaisesIt) {
   // The lease is extended mid-run (`berth extend`): the warning, the lease flag and the facts
   // follow the new window from the next report; a window cut short (preemption) raises them.

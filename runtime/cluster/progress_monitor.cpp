@@ -91,9 +91,11 @@ ProgressMonitor::ProgressMonitor(RunFacts facts, MonitorSettings settings)
   for (auto& [stage, members] : stages) stage_members_.push_back(std::move(members));
 }
 
-void ProgressMonitor::set_window_end(double window_end_unix, bool preempted) {
+void ProgressMonitor::set_window_end(double window_end_unix, bool preempted,
+                                     double stop_reserve_s) {
   settings_.window_end_unix = window_end_unix;
   settings_.preempted = preempted;
+  settings_.stop_reserve_s = std::max(0.0, stop_reserve_s);
   // A window that has already closed still counts as one (the run overruns it), as at the start.
   facts_.lease_s =
       window_end_unix > 0 ? std::max(1e-3, window_end_unix - settings_.session_start_unix) : 0;
@@ -379,14 +381,18 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
       }
     }
   }
-  if (settings_.window_end_unix > 0 && p.lease_exceeded) {
-    const double finish = settings_.session_start_unix + p.total_s;
-    const double shortfall = finish - settings_.window_end_unix;
-    const double left = settings_.window_end_unix - (settings_.session_start_unix + r.elapsed_s);
+  // A leased run must end its steps by the stop point, its reserve before the window's end: the
+  // warning and its advice measured from the window's end said nothing of a run that then stopped
+  // short, or advised train.steps that did not fit either.
+  const double deadline = settings_.window_end_unix - settings_.stop_reserve_s;
+  const double finish = settings_.session_start_unix + p.total_s;
+  if (settings_.window_end_unix > 0 && finish > deadline) {
+    const double shortfall = finish - deadline;
+    const double left = deadline - (settings_.session_start_unix + r.elapsed_s);
     const int64_t fit = steps_that_fit(facts_, r.step, r.end_step, std::max(0.0, left), p);
     const std::string id = settings_.reservation.empty() ? "<reservation>" : settings_.reservation;
     // Minutes, unless the times lie within minutes of each other (then seconds tell them apart).
-    const bool close = settings_.session_start_unix + p.high_s - settings_.window_end_unix < 600;
+    const bool close = settings_.session_start_unix + p.high_s - deadline < 600;
     auto at = [&](double t) { return close ? format_utc_iso(t) : format_utc_minute(t); };
     // A window a preemption cut cannot be extended (the preemptor holds the devices after it).
     const std::string fix =
@@ -398,11 +404,18 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
                   fit)
             : fmt::format("Extend it: `berth extend {} --by {}`, or lower train.steps to about {}",
                           id, extension_hint(shortfall + (p.high_s - p.total_s)), fit);
+    const std::string ends =
+        settings_.stop_reserve_s > 0
+            ? fmt::format(
+                  "the run must stop by {} ({} before the booked window ends at {}, to "
+                  "save its checkpoint)",
+                  at(deadline), format_duration(settings_.stop_reserve_s),
+                  at(settings_.window_end_unix))
+            : fmt::format("the booked window ends at {}", at(settings_.window_end_unix));
     out.push_back({WarningKind::Window,
-                   fmt::format("window: the booked window ends at {}, {} before the predicted "
-                               "finish ({}, band {}–{}). {}",
-                               at(settings_.window_end_unix), format_duration(shortfall),
-                               at(finish), at(settings_.session_start_unix + p.low_s),
+                   fmt::format("window: {}, {} before the predicted finish ({}, band {}–{}). {}",
+                               ends, format_duration(shortfall), at(finish),
+                               at(settings_.session_start_unix + p.low_s),
                                at(settings_.session_start_unix + p.high_s), fix)});
   }
   // Only once a checkpoint was measured: before, checkpoint_s is a prior.

@@ -51,6 +51,9 @@ struct MonitorSettings {
   double peak_flops_per_rank = 0;       // 0 = unknown (no MFU)
   double session_start_unix = 0;        // wall-clock start of the session (for the ETA)
   double window_end_unix = 0;           // end of the booked window (0 = none)
+  // A leased run stops this long before window_end_unix, to save its checkpoint in time (1.5 ×
+  // checkpoint time + reservation.stop_margin_s): its steps must end by then.
+  double stop_reserve_s = 0;
   std::string reservation;              // reservation id for the `berth extend` hint ("" = unknown)
   bool preempted = false;  // a preemption cut the window: `berth extend` cannot lengthen it
 };
@@ -101,7 +104,8 @@ class ProgressMonitor {
   // The booked window now ends at `window_end_unix` (the lease was extended or cut short): the
   // window warning, its `berth extend` hint and the lease flag follow it from the next report.
   // `preempted`: a preemption cut it, so the warning advises resuming elsewhere, not extending.
-  void set_window_end(double window_end_unix, bool preempted = false);
+  // `stop_reserve_s`: the run stops that long before the window's end (MonitorSettings).
+  void set_window_end(double window_end_unix, bool preempted = false, double stop_reserve_s = 0);
 
   const ProgressPredictor& predictor() const { return predictor_; }
 

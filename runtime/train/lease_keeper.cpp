@@ -312,7 +312,6 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
       if (lost) reason_ = lost_reason_;
     }
     double now = unix_now();
-    const double ckpt = ckpt_s_ > 0 ? ckpt_s_ : rc.checkpoint_estimate_s;
     if (lost && window_over) {
       d = window_overrun(now);
     } else if (lost) {
@@ -344,7 +343,8 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
                                        format_utc_iso(renewed), format_utc_iso(expiry), failed);
       }
     }
-    const double stop_at = window_end - stop_reserve_s(rc, ckpt);
+    const double ckpt = ckpt_s_ > 0 ? ckpt_s_ : rc.checkpoint_estimate_s;
+    const double stop_at = window_end - stop_reserve();
     if (d == kContinue && now + with_pauses_s >= stop_at) {
       d = kStopWindow;
       reason_ = fmt::format(

@@ -84,8 +84,8 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
           window_end_unix > 0 ? window_end_unix : parse_utc_time(cfg.progress.window_end);
       if (window_end_unix_ <= session_start_unix_) {
         log_warn(
-            "the window end {} has already passed: the window warning will fire at every "
-            "block",
+            "the window end {} has already passed: the window warning is active from the "
+            "first block (logged then, and every 10th block while it lasts)",
             format_utc_iso(window_end_unix_));
       }
       monitor_->set_window_end(window_end_unix_);  // and the facts' lease_s
@@ -126,10 +126,15 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
   comm_mark_ = grid_.comm_seconds();
 }
 
-void ProgressTracker::set_window_end(double window_end_unix, bool preempted) {
-  if (!monitor_ || window_end_unix <= 0 || window_end_unix == window_end_unix_) return;
+void ProgressTracker::set_window_end(double window_end_unix, bool preempted,
+                                     double stop_reserve_s) {
+  if (!monitor_ || window_end_unix <= 0) return;
+  if (window_end_unix == window_end_unix_ && stop_reserve_s == stop_reserve_s_) return;
+  const bool moved = window_end_unix != window_end_unix_;
   window_end_unix_ = window_end_unix;
-  monitor_->set_window_end(window_end_unix, preempted);
+  stop_reserve_s_ = stop_reserve_s;
+  monitor_->set_window_end(window_end_unix, preempted, stop_reserve_s);
+  if (!moved) return;  // the facts' lease_s is the window's
   write_file_atomic(run_dir_ + "/run_facts.json", run_facts_to_json(monitor_->predictor().facts()));
 }
 

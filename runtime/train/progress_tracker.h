@@ -60,7 +60,7 @@ class ProgressTracker {
   // Rank 0 (a no-op elsewhere): the lease's window now ends at `window_end_unix` (extended or
   // cut short). When it moved, the window warning and the lease flag follow it from the next
   // block, and run_facts.json is rewritten with the new lease_s, so a replay agrees.
-  void set_window_end(double window_end_unix, bool preempted = false);
+  void set_window_end(double window_end_unix, bool preempted = false, double stop_reserve_s = 0);
 
   // The session ends after step `done`, which end_step recorded, because a stop signal or the
   // window's end stopped it. `save_s` > 0: a checkpoint was saved after that step (the stop's):
@@ -92,6 +92,7 @@ class ProgressTracker {
   int64_t last_block_step_ = -1;              // rank 0: the step of the newest block logged
   double session_start_unix_ = 0;
   double window_end_unix_ = 0;  // rank 0: the window the monitor uses (0 = none)
+  double stop_reserve_s_ = 0;   // rank 0: and how long before its end a leased run stops
   bool tty_ = false;
   std::chrono::steady_clock::time_point mark_;  // start of the current step
   double comm_mark_ = 0;                        // grid.comm_seconds() at mark_

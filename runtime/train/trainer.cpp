@@ -1305,7 +1305,7 @@ std::vector<StepStats> Trainer::run() {
       break;
     }
     if (lease.active()) {  // extended or cut short
-      progress.set_window_end(lease.window_end(), lease.preempted());
+      progress.set_window_end(lease.window_end(), lease.preempted(), lease.stop_reserve());
     }
     const auto t_step = std::chrono::steady_clock::now();
     const int64_t epoch_before = loader_->rows_consumed() / loader_->rows_per_epoch();
