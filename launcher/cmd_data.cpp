@@ -119,7 +119,7 @@ void register_data_commands(CLI::App& app) {
   import
       ->add_option("--val-fraction", imp->val_fraction,
                    "Fraction of documents for validation (with --val-out)")
-      ->check(number_in(0.0, 0.99));
+      ->check(number_in(0.0, 0.99, true));
   import->callback([imp]() { run_import(*imp); });
 
   auto path = std::make_shared<std::string>();

@@ -335,8 +335,18 @@ void size_from_plan(const std::string& config, const std::vector<std::string>& o
               config, hw.name, p.total_s);
   std::fprintf(out, "sized from %s on %s (%s):\n", config.c_str(), hw.name.c_str(), hw.source.c_str());
   if (model->empty()) {  // the profile sizes the booking; the model decides which devices
-    std::fprintf(out, "  model          any (the plan assumed %s: add --model to book only that)\n",
-                 hw.name.c_str());
+    // The ledger's name of the profile's devices: CPU slots are "cpu" (a calibrated cpu profile
+    // is named after its host, which no device is), the built-in GPUs A100/H100/H200.
+    std::string assumed = hw.name, spec = gpu;
+    for (char& c : spec) c = char(std::tolower(static_cast<unsigned char>(c)));
+    if (spec == "cpu") assumed = "cpu";
+    if (spec == "a100" || spec == "h100" || spec == "h200") {
+      assumed = spec;
+      for (char& c : assumed) c = char(std::toupper(static_cast<unsigned char>(c)));
+    }
+    std::fprintf(out,
+                 "  model          any (the plan assumed %s: add --model %s to book only that)\n",
+                 assumed.c_str(), assumed.c_str());
   }
   if (*gpus == kGpusNotGiven) {
     *gpus = devices;
@@ -459,12 +469,14 @@ void register_ledger_commands(CLI::App& app) {
           devs.push_back(Device{0, host_name(), "gpu", g.index, g.name, g.total_bytes, g.uuid});
         }
         if (devs.empty()) {
-          std::string why = cuda::describe_devices();  // one line per device, each ending '\n'
+          // "no usable CUDA device (why)", or one line per device, each ending '\n'
+          std::string why = cuda::describe_devices();
           while (!why.empty() && why.back() == '\n') why.pop_back();
           BERTH_FAIL(
-              "this host has no usable CUDA device ({}); register a cluster with --from "
-              "cluster.toml, or CPU slots with --cpu-slots N",
-              why);
+              "this host has {}; register a cluster with --from cluster.toml, or CPU slots with "
+              "--cpu-slots N",
+              why.rfind("no usable CUDA device", 0) == 0 ? why
+                                                         : "no usable CUDA device (" + why + ")");
         }
 #else
         BERTH_FAIL("this berth was built without CUDA, so it sees no GPUs here; register a "

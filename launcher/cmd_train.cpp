@@ -73,16 +73,18 @@ CLI::Validator whole_number_at_least(int64_t lo) {
 
 CLI::Validator positive_integer() { return whole_number_at_least(1); }
 
-CLI::Validator number_in(double lo, double hi) {
+CLI::Validator number_in(double lo, double hi, bool above_lo) {
+  const std::string range = fmt::format("{}{}, {}]", above_lo ? "(" : "[", lo, hi);
   return CLI::Validator(
-      [lo, hi](std::string& value) -> std::string {
+      [lo, hi, above_lo, range](std::string& value) -> std::string {
         double v = 0;
-        if (read_decimal(value, &v) == value.size() && !value.empty() && v >= lo && v <= hi) {
+        if (read_decimal(value, &v) == value.size() && !value.empty() &&
+            (above_lo ? v > lo : v >= lo) && v <= hi) {
           return "";
         }
-        return fmt::format("{} is not a number in [{}, {}]", value, lo, hi);
+        return fmt::format("{} is not a number in {}", value, range);
       },
-      fmt::format("NUMBER in [{}, {}]", lo, hi), "NUMBER_IN");
+      "NUMBER in " + range, "NUMBER_IN");
 }
 
 namespace {
@@ -196,8 +198,8 @@ void register_train_command(CLI::App& app) {
     Trainer trainer(cfg, *world, nullptr, args->resume);
     try {
       trainer.run();
-    } catch (const LeaseRefused& e) {  // every rank throws it together
-      log_error("{}", e.what());
+    } catch (const LeaseRefused& e) {  // every rank throws it together: one says why
+      if (world->rank() == 0) log_error("{}", e.what());
       throw ExitStatus{kExitLeaseLost};
     }
     if (trainer.outcome() == Trainer::Outcome::kWindowEnded) throw ExitStatus{kExitWindowEnded};

@@ -25,9 +25,9 @@ CLI::Validator whole_number_in(int64_t lo, int64_t hi);
 // A value that must not be empty ("--ledger: empty: <if_empty>"): an option given an unset
 // variable ("--ledger \"$UNSET\"") would otherwise mean its default.
 CLI::Validator non_empty(const std::string& if_empty, const std::string& type_name);
-// A number in [lo, hi] ("--hours: nan is not a number in [1, 8784]"). CLI::Range lets NaN through
-// (every comparison with it is false), and "inf" past an open bound.
-CLI::Validator number_in(double lo, double hi);
+// A number in [lo, hi], or (lo, hi] with `above_lo` ("--hours: nan is not a number in [1, 8784]").
+// CLI::Range lets NaN through (every comparison with it is false), and "inf" past an open bound.
+CLI::Validator number_in(double lo, double hi, bool above_lo = false);
 
 void register_train_command(CLI::App& app);  // berth train CONFIG [--set k=v]...
 void register_data_commands(CLI::App& app);  // berth data import|info

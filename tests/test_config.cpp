@@ -325,6 +325,12 @@ TEST(Config, ValidationNamesTheOverrideThatSetTheValue) {
   msg = parse_error("[train]\nlr_schedule = \"linear\"\n", {"train.lr=1e-3"});
   EXPECT_CONTAINS(msg, "train.lr_schedule \"linear\"");
   EXPECT_EQ(msg.find("set by the override"), std::string::npos) << msg;
+  // A key the advice names is not the one that failed.
+  msg = parse_error("", {"data.mode=packed", "data.pack_algorithm=padded"});
+  EXPECT_CONTAINS(msg,
+                  "is data.mode = \"padded\") (set by the override "
+                  "'data.pack_algorithm=padded')");
+  EXPECT_EQ(msg.find("data.mode=packed"), std::string::npos) << msg;
   // A value from the file alone says nothing of overrides.
   msg = parse_error("[train]\nsteps = 0\n");
   EXPECT_EQ(msg.find("override"), std::string::npos) << msg;

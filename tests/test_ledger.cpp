@@ -101,6 +101,16 @@ class LedgerTest : public ::testing::Test {
   double now_ = kT0;
 };
 
+TEST_F(LedgerTest, RegisteringCountsOnlyNewAndChangedDevices) {
+  // The same devices again (a node's start-up script) counted as "2 new or changed" every time.
+  auto l = open();
+  EXPECT_EQ(l->register_devices(slots("n1", 2)), 2);
+  EXPECT_EQ(l->register_devices(slots("n1", 2)), 0);
+  EXPECT_EQ(l->register_devices(slots("n1", 3)), 1);                           // one more slot
+  EXPECT_EQ(l->register_devices(slots("n1", 3, "cpu", int64_t(4) << 30)), 3);  // memory changed
+  EXPECT_EQ(l->devices().size(), 3u);
+}
+
 TEST_F(LedgerTest, TouchingWindowsBothSucceedOverlapsAreRefused) {
   auto l = open();
   l->register_devices(slots("n1", 1));

@@ -361,7 +361,10 @@ class SqliteLedger : public LedgerStore {
       Stmt s(db_,
              "INSERT INTO devices(host, kind, idx, model, memory_bytes, uuid) VALUES(?,?,?,?,?,?)"
              " ON CONFLICT(host, kind, idx) DO UPDATE SET model=excluded.model,"
-             " memory_bytes=excluded.memory_bytes, uuid=excluded.uuid");
+             " memory_bytes=excluded.memory_bytes, uuid=excluded.uuid"
+             // an unchanged row is not updated: it counted as "new or changed" every time
+             " WHERE model IS NOT excluded.model OR memory_bytes IS NOT excluded.memory_bytes"
+             " OR uuid IS NOT excluded.uuid");
       s.bind(1, d.host).bind(2, d.kind).bind(3, d.index).bind(4, d.model).bind(5, d.memory_bytes)
           .bind(6, d.uuid)
           .run();

@@ -349,10 +349,12 @@ void apply_override(RunConfig& cfg, const std::string& override_text) {
   set_field(cfg, *field, *parsed.get("v"), where, "");
 }
 
-// " (set by the override 'train.lr=5')" for each override whose key `message` names (the last
-// override of a key is the one in effect), "" when it names none.
+// " (set by the override 'train.lr=5')" for each override whose key `message` names before its
+// advice (the first "; ": a key the advice suggests is not what failed) (the last override of a
+// key is the one in effect), "" when it names none.
 std::string overrides_named_in(std::string_view message,
                                const std::vector<std::string>& overrides) {
+  message = message.substr(0, message.find("; "));
   const auto is_name_char = [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
   };
