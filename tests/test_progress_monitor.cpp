@@ -297,18 +297,26 @@ TEST(ProgressMonitor, WindowEndsBeforeFinishWithExtendCommand) {
           WarningKind::Window));
 }
 
+// 200 balanced steps of ~0.1 s (a ~100 s run) under reservation R-12, whose window ends
+// `window_s` after the session's start.
+ProgressMonitor booked(double window_s) {
+  RunFacts f = facts();
+  f.lease_s = window_s;
+  MonitorSettings s = settings(2);
+  s.reservation = "R-12";
+  s.window_end_unix = s.session_start_unix + window_s;
+  ProgressMonitor m(f, s);
+  for (int64_t step = 1; step <= 200; ++step) m.observe(step, balanced(2, step), 4096, 128, "");
+  return m;
+}
+
 TEST(ProgressMonitor, ALeasedRunsWindowWarningCountsItsStopReserve) {
   // A leased run stops its reserve (1.5 × checkpoint + margin) before the window's end: a window
   // of 120 s for a ~100 s run raised nothing, and the run stopped short at 90 s.
-  RunFacts f = facts();
-  f.lease_s = 120;
-  MonitorSettings s = settings(2);
-  s.reservation = "R-12";
-  s.window_end_unix = s.session_start_unix + 120;
-  ProgressMonitor m(f, s);
-  for (int64_t step = 1; step <= 200; ++step) m.observe(step, balanced(2, step), 4096, 128, "");
+  ProgressMonitor m = booked(120);
+  const double start = settings(2).session_start_unix;
   EXPECT_FALSE(has(m.report(), WarningKind::Window));
-  m.set_window_end(s.session_start_unix + 120, false, 30);
+  m.set_window_end(start + 120, false, 30);
   std::string msg;
   ASSERT_TRUE(has(m.report(), WarningKind::Window, &msg));
   EXPECT_NE(msg.find("the run must stop by 2026-12-02T12:01:30Z (30s before the booked window "
@@ -324,13 +332,8 @@ TEST(ProgressMonitor, ALeasedRunsWindowWarningCountsItsStopReserve) {
 TEST(ProgressMonitor, AnExtendedWindowEndsTheWarningACutOneRaisesIt) {
   // The lease is extended mid-run (`berth extend`): the warning, the lease flag and the facts
   // follow the new window from the next report; a window cut short (preemption) raises them.
-  RunFacts f = facts();
-  f.lease_s = 80;
-  MonitorSettings s = settings(2);
-  s.reservation = "R-12";
-  s.window_end_unix = s.session_start_unix + 80;
-  ProgressMonitor m(f, s);
-  for (int64_t step = 1; step <= 200; ++step) m.observe(step, balanced(2, step), 4096, 128, "");
+  ProgressMonitor m = booked(80);
+  const MonitorSettings s = settings(2);
   ProgressReport r = m.report();
   ASSERT_TRUE(has(r, WarningKind::Window));
   EXPECT_TRUE(r.prediction.lease_exceeded);
