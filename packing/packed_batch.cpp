@@ -24,6 +24,7 @@ void reset_rows(PackedBatch* batch, int B, int T) {
   batch->cu_seqlens.resize(size_t(B) + 1);
   for (int r = 0; r <= B; r++) batch->cu_seqlens[size_t(r)] = r * T;
   batch->max_seqlen = T;
+  batch->n_padding = 0;
 }
 
 void check_invariants(const PackedBatch& b, int64_t vocab, int64_t max_positions) {

@@ -26,6 +26,9 @@ struct PackedBatch {
   std::vector<int32_t> positions;
   std::vector<int32_t> cu_seqlens;
   int32_t max_seqlen = 0;
+  // Slots that hold padding, not a token of a document (packed and padded rows; set by
+  // fill_packed_rows, 0 otherwise): N() - n_padding tokens of data are trained on.
+  int64_t n_padding = 0;
 
   int N() const { return B * T; }
   int n_seqs() const { return cu_seqlens.empty() ? 0 : int(cu_seqlens.size()) - 1; }

@@ -448,6 +448,23 @@ TEST_F(TrainTest, ValLossDoesNotDependOnTheSeedAndNeedsATarget) {
   EXPECT_TRUE(std::isfinite(t.evaluate()));
 }
 
+// A step's tokens are the documents' tokens it trained on: padding is computed on, not trained on
+// (padded rows read as many tok/s as packed ones). One epoch of padded rows is the dataset.
+TEST_F(TrainTest, TokensCountDocumentsNotPadding) {
+  RunConfig cfg = config(50);
+  cfg.data.mode = "padded";  // 200 documents of 41 tokens: a row of 32 and one of 9 + 23 padding
+  cfg.data.shuffle = false;
+  Trainer t(cfg, *world());
+  int64_t tokens = 0;
+  for (int64_t s = 0; s < cfg.train.steps; ++s) {
+    const StepStats st = t.train_step(s);
+    EXPECT_LT(st.tokens, 8 * 32);  // every batch holds padded rows
+    EXPECT_NEAR(st.tokens_per_s, double(st.tokens) / st.seconds, 1e-6 * st.tokens_per_s);
+    tokens += st.tokens;
+  }
+  EXPECT_EQ(tokens, rule_dataset(200, 40, 1).n_tokens());  // 400 rows: one epoch
+}
+
 // Datasets that cannot train or evaluate are refused before anything runs, naming the config key
 // (and no packing plan is left behind).
 TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {

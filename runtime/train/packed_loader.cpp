@@ -22,6 +22,7 @@ void fill_packed_rows(const TokenDataset& ds, const PackPlan& plan,
   if (b->B != B || b->T != T) reset_rows(b, B, T);
   b->cu_seqlens.clear();
   b->max_seqlen = 0;
+  b->n_padding = 0;
   const int32_t pad_token = ds.eot_token >= 0 ? int32_t(ds.eot_token) : 0;
   const bool masked = !ds.loss_mask.empty();
   const int64_t align = plan.options.align;
@@ -73,9 +74,11 @@ void fill_packed_rows(const TokenDataset& ds, const PackPlan& plan,
         b->targets[i] = -1;
       }
       b->max_seqlen = std::max<int32_t>(b->max_seqlen, int32_t(slots));
+      b->n_padding += slots - piece.length;
       pos += int(slots);
     }
     if (pos < T) {  // padding: one sequence of its own that predicts nothing
+      b->n_padding += T - pos;
       b->cu_seqlens.push_back(base + pos);
       b->max_seqlen = std::max(b->max_seqlen, int32_t(T - pos));
       for (int j = 0; pos + j < T; j++) {

@@ -149,9 +149,8 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   m.data_wait_s = st.data_wait_s;
   m.overhead_s = overhead_s_;
   m.compute_s = std::max(0.0, m.wall_s - m.comm_s - m.data_wait_s - m.overhead_s);
-  // The tp ranks and pipeline stages of a replica process the same tokens: each counts its share,
-  // so the sum over ranks is the global count.
-  m.tokens = double(st.tokens) / double(grid_.shape().tp * grid_.shape().pp);
+  // Each rank counts its share of the global batch's tokens, so the sum over ranks is the whole.
+  m.tokens = double(st.tokens) / double(grid_.world().size());
   const Backend::DeviceMemory dm = backend_ ? backend_->device_memory() : Backend::DeviceMemory{};
   if (dm.total > 0) {  // a GPU: its allocator's figures and what the device has left
     m.mem_gib = double(backend_->bytes_in_use()) / kGiB;
@@ -186,7 +185,7 @@ void ProgressTracker::end_step(int64_t done, const StepStats& st, bool evaluated
   if (checkpointed) add("ckpt");
   if (evaluated) add("eval");
   if (new_epoch) add("epoch_boundary");
-  const int64_t global_tokens = int64_t(st.tokens) * grid_.shape().dp * grid_.shape().cp;
+  const int64_t global_tokens = st.tokens;
   const StepRecord& r = monitor_->observe(done, all, global_tokens, cfg_.data.seq_len, event);
   last_row_at_ = trace_.tellp();  // (a stop's save rewrites the row from there)
   trace_ << trace_csv_row(r);

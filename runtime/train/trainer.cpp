@@ -872,7 +872,7 @@ StepStats Trainer::train_step(int64_t step) {
   st.lr = lr_at(step, cfg_.train.steps, cfg_.train.lr, cfg_.train.min_lr, cfg_.train.warmup_steps,
                 schedule_);
   // Load every micro-batch first: the global target count normalizes each backward.
-  int64_t local_targets = 0, local_tokens = 0;
+  int64_t local_targets = 0, replica_tokens = 0;
   const auto t_data = std::chrono::steady_clock::now();
   for (size_t i = 0; i < batches_.size(); ++i) {
     PackedBatch& b = batches_[i];
@@ -883,12 +883,17 @@ StepStats Trainer::train_step(int64_t step) {
 #endif
     const PackedBatch& mine = model_batch(b, cp_batches_[i]);
     local_targets += mine.n_targets();
-    local_tokens += mine.N();
+    replica_tokens += b.N() - b.n_padding;  // the whole rows: every cp rank of a replica has them
   }
   st.data_wait_s = seconds_since(t_data);
-  st.tokens = local_tokens;
-  const int64_t n_targets = g.all_reduce_value(local_targets, ReduceOp::SUM);
-  const double tokens = double(local_tokens) * double(grid_->shape().dp * grid_->shape().cp);
+  // The global target count, and the tokens of documents the global batch holds (padding is
+  // computed on, not trained on: counted, padded rows read as fast as packed ones), each dp
+  // replica's counted once.
+  int64_t counts[2] = {local_targets, grid_->coord().cp == 0 ? replica_tokens : 0};
+  g.all_reduce(counts, 2, ReduceOp::SUM);
+  const int64_t n_targets = counts[0];
+  st.tokens = counts[1];
+  const double tokens = double(st.tokens);
   if (n_targets == 0) {
     // A loss_mask can mask every token of a global batch (documents that are all prompt): a mean
     // over no tokens is no loss, and an update from zero gradients would still move the weights

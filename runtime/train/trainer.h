@@ -38,12 +38,13 @@ struct StepStats {
   double lr = 0;
   double grad_norm = 0;      // before clipping
   double seconds = 0;        // wall time of the step on rank 0 (data + fwd + bwd + sync + update)
-  double tokens_per_s = 0;   // global: all ranks' tokens
+  double tokens_per_s = 0;   // global: `tokens` per second
   double model_flops_per_s = 0;  // global
   double val_loss = -1;      // when evaluated after this step's update, else -1
   double data_wait_s = 0;    // this rank's time loading the step's batches
   double bubble_s = 0;       // this rank's time blocked in pipeline transfers (pp > 1)
-  int64_t tokens = 0;        // this rank's tokens in the step
+  // Tokens of documents the step's global batch trained on (padding excluded; 0 when skipped).
+  int64_t tokens = 0;
   bool no_targets = false;   // every target of the global batch was masked: no update, loss NaN
 };
 
