@@ -295,14 +295,19 @@ std::string timeline_html(const std::vector<Device>& devs, const std::vector<Res
 
 // reserve --config: the devices, minimum free memory and duration a run config needs, from its
 // plan on the profile of --gpu (or of --model); explicit --gpus / --min-free-mem / --duration win.
-// Prints what it assumed.
+// Prints what it assumed; `ledger_models`: the models of the ledger's devices, for the advice on
+// --model.
 void size_from_plan(const std::string& config, const std::vector<std::string>& overrides,
                     std::string gpu, double margin, std::string* model, int64_t* gpus,
-                    std::string* min_free_mem, std::string* duration, FILE* out) {
+                    std::string* min_free_mem, std::string* duration,
+                    const std::vector<std::string>& ledger_models, FILE* out) {
   const RunConfig cfg = load_config(config, overrides);
+  const auto lower = [](std::string s) {
+    for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
   if (gpu.empty()) {
-    std::string m = *model;
-    for (char& c : m) c = char(std::tolower(static_cast<unsigned char>(c)));
+    const std::string m = lower(*model);
     BERTH_CHECK(m == "a100" || m == "h100" || m == "h200" || m == "cpu",
                 "reserve --config: say which hardware to plan for with --gpu a100|h100|h200|cpu|"
                 "FILE (or --model A100/H100/H200/cpu)");
@@ -335,18 +340,26 @@ void size_from_plan(const std::string& config, const std::vector<std::string>& o
               config, hw.name, p.total_s);
   std::fprintf(out, "sized from %s on %s (%s):\n", config.c_str(), hw.name.c_str(), hw.source.c_str());
   if (model->empty()) {  // the profile sizes the booking; the model decides which devices
-    // The ledger's name of the profile's devices: CPU slots are "cpu" (a calibrated cpu profile
-    // is named after its host, which no device is), the built-in GPUs A100/H100/H200.
-    std::string assumed = hw.name, spec = gpu;
-    for (char& c : spec) c = char(std::tolower(static_cast<unsigned char>(c)));
-    if (spec == "cpu") assumed = "cpu";
-    if (spec == "a100" || spec == "h100" || spec == "h200") {
-      assumed = spec;
-      for (char& c : assumed) c = char(std::toupper(static_cast<unsigned char>(c)));
+    // The ledger's models of the profile's devices: CPU slots ("cpu") for the cpu profile and a
+    // calibrated one (`berth plan --calibrate` measures this host's CPU kernels and is named after
+    // the host, which no device is), else the models that name the GPU ("NVIDIA H100 80GB HBM3"
+    // for h100: a host's CUDA devices are registered by their CUDA names).
+    const bool cpu = lower(gpu) == "cpu" || !hw.gemm_rates.empty();
+    std::set<std::string> match, all(ledger_models.begin(), ledger_models.end());
+    for (const std::string& m : all) {
+      if (cpu ? m == "cpu" : lower(m).find(lower(hw.name)) != std::string::npos) match.insert(m);
     }
-    std::fprintf(out,
-                 "  model          any (the plan assumed %s: add --model %s to book only that)\n",
-                 assumed.c_str(), assumed.c_str());
+    std::string known;
+    for (const std::string& m : all) known += (known.empty() ? "'" : ", '") + m + "'";
+    const std::string advice =
+        match.size() == 1 ? fmt::format("add --model '{}' to book only those", *match.begin())
+        : all.empty()     ? std::string("add --model M to book only devices of model M")
+                          : fmt::format(
+                                "add --model with one of the ledger's models ({}) to "
+                                    "book only those",
+                                known);
+    std::fprintf(out, "  model          any (the plan assumed %s: %s)\n", hw.name.c_str(),
+                 advice.c_str());
   }
   if (*gpus == kGpusNotGiven) {
     *gpus = devices;
@@ -548,9 +561,16 @@ void register_ledger_commands(CLI::App& app) {
       }
       // What the plan assumed goes to stderr under --json and --print-id, so stdout stays one
       // JSON document, or the ids alone (`id=$(berth reserve --config ... --print-id)`).
-      if (!a->config.empty())
+      if (!a->config.empty()) {
+        std::vector<std::string> models;  // for the advice on --model
+        try {
+          for (const Device& d : open_ledger(a->l)->devices()) models.push_back(d.model);
+        } catch (const Error&) {  // no ledger yet: the booking below says what to do
+        }
         size_from_plan(a->config, a->overrides, a->gpu, a->margin, &a->model, &a->gpus,
-                       &a->min_free_mem, &a->duration, a->l.json || a->print_id ? stderr : stdout);
+                       &a->min_free_mem, &a->duration, models,
+                       a->l.json || a->print_id ? stderr : stdout);
+      }
       BERTH_CHECK(a->gpus != kGpusNotGiven,
                   "reserve needs --gpus N (or --config CONFIG to size the booking)");
       BERTH_CHECK(!a->duration.empty(),

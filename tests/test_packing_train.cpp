@@ -178,6 +178,27 @@ TEST(PackedTraining, ADocumentsLastTokenPredictsTheEotThatOpensTheNext) {
   EXPECT_EQ(targets[5], (std::vector<int32_t>{5, 6, 7, int32_t(e)}));
   EXPECT_EQ(targets[8], (std::vector<int32_t>{8, 9, int32_t(e)}));
   EXPECT_EQ(targets[10], (std::vector<int32_t>{10, 11, 12}));  // nothing follows the last
+  // The EOT target is the next document's first token as the mask sees it: a 0 there drops it.
+  ds.loss_mask.assign(ds.tokens.size(), 1);
+  ds.loss_mask[4] = 0;
+  PackedBatch masked;
+  fill_packed_rows(ds, plan, rows, kT, &masked);
+  EXPECT_EQ(masked.n_targets(), b.n_targets() - 1);
+  ds.loss_mask.clear();
+  // A long document cut into pieces: only its last piece's last token predicts the EOT.
+  ds.tokens.assign(1, e);
+  for (uint32_t i = 0; i < 30; ++i) ds.tokens.push_back(1 + i % 20);  // 31 tokens: 24 + 7
+  ds.tokens.push_back(e);
+  ds.tokens.push_back(2);
+  ds.doc_offsets = {0, 31, 33};
+  const PackPlan cut = pack_documents(document_lengths(ds), o);
+  rows.assign(size_t(cut.n_rows()), 0);
+  for (size_t i = 0; i < rows.size(); i++) rows[i] = int64_t(i);
+  fill_packed_rows(ds, cut, rows, kT, &b);
+  int eot_targets = 0;
+  for (int32_t t : b.targets) eot_targets += t == int32_t(e);
+  EXPECT_EQ(eot_targets, 1);
+  EXPECT_EQ(b.n_targets(), 30 + 1 + 1);  // the long document's 30 and its EOT, and [EOT, 2]'s 1
   // A document that ends with its own EOT (text imports) predicts nothing after it, not even an
   // EOT that a next (empty) document holds.
   ds.tokens = {5, 6, e, e, 8, e};

@@ -299,9 +299,10 @@ TEST(ProgressMonitor, WindowEndsBeforeFinishWithExtendCommand) {
 
 // 200 balanced steps of ~0.1 s (a ~100 s run) under reservation R-12, whose window ends
 // `window_s` after the session's start.
-ProgressMonitor booked(double window_s) {
+ProgressMonitor booked(double window_s, int final_ckpt = -1) {
   RunFacts f = facts();
   f.lease_s = window_s;
+  f.final_ckpt = final_ckpt;
   MonitorSettings s = settings(2);
   s.reservation = "R-12";
   s.window_end_unix = s.session_start_unix + window_s;
@@ -321,12 +322,23 @@ TEST(ProgressMonitor, ALeasedRunsWindowWarningCountsItsStopReserve) {
   ASSERT_TRUE(has(m.report(), WarningKind::Window, &msg));
   EXPECT_NE(msg.find("the run must stop by 2026-12-02T12:01:30Z (30s before the booked window "
                      "ends at 2026-12-02T12:02:00Z, to save its checkpoint), 10s before the "
-                     "predicted finish"),
+                     "predicted end of its steps"),
             std::string::npos)
       << msg;
   // The advice fits the stop point: 70 s left at 0.1 s a step after step 200.
   EXPECT_NE(msg.find("lower train.steps to about 900"), std::string::npos) << msg;
   EXPECT_EQ(m.predictor().facts().lease_s, 120);  // the trace's facts keep the booked window
+  // The save after the last step lies in the reserve (it is what the reserve holds): a run whose
+  // steps end by the stop point is not warned of, though its predicted finish, with that save
+  // (here the prior, 100 step times), is later. It was, and then finished with exit 0.
+  ProgressMonitor saves = booked(120, 1);
+  saves.set_window_end(start + 120, false, 15);
+  EXPECT_GT(saves.report().prediction.total_s, 105);
+  EXPECT_FALSE(has(saves.report(), WarningKind::Window));
+  saves.set_window_end(start + 120, false, 30);  // its steps end 10 s after the stop point
+  ASSERT_TRUE(has(saves.report(), WarningKind::Window, &msg));
+  EXPECT_NE(msg.find("10s before the predicted end of its steps"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lower train.steps to about 900"), std::string::npos) << msg;
 }
 
 TEST(ProgressMonitor, AnExtendedWindowEndsTheWarningACutOneRaisesIt) {
@@ -441,11 +453,15 @@ TEST(ProgressMonitor, CheckpointAdviceBeyondTheRunSaysToSaveOnlyAtTheEnd) {
   feed_with_saves(m, 50, 10, 0.5);
   std::string msg;
   ASSERT_TRUE(has(m.report(), WarningKind::Checkpoints, &msg));
-  EXPECT_NE(msg.find("set checkpoint.interval = 0 (and save at the end: ~0.5s)"), std::string::npos)
+  EXPECT_NE(msg.find("set checkpoint.interval = 0 (and checkpoint.final = true, for one save at "
+                     "the end: ~0.5s)"),
+            std::string::npos)
       << msg;
-  // How the run still ends with a save follows checkpoint.final (the facts' final_ckpt).
+  // How the run still ends with a save follows checkpoint.final (the facts' final_ckpt: berth's
+  // checkpoint.final = false is -1, the interval deciding; with interval 0 nothing saves).
   for (const auto& [final_ckpt, says] :
        {std::pair{1, "(the final save stays: ~0.5s)"},
+        {-1, "(and checkpoint.final = true, for one save at the end: ~0.5s)"},
         {0, "(and checkpoint.final = true, for one save at the end: ~0.5s)"}}) {
     f.final_ckpt = final_ckpt;
     ProgressMonitor mf(f, settings(2));

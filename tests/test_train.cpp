@@ -418,6 +418,16 @@ TEST_F(TrainTest, ValLossDoesNotDependOnTheSeedAndNeedsATarget) {
     EXPECT_EQ(a.evaluate(), b.evaluate());
     EXPECT_TRUE(std::filesystem::exists(
         packed_plan_path(cfg, cfg.data.val, eval_pack_options(cfg, 1), true)));
+    // A data.val that is also data.train keeps both plans, each in its own file.
+    cfg.run.name = std::string("same_file_") + mode;
+    cfg.data.val = cfg.data.train;
+    { Trainer c(cfg, *world()); }
+    const std::string train_plan = packed_plan_path(cfg, cfg.data.train, pack_options(cfg, 1));
+    const std::string eval_plan =
+        packed_plan_path(cfg, cfg.data.train, eval_pack_options(cfg, 1), true);
+    EXPECT_NE(train_plan, eval_plan);
+    EXPECT_TRUE(std::filesystem::exists(train_plan) && std::filesystem::exists(eval_plan));
+    cfg.data.val = (dir_ / "val.h5").string();
   }
   // Eval rows without a target (a mask of 0 there, though other documents have targets): the val
   // loss was 0/0 and vanished from the log and metrics.jsonl.
@@ -437,9 +447,8 @@ TEST_F(TrainTest, ValLossDoesNotDependOnTheSeedAndNeedsATarget) {
   cfg.data.val = (dir_ / "masked_val.h5").string();
   test::expect_error([&] { Trainer t(cfg, *world()); },
                      {"the 1 validation batches an evaluation reads",
-                      "masked_val.h5') hold no "
-                      "target token",
-                      "raise eval.batches"});
+                      "masked_val.h5') hold no target token (its /loss_mask is 0 there",
+                      "raise eval.batches (up to 40, the whole of data.val)"});
   // A packed data.val shorter than one stream window is rows of padding: accepted.
   write_token_dataset((dir_ / "short_val.h5").string(), rule_dataset(2, 10, 3));
   cfg.data.val = (dir_ / "short_val.h5").string();

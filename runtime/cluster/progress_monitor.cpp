@@ -41,12 +41,21 @@ std::string extension_hint(double seconds) {
 // at most `left` seconds (`step` itself when none does): normal steps at p.step_s, plus the
 // checkpoints and evaluations among them at their learned costs, the last step's as the facts say
 // (berth's final checkpoint and evaluation).
+// Whether a run whose last step is `last` saves after it.
+bool saves_after_last(const RunFacts& f, int64_t last) {
+  return events_between(last - 1, last, f.ckpt_interval, f.final_ckpt) > 0;
+}
+
+// The last step a run may end at for steps start..last to take at most `left` seconds, with their
+// checkpoints and evaluations (a save after `last` not counted with `last_save_free`: a leased
+// run's stop reserve holds it).
 int64_t steps_that_fit(const RunFacts& f, int64_t step, int64_t end_step, double left,
-                       const Prediction& p) {
+                       const Prediction& p, bool last_save_free) {
   auto cost = [&](int64_t last) {
+    const int64_t saves = events_between(step, last, f.ckpt_interval, f.final_ckpt) -
+                          (last_save_free && saves_after_last(f, last) ? 1 : 0);
     return static_cast<double>(last - step) * p.step_s +
-           static_cast<double>(events_between(step, last, f.ckpt_interval, f.final_ckpt)) *
-               p.ckpt_cost_s +
+           static_cast<double>(std::max<int64_t>(0, saves)) * p.ckpt_cost_s +
            static_cast<double>(events_between(step, last, f.eval_interval, f.final_eval)) *
                p.eval_cost_s;
   };
@@ -381,18 +390,22 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
       }
     }
   }
-  // A leased run must end its steps by the stop point, its reserve before the window's end: the
-  // warning and its advice measured from the window's end said nothing of a run that then stopped
-  // short, or advised train.steps that did not fit either.
+  // A leased run must end its steps by the stop point, its reserve before the window's end (the
+  // save after its last step lies in the reserve): the warning and its advice measured from the
+  // window's end said nothing of a run that then stopped short, or advised train.steps that did
+  // not fit either.
+  const bool reserved = settings_.stop_reserve_s > 0;
   const double deadline = settings_.window_end_unix - settings_.stop_reserve_s;
-  const double finish = settings_.session_start_unix + p.total_s;
+  const double last_save = reserved && saves_after_last(facts_, r.end_step) ? p.ckpt_cost_s : 0.0;
+  const double finish = settings_.session_start_unix + p.total_s - last_save;
   if (settings_.window_end_unix > 0 && finish > deadline) {
     const double shortfall = finish - deadline;
     const double left = deadline - (settings_.session_start_unix + r.elapsed_s);
-    const int64_t fit = steps_that_fit(facts_, r.step, r.end_step, std::max(0.0, left), p);
+    const int64_t fit =
+        steps_that_fit(facts_, r.step, r.end_step, std::max(0.0, left), p, reserved);
     const std::string id = settings_.reservation.empty() ? "<reservation>" : settings_.reservation;
     // Minutes, unless the times lie within minutes of each other (then seconds tell them apart).
-    const bool close = settings_.session_start_unix + p.high_s - deadline < 600;
+    const bool close = settings_.session_start_unix + p.high_s - last_save - deadline < 600;
     auto at = [&](double t) { return close ? format_utc_iso(t) : format_utc_minute(t); };
     // A window a preemption cut cannot be extended (the preemptor holds the devices after it).
     const std::string fix =
@@ -413,10 +426,10 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
                   at(settings_.window_end_unix))
             : fmt::format("the booked window ends at {}", at(settings_.window_end_unix));
     out.push_back({WarningKind::Window,
-                   fmt::format("window: {}, {} before the predicted finish ({}, band {}–{}). {}",
-                               ends, format_duration(shortfall), at(finish),
-                               at(settings_.session_start_unix + p.low_s),
-                               at(settings_.session_start_unix + p.high_s), fix)});
+                   fmt::format("window: {}, {} before the predicted {} ({}, band {}–{}). {}", ends,
+                               format_duration(shortfall), reserved ? "end of its steps" : "finish",
+                               at(finish), at(settings_.session_start_unix + p.low_s - last_save),
+                               at(settings_.session_start_unix + p.high_s - last_save), fix)});
   }
   // Only once a checkpoint was measured: before, checkpoint_s is a prior.
   if (facts_.ckpt_interval > 0 && p.total_s > 0 && p.checkpoints_observed > 0 &&
@@ -427,10 +440,10 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
     // An interval with no multiple before this session's last step saves no periodic checkpoint
     // in it: say so, and how the run then still ends with one.
     const bool periodic = (r.end_step - 1) / suggest > facts_.start_step / suggest;
-    const std::string at_end = facts_.final_ckpt == 1 ? "the final save stays"
-                               : facts_.final_ckpt == 0
-                                   ? "and checkpoint.final = true, for one save at the end"
-                                   : "and save at the end";
+    // (berth's checkpoint.final = false is final_ckpt -1, the interval deciding the last step)
+    const std::string at_end = facts_.final_ckpt == 1
+                                   ? "the final save stays"
+                                   : "and checkpoint.final = true, for one save at the end";
     const std::string fix =
         periodic ? fmt::format("Raise checkpoint.interval from {} to about {} to bring it near 3%",
                                facts_.ckpt_interval, suggest)

@@ -74,13 +74,19 @@ void write_tensor(hid_t loc, const std::string& name, const float* data,
   if (!dset.close()) w.fail(fmt::format("closing dataset '{}'", name));
 }
 
-void write_model_file(const std::string& path, const CheckpointData& d, const ParamLayout& layout) {
-  const h5::FileWriter w("checkpoint file", path);
+// A new checkpoint file (never one that exists) with the format's attributes.
+H5Id create_checkpoint_file(const h5::FileWriter& w, const std::string& path) {
   H5Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) w.fail("creating the file");
+  w.string_attr(file.get(), "format", kCheckpointFormat);
+  w.i64_attr(file.get(), "format_version", kCheckpointFormatVersion);
+  return file;
+}
+
+void write_model_file(const std::string& path, const CheckpointData& d, const ParamLayout& layout) {
+  const h5::FileWriter w("checkpoint file", path);
+  H5Id file = create_checkpoint_file(w, path);
   const hid_t f = file.get();
-  w.string_attr(f, "format", kCheckpointFormat);
-  w.i64_attr(f, "format_version", kCheckpointFormatVersion);
   w.i64_attr(f, "n_layer", d.model.L);
   w.i64_attr(f, "n_head", d.model.NH);
   w.i64_attr(f, "d_model", d.model.C);
@@ -99,10 +105,7 @@ void write_model_file(const std::string& path, const CheckpointData& d, const Pa
 void write_optimizer_file(const std::string& path, const CheckpointData& d,
                           const ParamLayout& layout) {
   const h5::FileWriter w("checkpoint file", path);
-  H5Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) w.fail("creating the file");
-  w.string_attr(file.get(), "format", kCheckpointFormat);
-  w.i64_attr(file.get(), "format_version", kCheckpointFormatVersion);
+  H5Id file = create_checkpoint_file(w, path);
   w.i64_attr(file.get(), "adam_step", d.adam_step);
   for (const char* moment : {"m", "v"}) {
     H5Id group(H5Gcreate2(file.get(), moment, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);

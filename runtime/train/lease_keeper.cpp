@@ -343,7 +343,6 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
                                        format_utc_iso(renewed), format_utc_iso(expiry), failed);
       }
     }
-    const double ckpt = ckpt_s_ > 0 ? ckpt_s_ : rc.checkpoint_estimate_s;
     const double stop_at = window_end - stop_reserve();
     if (d == kContinue && now + with_pauses_s >= stop_at) {
       d = kStopWindow;
@@ -351,7 +350,7 @@ LeaseKeeper::Decision LeaseKeeper::before_step(double step_s, double with_pauses
           "reservation {}'s window ends at {}; stopping {} before it (1.5 × "
           "checkpoint time {} + margin {})",
           reservation_, format_utc_iso(window_end), format_duration(window_end - now),
-          format_duration(ckpt), format_duration(rc.stop_margin_s));
+          format_duration(checkpoint_s()), format_duration(rc.stop_margin_s));
     }
   }
   return share(d);

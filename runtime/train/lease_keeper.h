@@ -56,9 +56,10 @@ class LeaseKeeper {
   void checkpoint_took(double seconds) { ckpt_s_ = std::max(ckpt_s_, seconds); }
   // How long before the window's end the run stops (1.5 × the longest checkpoint save seen, or
   // reservation.checkpoint_estimate_s before one, + stop_margin_s): its steps must end by then.
-  double stop_reserve() const {
-    return stop_reserve_s(cfg_.reservation,
-                          ckpt_s_ > 0 ? ckpt_s_ : cfg_.reservation.checkpoint_estimate_s);
+  double stop_reserve() const { return stop_reserve_s(cfg_.reservation, checkpoint_s()); }
+  // The longest checkpoint save seen, or reservation.checkpoint_estimate_s before one.
+  double checkpoint_s() const {
+    return ckpt_s_ > 0 ? ckpt_s_ : cfg_.reservation.checkpoint_estimate_s;
   }
   // Collective, after the last step and before the run commits its files: kContinue while the
   // lease is still this run's (one renewal on rank 0), kLost (with reason()) when it is gone.

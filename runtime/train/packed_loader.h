@@ -2,10 +2,12 @@
 //
 // Row layout: the plan's pieces one after another, each a sequence of its own (cu_seqlens entry,
 // positions restarting at 0), then padding to T as one more sequence (tokens = the dataset's EOT,
-// or 0 without one; targets -1). Targets: the next token of the document, or -1 at a document's
-// last token (no prediction across documents); a piece cut from a long document keeps its true
-// next token as the target of its last position. With a dataset /loss_mask, a target is kept only
-// where loss_mask of the target token is 1 (SFT: train on response tokens only).
+// or 0 without one; targets -1). Targets: the next token of the document; at a document's last
+// token the EOT right after the document where one follows and the document does not end with
+// its own (EOT-first layouts, such as llm.c's), else -1 (no prediction across documents); a piece
+// cut from a long document keeps its true next token as the target of its last position. With a
+// dataset /loss_mask, a target is kept only where loss_mask of the target token is 1 (SFT: train on
+// response tokens only).
 //
 // Rows are visited in plan order, or in a seeded permutation per epoch with shuffle. Data
 // parallelism works as for the stream loader: replica d of n keeps rows [d·B, d·B + B) of every
@@ -24,7 +26,7 @@
 namespace berth {
 
 // Fills `batch` (resized to rows.size() × T) with the plan rows `rows`. Each token's target is the
-// next token of its document (none for the document's last token, or where /loss_mask is 0),
+// next token of its document (none where /loss_mask is 0 for that token),
 // and a document's last token predicts an EOT right after the document when the document does
 // not end with one itself (EOT-first layouts such as llm.c's).
 void fill_packed_rows(const TokenDataset& ds, const PackPlan& plan, const std::vector<int64_t>& rows,

@@ -186,7 +186,9 @@ void check_dataset_fits(const TokenDataset& ds, const char* key, const RunConfig
               stream ? fmt::format("lower data.seq_len or give a bigger {}", key)
                      : fmt::format("give a bigger {}", key));
   if (!ds.loss_mask.empty()) {
-    // The mask applies to a document's targets (its first token is never one).
+    // The mask applies to a document's targets: its tokens after the first (a first token is a
+    // target only as the EOT that ends the document before it, which a document's own targets
+    // decide nothing about here).
     bool any_target = false;
     for (int64_t d = 0; d < ds.n_docs() && !any_target; ++d) {
       for (uint64_t i = ds.doc_offsets[size_t(d)] + 1; i < ds.doc_offsets[size_t(d) + 1]; ++i) {
@@ -474,12 +476,21 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
   if (val_loader_) {
     int64_t targets = 0;
     load_eval_batches(&targets);
+    const int64_t most = val_loader_->rows_per_epoch() / (grid_->shape().dp * B);
     BERTH_CHECK(targets > 0,
                 "the {} validation batches an evaluation reads (eval.batches × dp {} × "
-                "micro_batch_size {} rows from the start of data.val '{}') hold no target token: "
-                "its /loss_mask is 0 there, so the val loss is undefined; raise eval.batches, or "
-                "check how the dataset's mask was made",
-                cfg_.eval.batches, grid_->shape().dp, cfg_.train.micro_batch_size, cfg_.data.val);
+                "micro_batch_size {} rows from the start of data.val '{}') hold no target token "
+                "({}), so the val loss is undefined; {}",
+                cfg_.eval.batches, grid_->shape().dp, cfg_.train.micro_batch_size, cfg_.data.val,
+                val_ds_.loss_mask.empty() ? "their documents are single tokens"
+                                          : "its /loss_mask is 0 there, or their documents are "
+                                            "single tokens",
+                cfg_.eval.batches < most
+                    ? fmt::format("raise eval.batches (up to {}, the whole of data.val), or "
+                                  "check how data.val was made",
+                                  most)
+                    : std::string("data.val holds no target at all in these modes: check how "
+                                  "it was made"));
   }
   if (!resume.empty()) this->resume(resume);
   if (start_step_ == 0) load_init_from();

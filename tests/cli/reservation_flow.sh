@@ -360,8 +360,24 @@ id5=$(booked_id < "$tmp/sized.json" 2>/dev/null)
 [ $rc -eq 0 ] && grep -q "sized from .*tiny.toml on cpu" "$tmp/sized.log" && \
   grep -q "devices        1 (the smallest count that fits)" "$tmp/sized.log" && \
   grep -q "min free mem   .*MiB (predicted peak .* per rank + 10 %)" "$tmp/sized.log" && \
-  grep -q "duration       .*(predicted .* for 300 steps × margin 1.25, + .* for 0 checkpoint save(s) and 7 evaluation(s), + the stop reserve 2m00s" "$tmp/sized.log" && [ -n "$id5" ]
+  grep -q "duration       .*(predicted .* for 300 steps × margin 1.25, + .* for 0 checkpoint save(s) and 7 evaluation(s), + the stop reserve 2m00s" "$tmp/sized.log" && \
+  grep -q "model          any (the plan assumed cpu: add --model 'cpu' to book only those)" "$tmp/sized.log" && [ -n "$id5" ]
 check "reserve --config sizes the booking from the plan and says what it assumed (rc $rc)" $?
+# The advice on --model names the ledger's model of the profile's devices: a calibrated profile is
+# named after its host (it advised "--model vm"), and a host's GPUs are registered by their CUDA
+# names (it advised "--model H100", which the ledger refused).
+"$berth" plan --calibrate --out "$tmp/calibrated.json" > /dev/null 2>&1
+"$berth" reserve --config "$cfg" --gpu "$tmp/calibrated.json" --json > /dev/null 2> "$tmp/sized_cal.log"
+grep -q "the plan assumed .*: add --model 'cpu' to book only those" "$tmp/sized_cal.log"
+check "reserve --config on a calibrated profile advises the ledger's cpu model" $?
+printf '[[hosts]]\nname = "gpunode"\nmodel = "NVIDIA H100 80GB HBM3"\nmemory_gib = 80\ngpus = 8\n' \
+  > "$tmp/h100.toml"
+BERTH_LEDGER="$tmp/h100.db" "$berth" devices register --from "$tmp/h100.toml" > /dev/null 2>&1
+BERTH_LEDGER="$tmp/h100.db" "$berth" reserve --config "$cfg" --gpu h100 --json > /dev/null \
+  2> "$tmp/sized_h100.log"
+grep -q "the plan assumed h100: add --model 'NVIDIA H100 80GB HBM3' to book only those" \
+  "$tmp/sized_h100.log"
+check "reserve --config on h100 advises the ledger's name of those GPUs" $?
 # The sized window holds the config's run with the stop reserve: `berth train` is not refused.
 timeout 120 "$berth" train "$cfg" --set "data.train=$tmp/d.h5" --set data.val= --set eval.interval=0 \
   --set train.steps=2 --set "run.out_dir=$tmp/runs" --set run.name=sized --reservation "$id5" \
