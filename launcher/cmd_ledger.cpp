@@ -333,8 +333,16 @@ void size_from_plan(const std::string& config, const std::vector<std::string>& o
   BERTH_CHECK(p.input.layout.world() == devices,
               "reserve --config: the config's layout uses {} devices, not {}: set parallel.dp = 0 "
               "or --gpus {}", p.input.layout.world(), devices, p.input.layout.world());
-  BERTH_CHECK(p.fits, "reserve --config: {} does not fit {} x {}: {} (see berth plan {})", config,
-              devices, hw.name, p.why_not, config);
+  // The smallest count is that of any layout: the config's own may not fit there.
+  BERTH_CHECK(p.fits, "reserve --config: {} does not fit {} x {}{}: {} (see berth plan {})", config,
+              devices, hw.name,
+              how == "the smallest count that fits"
+                  ? fmt::format(" in its own layout, though other layouts fit there (`berth plan "
+                                "{} --gpu {} --gpus {}` lists them: set one in the config, or "
+                                "give --gpus)",
+                                config, gpu, devices)
+                  : std::string(),
+              p.why_not, config);
   BERTH_CHECK(std::isfinite(p.total_s) && p.total_s > 0,
               "reserve --config: the plan of {} on {} predicts no time ({} s); give --duration",
               config, hw.name, p.total_s);

@@ -320,6 +320,12 @@ TEST_F(TrainTest, DatasetVocabLargerThanModelIsRejected) {
   RunConfig cfg = config(1);
   cfg.model.vocab_size = 32;
   test::expect_error([&] { Trainer t(cfg, *world()); }, {"raise model.vocab_size"});
+  // berth plan says so too, instead of a plan that "fits" a config train refuses at once.
+  const PlanInput in = plan_input_from_config(cfg, 1);
+  ASSERT_FALSE(in.notes.empty());
+  EXPECT_NE(in.notes[0].find("has vocab_size 64 but model.vocab_size is 32: berth train refuses"),
+            std::string::npos)
+      << in.notes[0];
 }
 
 // Divergence names the step as the log counts it (1-based; it said "step 1" after the log's step

@@ -67,6 +67,10 @@ HardwareProfile builtin_profile(const std::string& name) {
   h.inter_bandwidth = 1e9;
   h.latency_s = 5e-6;
   h.devices_per_node = 2;
+  // The ring attention block kernel (context parallelism) runs far below the GEMMs: calibrated
+  // at 2.9–4.9 GFLOP/s on the 2-core dev machine (2026-12-06), where its GEMMs reach 38–128. At
+  // the peak it rated cp 2 as fast as dp 2 (a cp 2 step of 2.35 s planned at 0.38 s).
+  h.block_attention_rate = 0.05 * h.peak_flops;
   return h;
 }
 
@@ -115,11 +119,24 @@ bool is_hardware_profile_file(const std::string& path) {
 }
 
 HardwareProfile read_hardware_profile(const std::string& path) {
+  // A profile is a few KB of JSON: a larger file (a dataset given as --gpu) took 20 s and 4 GB
+  // to read before it was refused.
+  std::error_code ec;
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  BERTH_CHECK(ec || bytes <= (uintmax_t(1) << 20),
+              "'{}' is {} bytes, not a hardware profile (a few KB of JSON, as `berth plan "
+              "--calibrate` writes)",
+              path, bytes);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(read_text_file(path));
   } catch (const nlohmann::json::exception& e) {
-    BERTH_FAIL("hardware profile '{}' is not valid JSON ({})", path, e.what());
+    // (its message quotes the offending bytes, which may be binary)
+    std::string why = e.what();
+    for (char& c : why) {
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+    }
+    BERTH_FAIL("hardware profile '{}' is not valid JSON ({})", path, why);
   }
   BERTH_CHECK(j.is_object() && j.contains("format") && j["format"].is_string() &&
                   j["format"].get<std::string>() == "berth-hardware-profile",

@@ -66,6 +66,14 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
       continue;
     }
     const TokenDatasetShape shape = read_token_dataset_shape(path);
+    // A plan that "fits" for a config berth train refuses at once misleads.
+    if (shape.vocab_size > cfg.model.vocab_size) {
+      in.notes.push_back(fmt::format(
+          "{} '{}' has vocab_size {} but model.vocab_size is {}: berth train refuses this config "
+          "(raise model.vocab_size to at least {})",
+          path == cfg.data.train ? "data.train" : "data.val", path, shape.vocab_size,
+          cfg.model.vocab_size, shape.vocab_size));
+    }
     // The tokens, offsets and mask, and the loader's shuffled window order (int64 each).
     in.data_bytes += shape.memory_bytes() + 8.0 * double(std::max<int64_t>(0, (shape.n_tokens - 1) / T));
   }

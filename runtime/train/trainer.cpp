@@ -243,17 +243,31 @@ void require_data_file(const std::string& path, const char* key) {
 // Before anything big is allocated on the host: a config whose plan (berth plan) needs more memory
 // per rank than this whole host has ends in the allocator's out-of-memory naming nothing
 // (parallel.microbatches = 2e9 asked for 11 TiB of batches). The plan is an estimate, so only a
-// need beyond the host itself is refused.
-void require_plan_fits_host(const Plan& p, const RunConfig& cfg, const std::string& where) {
+// need beyond the host itself (its share for each of the `ranks_here` ranks it runs: they share
+// it) is refused.
+void require_plan_fits_host(const Plan& p, const RunConfig& cfg, const std::string& where,
+                            int ranks_here) {
   constexpr double kGiB = 1073741824.0;
-  const double host = host_capacity_gib_per_rank(1) * kGiB;
+  const double host = host_capacity_gib_per_rank(ranks_here) * kGiB;
   BERTH_CHECK(host <= 0 || p.peak.total() <= host,
-              "{}: berth plan predicts {} per rank at peak (stage {}), more than this whole host "
-              "has ({}): the run would fail allocating it. See `berth plan {}` for where it goes "
-              "and for layouts that fit (smaller parallel.microbatches or train.micro_batch_size, "
-              "more ranks, pp or tp)",
-              where, format_bytes(p.peak.total()), p.peak_stage, format_bytes(host),
-              cfg.source.empty() ? "CONFIG" : cfg.source);
+              "{}: berth plan predicts {} per rank at peak (stage {}), more than {} ({}): the run "
+              "would fail allocating it. See `berth plan {}` for where it goes and for layouts "
+              "that fit (smaller parallel.microbatches or train.micro_batch_size, more ranks, pp "
+              "or tp)",
+              where, format_bytes(p.peak.total()), p.peak_stage,
+              ranks_here > 1
+                  ? fmt::format("this host has for each of the {} ranks it runs", ranks_here)
+                  : std::string("this whole host has"),
+              format_bytes(host), cfg.source.empty() ? "CONFIG" : cfg.source);
+}
+
+// How many of `world`'s ranks run on this host (by host name). Collective.
+int ranks_on_this_host(Communicator& world) {
+  if (world.size() == 1) return 1;
+  const int64_t mine = int64_t(std::hash<std::string>{}(host_name()) >> 1);
+  std::vector<int64_t> all(size_t(world.size()));
+  world.all_gather(&mine, all.data(), std::vector<size_t>(size_t(world.size()), 1), DType::I64);
+  return int(std::count(all.begin(), all.end(), mine));
 }
 
 // Every rank read the same data.train: the path is the same string everywhere (the configs were
@@ -351,7 +365,10 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
   } catch (const Error& e) {
     preflight_error_ = e.what();
   }
-  if (preflight_ && cfg_.run.device == "cpu") require_plan_fits_host(*preflight_, cfg_, where);
+  const int ranks_here = ranks_on_this_host(world);
+  if (preflight_ && cfg_.run.device == "cpu") {
+    require_plan_fits_host(*preflight_, cfg_, where, ranks_here);
+  }
   // The device (run.device): every rank the same kind. A GPU is picked by the rank's place on
   // its host (a collective over MPI_COMM_WORLD: a trainer on a GPU spans the world). With CUDA
   // the grid's groups are NCCL communicators over the same ranks (the model's buffers are on the
