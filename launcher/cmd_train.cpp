@@ -117,10 +117,11 @@ bool vote_at_start(const std::string& error, uint64_t value, int rank, int world
   throw ExitStatus{kExitError};
 }
 
-// load_config, then check_layout, on every rank, with one report each (vote_at_start): every rank
-// reads the same file, so a bad config or a layout the ranks cannot run fails on all of them
-// alike. The layout is checked only where every rank loaded the same config: configs that differ
-// are the trainer's to report, naming the keys (a layout error of one side would hide them).
+// load_config, then check_layout and check_data_files, on every rank, with one report each
+// (vote_at_start): every rank reads the same file, so a bad config, a layout the ranks cannot run
+// or a missing dataset (the commonest mistake: it ended in MPI_Abort's banner) fails on all of
+// them alike. The layout is checked only where every rank loaded the same config: configs that
+// differ are the trainer's to report, naming the keys (a layout error of one side would hide them).
 RunConfig load_config_on_every_rank(const std::string& path,
                                     const std::vector<std::string>& overrides) {
   int rank = 0, world = 1;
@@ -129,6 +130,7 @@ RunConfig load_config_on_every_rank(const std::string& path,
   if (world == 1) {
     RunConfig cfg = load_config(path, overrides);
     check_layout(cfg, world);
+    check_data_files(cfg);
     return cfg;
   }
   std::optional<RunConfig> cfg;
@@ -150,12 +152,13 @@ RunConfig load_config_on_every_rank(const std::string& path,
   if (same) {
     try {
       check_layout(*cfg, world);
+      check_data_files(*cfg);
     } catch (const Error& e) {
       error = e.what();
     }
     vote_at_start(error, 0, rank, world,
-                  "the layout fits the ranks here but not on every rank: each failing rank "
-                  "prints why");
+                  "the layout and the data files check out here but not on every rank: each "
+                  "failing rank prints why");
   }
   return std::move(*cfg);
 }

@@ -300,6 +300,13 @@ void check_same_tokenizer(const TokenDataset& train, const TokenDataset& val,
 
 }  // namespace
 
+void check_data_files(const RunConfig& cfg) {
+  require_data_file(cfg.data.train, "data.train");
+  // data.val is read only when something evaluates: with eval.interval = 0 a config's val path
+  // (on another cluster, not yet made) neither stops the run nor takes memory.
+  if (cfg.eval.interval > 0 && !cfg.data.val.empty()) require_data_file(cfg.data.val, "data.val");
+}
+
 GridShape check_layout(const RunConfig& cfg, int world) {
   const std::string where = cfg.source.empty() ? "config" : cfg.source;
   const GridShape shape =
@@ -434,8 +441,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
   // data.val is read only when something evaluates: with eval.interval = 0 a config's val path
   // (on another cluster, not yet made) neither stops the run nor takes memory.
   const bool reads_val = cfg_.eval.interval > 0 && !cfg_.data.val.empty();
-  require_data_file(cfg_.data.train, "data.train");
-  if (reads_val) require_data_file(cfg_.data.val, "data.val");
+  check_data_files(cfg_);
   train_ds_ = read_token_dataset(cfg_.data.train);
   check_dataset_fits(train_ds_, "data.train", cfg_);
   data_fingerprint_ = dataset_fingerprint(train_ds_);

@@ -119,6 +119,14 @@ rc=$?
     grep -q "rank 0/2@.*tp·pp·cp = 3·1·1 is more than the 2 launched ranks.*(on all 2 ranks)" \
       "$tmp/badlayout.log" && ! grep -q "MPI_ABORT" "$tmp/badlayout.log"
 check "a layout error of every rank is printed once, by rank 0, without MPI_Abort (rc $rc)" $?
+# So is a dataset missing on every rank (the commonest mistake: it ended in MPI_Abort's banner).
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" \
+    --set "data.train=$tmp/not_imported.h5" > "$tmp/nodata.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && [ "$(grep -c "not_imported.h5' does not exist" "$tmp/nodata.log")" = "1" ] &&
+    grep -q "rank 0/2@.*data.train '.*not_imported.h5' does not exist.*(on all 2 ranks)" \
+      "$tmp/nodata.log" && ! grep -q "MPI_ABORT" "$tmp/nodata.log"
+check "a missing data.train is printed once, by rank 0, without MPI_Abort (rc $rc)" $?
 timeout 120 "${mpi[@]}" -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=half : \
     -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=half --set train.lr=-1 \
     > "$tmp/halfcfg.log" 2>&1
