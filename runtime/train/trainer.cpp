@@ -261,7 +261,9 @@ void require_plan_fits_host(const Plan& p, const RunConfig& cfg, const std::stri
               format_bytes(host), cfg.source.empty() ? "CONFIG" : cfg.source);
 }
 
-// How many of `world`'s ranks run on this host (by host name). Collective.
+// How many of `world`'s ranks run on this host (by host name). Collective over `world`: a CPU
+// trainer may run on a sub-communicator, where mpi_local_rank (over MPI_COMM_WORLD) would wait
+// for ranks that never come.
 int ranks_on_this_host(Communicator& world) {
   if (world.size() == 1) return 1;
   const int64_t mine = int64_t(std::hash<std::string>{}(host_name()) >> 1);
@@ -497,10 +499,9 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
   // The validation windows every evaluation reads: without a target among them (a /loss_mask
   // that is 0 there) the val loss is 0/0, which vanished from the log and metrics.jsonl.
   if (val_loader_) {
-    int64_t targets = 0;
-    load_eval_batches(&targets);
+    load_eval_batches();
     const int64_t most = val_loader_->rows_per_epoch() / (grid_->shape().dp * B);
-    BERTH_CHECK(targets > 0,
+    BERTH_CHECK(eval_targets_ > 0,
                 "the {} validation batches an evaluation reads (eval.batches × dp {} × "
                 "micro_batch_size {} rows from the start of data.val '{}') hold no target token "
                 "({}), so the val loss is undefined; {}",
@@ -984,34 +985,31 @@ StepStats Trainer::train_step(int64_t step) {
   return st;
 }
 
-std::vector<const PackedBatch*> Trainer::load_eval_batches(int64_t* targets) {
-  BERTH_CHECK(val_loader_ != nullptr, "evaluation needs data.val");
+void Trainer::load_eval_batches() {
   val_loader_->set_rows_consumed(0);
   const size_t n = size_t(cfg_.eval.batches);
   val_batches_.resize(n);
   cp_val_batches_.resize(n);
-  std::vector<const PackedBatch*> mine;
+  eval_batches_.clear();
   int64_t count = 0;
   for (size_t i = 0; i < n; i++) {
     val_loader_->next(&val_batches_[i]);
     const PackedBatch& b = model_batch(val_batches_[i], cp_val_batches_[i]);
-    mine.push_back(&b);
+    eval_batches_.push_back(&b);
     count += b.n_targets();
   }
-  *targets = grid_->dp_cp().all_reduce_value(count, ReduceOp::SUM);
-  return mine;
+  eval_targets_ = grid_->dp_cp().all_reduce_value(count, ReduceOp::SUM);
 }
 
 double Trainer::evaluate() {
-  int64_t targets = 0;
-  std::vector<const PackedBatch*> mine = load_eval_batches(&targets);
-  const int n = int(mine.size());
-  StageRunner runner(*model_, std::move(mine), 0.f, false);
+  BERTH_CHECK(val_loader_ != nullptr, "evaluation needs data.val");
+  StageRunner runner(*model_, eval_batches_, 0.f, false);
   const GridShape& shape = grid_->shape();
-  run_schedule(grid_->pp(), schedule_forward_only(shape.pp, shard_.stage, n), runner);
+  run_schedule(grid_->pp(),
+               schedule_forward_only(shape.pp, shard_.stage, int(eval_batches_.size())), runner);
   double sum = runner.loss_sum();
   if (shape.pp > 1) sum = grid_->pp().all_reduce_value(sum, ReduceOp::SUM);
-  return grid_->dp_cp().all_reduce_value(sum, ReduceOp::SUM) / double(targets);
+  return grid_->dp_cp().all_reduce_value(sum, ReduceOp::SUM) / double(eval_targets_);
 }
 
 void Trainer::lock_checkpoint_dir() {

@@ -144,10 +144,12 @@ class Trainer {
   std::vector<PackedBatch> batches_;  // one per micro-batch
   std::vector<PackedBatch> cp_batches_;  // cp > 1: this rank's zigzag shard of each micro-batch
   std::vector<PackedBatch> val_batches_, cp_val_batches_;
-  // Reads the evaluation's batches from the start of data.val into val_batches_ and returns this
-  // rank's model batches of them, and the target tokens of all of them over the dp×cp group in
-  // *targets. Collective.
-  std::vector<const PackedBatch*> load_eval_batches(int64_t* targets);
+  // Reads the evaluation's batches from the start of data.val into val_batches_, once: every
+  // evaluation reads the same windows. Sets eval_batches_ (this rank's model batches of them) and
+  // eval_targets_ (the target tokens of all of them over the dp×cp group). Collective.
+  void load_eval_batches();
+  std::vector<const PackedBatch*> eval_batches_;
+  int64_t eval_targets_ = 0;
   PackedBatch& model_batch(PackedBatch& full, PackedBatch& local);
   DeviceBuffer<float> shard_grads_;   // ZeRO-1: this rank's reduced gradient shard
   std::vector<size_t> shard_counts_;  // ZeRO-1: elements per dp×cp rank
