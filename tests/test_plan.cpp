@@ -196,6 +196,23 @@ TEST(Plan, LayoutsAreRankedAndRejectionsSayWhy) {
   EXPECT_EQ(layout_invalid_reason(aligned), "data.pack_align (2) is not a multiple of 2·cp (4)");
   aligned.pack_align = 4;
   EXPECT_EQ(layout_invalid_reason(aligned), "");
+  // An evaluation needing more rows of data.val than it holds (eval.batches × dp × micro-batch):
+  // the layout does not fit, as berth train refuses it, and the ranking offers those that do.
+  PlanInput eval = in;  // dp 8 × micro-batches of 8 rows
+  eval.eval_batches = 2;
+  eval.val_rows = 100;
+  const Plan e = make_plan(eval, builtin_profile("h100"));
+  EXPECT_FALSE(e.fits);
+  EXPECT_EQ(e.why_not,
+            "an evaluation reads eval.batches 2 × dp 8 × micro_batch_size 8 = 128 rows of "
+            "data.val, which holds 100 (berth train refuses it: lower eval.batches)");
+  int fitting = 0;
+  for (const LayoutChoice& c : rank_layouts(eval, builtin_profile("h100"), 8)) {
+    if (!c.plan.fits) continue;
+    ++fitting;
+    EXPECT_LE(2 * c.layout.dp * c.micro_batch_size, 100) << c.plan.why_not;
+  }
+  EXPECT_GT(fitting, 0);
   // A 1-device plan of a model too large for it says so and names the stage and sizes.
   PlanInput big = small(48, 64, 8192, 50257, 2048, 1);
   const Plan p = make_plan(big, builtin_profile("h100"));

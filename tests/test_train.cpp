@@ -587,6 +587,34 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
                      {"holds 1 rows, fewer than one global batch of 8"});
 }
 
+// berth plan counts data.val's rows as the trainer's loaders make them, so that a layout (or a
+// recommended one) whose evaluation needs more is not planned as fitting and then refused.
+TEST_F(TrainTest, ThePlanCountsTheEvaluationsRowsAsTheTrainerDoes) {
+  for (const char* mode : {"stream", "packed", "padded"}) {
+    SCOPED_TRACE(mode);
+    RunConfig cfg = config(1);
+    cfg.data.mode = mode;
+    cfg.eval.interval = 1;
+    cfg.train.micro_batch_size = 2;
+    const int64_t rows = plan_input_from_config(cfg, 1).val_rows;
+    ASSERT_GT(rows, 2);
+    cfg.eval.batches = rows / 2;  // as many global batches of 2 rows as data.val holds
+    { Trainer t(cfg, *world()); }
+    EXPECT_TRUE(make_plan(plan_input_from_config(cfg, 1), builtin_profile("cpu")).fits);
+    cfg.eval.batches += 1;
+    test::expect_error([&] { Trainer t(cfg, *world()); }, {"windows would repeat"});
+    const Plan p = make_plan(plan_input_from_config(cfg, 1), builtin_profile("cpu"));
+    EXPECT_FALSE(p.fits);
+    EXPECT_NE(p.why_not.find(fmt::format("which holds {} (berth train refuses it", rows)),
+              std::string::npos)
+        << p.why_not;
+  }
+  {
+    RunConfig cfg = config(1);  // eval.interval 0: data.val is not read, nothing is checked
+    EXPECT_EQ(plan_input_from_config(cfg, 1).val_rows, -1);
+  }
+}
+
 TEST(RunDirLock, OneRunPerDirectoryUnlessBothAreUnderALease) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / fmt::format("berth_lock_{}", ::getpid());

@@ -417,6 +417,13 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   p.flops_total = p.flops_per_step * double(in.steps);
 
   std::string why = layout_invalid_reason(in);
+  const int64_t eval_rows = in.eval_batches * l.dp * in.micro_batch_size;
+  if (why.empty() && in.val_rows >= 0 && eval_rows > in.val_rows) {
+    why = fmt::format(
+        "an evaluation reads eval.batches {} × dp {} × micro_batch_size {} = {} rows of data.val, "
+        "which holds {} (berth train refuses it: lower eval.batches)",
+        in.eval_batches, l.dp, in.micro_batch_size, eval_rows, in.val_rows);
+  }
 
   // Memory per stage; the peak is the largest.
   for (int64_t s = 0; s < l.pp; ++s) {

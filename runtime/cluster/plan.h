@@ -80,6 +80,11 @@ struct PlanInput {
   // data.pack_align of a packed or padded run (0: automatic, 2·cp, or stream mode): under cp it
   // must be a multiple of 2·cp.
   int64_t pack_align = 0;
+  // An evaluation reads eval_batches batches of dp × micro_batch_size rows of data.val, which
+  // holds val_rows rows in one pass (-1 = no evaluation, or rows unknown: not checked). berth
+  // train refuses a layout whose evaluation needs more rows than that; make_plan says it does
+  // not fit. Packed and padded rows are counted for the config's cp (its pack alignment).
+  int64_t eval_batches = 0, val_rows = -1;
   std::vector<std::string> notes;  // what the input could not account for, printed with the plan
 };
 
@@ -135,7 +140,8 @@ struct Plan {
 Plan make_plan(const PlanInput& in, const HardwareProfile& hw);
 
 // Why the layout cannot run the model at all ("" when it can): heads not divisible by tp, more
-// stages than layers, seq_len not divisible by 2·cp. make_plan reports it as why_not.
+// stages than layers, seq_len not divisible by 2·cp. make_plan reports it as why_not, and an
+// evaluation needing more rows than data.val holds too.
 std::string layout_invalid_reason(const PlanInput& in);
 
 // Every layout (tp ≤ devices per node dividing NH, pp ≤ L, cp dividing seq_len/2, dp, ZeRO 0/1,

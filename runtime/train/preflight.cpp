@@ -77,6 +77,16 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
     // The tokens, offsets and mask, and the loader's shuffled window order (int64 each).
     in.data_bytes += shape.memory_bytes() + 8.0 * double(std::max<int64_t>(0, (shape.n_tokens - 1) / T));
   }
+  // The rows one pass over data.val gives an evaluation, as the trainer's loader makes them (a
+  // packed or padded val set is packed here: a pure function of its document lengths).
+  if (std::error_code ec; !val.empty() && std::filesystem::exists(val, ec)) {
+    in.eval_batches = cfg.eval.batches;
+    in.val_rows = cfg.data.mode == "stream"
+                      ? std::max<int64_t>(0, read_token_dataset_shape(val).n_tokens - 1) / T
+                      : pack_documents(doc_lengths_from_offsets(read_token_dataset_offsets(val)),
+                                       eval_pack_options(cfg, int(cfg.parallel.cp)))
+                            .n_rows();
+  }
   if (cfg.data.mode == "packed" && !cfg.data.train.empty()) {
     const PackOptions options = pack_options(cfg, int(cfg.parallel.cp));
     const std::string plan = packed_plan_path(cfg, cfg.data.train, options);
