@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "runtime/core/decimal.h"
 #include "runtime/core/log.h"
 #include "runtime/train/lease_keeper.h"
+#include "runtime/train/stop_signals.h"
 #include "runtime/train/trainer.h"
 
 #if BERTH_CUDA
@@ -117,6 +119,26 @@ bool vote_at_start(const std::string& error, uint64_t value, int rank, int world
   throw ExitStatus{kExitError};
 }
 
+// srun without MPI wire-up (a missing or wrong --mpi= plugin) starts each of its tasks as a world
+// of its own: each would train alone, with a global batch of its own, into one run directory (one
+// task trained everything with dp 1, the other stopped at the run directory's lock). srun sets
+// SLURM_STEP_NUM_TASKS for its tasks (a batch script's own shell has none); mpirun sets
+// OMPI_COMM_WORLD_SIZE, so `mpirun -np 1` inside a bigger allocation is not refused.
+void refuse_unwired_srun_tasks() {
+  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  if (tasks == nullptr || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return;
+  char* end = nullptr;
+  const long n = std::strtol(tasks, &end, 10);
+  if (end == tasks || n <= 1) return;
+  const char* id = std::getenv("SLURM_PROCID");
+  BERTH_FAIL(
+      "srun started {} tasks (SLURM_STEP_NUM_TASKS) but MPI sees this one (SLURM_PROCID {}) "
+      "alone, in a world of 1: srun did not wire the tasks up, and each would train on its own. "
+      "Launch with `srun --mpi=pmix` (`srun --mpi=list` shows what this Slurm offers), or with "
+      "mpirun inside the allocation",
+      n, id != nullptr ? id : "?");
+}
+
 // load_config, then check_layout and check_data_files, on every rank, with one report each
 // (vote_at_start): every rank reads the same file, so a bad config, a layout the ranks cannot run
 // or a missing dataset (the commonest mistake: it ended in MPI_Abort's banner) fails on all of
@@ -128,6 +150,7 @@ RunConfig load_config_on_every_rank(const std::string& path,
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (world == 1) {
+    refuse_unwired_srun_tasks();
     RunConfig cfg = load_config(path, overrides);
     check_layout(cfg, world);
     check_data_files(cfg);
@@ -190,8 +213,12 @@ void register_train_command(CLI::App& app) {
                   "Train under this reservation's lease (sets reservation.id)")
       ->check(positive_integer());
   cmd->callback([args]() {
+    // From the start: a signal while the config, data and checkpoint load (seconds for a big
+    // model) stops the run before its first step, exit 6, instead of killing it (143).
+    const StopSignals stop_signals;
     std::vector<std::string> overrides = args->overrides;
-    if (args->reservation > 0) overrides.push_back(fmt::format("reservation.id={}", args->reservation));
+    if (args->reservation > 0)
+      overrides.push_back(fmt::format("reservation.id={}", args->reservation));
     const RunConfig cfg = load_config_on_every_rank(args->config, overrides);
     install_comm_watchdog(cfg.parallel.comm_timeout_s, kExitCommTimeout);
     struct Uninstall {  // before the communicators and the CUDA runtime go away

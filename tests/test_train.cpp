@@ -700,6 +700,22 @@ TEST(RunDirLock, OneRunPerCheckpointDirectory) {
   std::filesystem::remove_all(dir);
 }
 
+// berth train installs the handlers before it loads anything: a signal during start-up (seconds
+// for a big model) is kept through the trainer's own, nested, handlers and stops the run before
+// its first step, as a stop (exit 6), instead of killing it.
+TEST_F(TrainTest, ASignalDuringStartUpStopsTheRunBeforeItsFirstStep) {
+  const StopSignals outer;
+  std::raise(SIGTERM);
+  RunConfig cfg = config(5);
+  Trainer t(cfg, *world());
+  EXPECT_TRUE(t.run().empty());
+  EXPECT_EQ(t.outcome(), Trainer::Outcome::kSignalled);
+  EXPECT_EQ(StopSignals::received(), SIGTERM) << "the nested handlers reset what was received";
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "runs" / "t" / "metrics.jsonl"));
+  EXPECT_TRUE(latest_checkpoint((dir_ / "runs" / "t" / "checkpoints").string()) == std::nullopt)
+      << "no step trained, nothing to save";
+}
+
 TEST(StopSignals, RecordTheFirstSignalAndPutThePreviousHandlersBack) {
   static volatile std::sig_atomic_t before = 0;
   struct sigaction mine {};

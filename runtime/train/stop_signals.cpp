@@ -12,6 +12,8 @@ constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
 std::atomic<int> g_received{0};
 struct sigaction g_previous[3];
 bool g_installed[3] = {false, false, false};
+struct sigaction g_previous_pipe;
+int g_depth = 0;  // StopSignals alive (only the outermost installs)
 
 // Async-signal-safe: an atomic store, or on a second Ctrl-C the default action. SIGTERM and
 // SIGUSR1 come more than once on their own (Slurm signals every task and the launcher, which
@@ -29,6 +31,10 @@ void on_signal(int signum) {
 }  // namespace
 
 StopSignals::StopSignals() {
+  if (g_depth > 0) {
+    ++g_depth;
+    return;
+  }
   g_received.store(0);
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -45,9 +51,16 @@ StopSignals::StopSignals() {
                   name(kSignals[i]));
     }
   }
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  BERTH_CHECK(sigaction(SIGPIPE, &ignore, &g_previous_pipe) == 0, "cannot ignore SIGPIPE");
+  g_depth = 1;
 }
 
 StopSignals::~StopSignals() {
+  if (--g_depth > 0) return;
+  sigaction(SIGPIPE, &g_previous_pipe, nullptr);
   for (int i = 0; i < 3; ++i) {
     if (g_installed[i]) sigaction(kSignals[i], &g_previous[i], nullptr);
     g_installed[i] = false;

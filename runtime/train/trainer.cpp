@@ -669,10 +669,14 @@ void Trainer::resume(const std::string& spec) {
               "cannot resume from '{}': it holds weights only (an import?); start a new run from "
               "it with model.init_from instead",
               path);
-  BERTH_CHECK(ck.meta.step < cfg_.train.steps,
-              "checkpoint '{}' is at step {}, which already reaches train.steps = {}; raise "
-              "train.steps to train further",
-              path, ck.meta.step, cfg_.train.steps);
+  // --resume auto of a finished run (a requeued or resubmitted batch job whose run completed,
+  // a signal during its last save included) has nothing left to do: run() says so and returns,
+  // exit 0. A checkpoint named by path is a request to train on from it.
+  BERTH_CHECK(
+      ck.meta.step < cfg_.train.steps || (spec == "auto" && ck.meta.step == cfg_.train.steps),
+      "checkpoint '{}' is at step {}, which already reaches train.steps = {}; raise "
+      "train.steps to train further",
+      path, ck.meta.step, cfg_.train.steps);
   model_->set_params(local_from_full(ck.params, ck.model));
   const ShardRange r = opt_->range();
   const std::vector<float> m = local_from_full(ck.adam_m, ck.model);
@@ -1029,6 +1033,13 @@ bool Trainer::saves_at(int64_t step) const {
 }
 
 std::vector<StepStats> Trainer::run() {
+  if (start_step_ == cfg_.train.steps) {  // resumed (auto) from the run's last step
+    log_info(
+        "nothing to train: the run is complete ({} is at step {} = train.steps); raise "
+        "train.steps to train further",
+        resumed_from_, start_step_);
+    return {};
+  }
   // A new run must not collide with an earlier run's checkpoints: its first save would fail after
   // hours of training. Checked before anything is taken or written.
   if (const std::optional<std::string> newest = latest_checkpoint(checkpoint_dir_)) {
@@ -1480,17 +1491,36 @@ std::vector<StepStats> Trainer::run() {
                host_peak_rss_gib(), plan->step.total(), median);
     }
   }
-  log_info(
-      "done: steps {}..{} in {:.2f} s of training steps ({:.2f} s with evaluations and "
-      "checkpoints), final loss {:.4f} | metrics in {}{}",
-      start_step_ + 1, start_step_ + int64_t(all.size()), seconds, session_s,
-      [&] {  // the newest step that had targets
-        for (auto it = all.rbegin(); it != all.rend(); ++it)
-          if (!it->no_targets) return it->loss;
-        return std::numeric_limits<double>::quiet_NaN();
-      }(),
-      outcome_ == Outcome::kLeaseLost ? partial_path : metrics_path,
-      outcome_ == Outcome::kLeaseLost ? " (not committed: the lease is lost)" : "");
+  // A stop signal after the last step's check (during it, or its save) finds the run complete:
+  // nothing to continue, exit 0 (a requeue's --resume auto then has nothing to do either).
+  if (outcome_ == Outcome::kFinished) {
+    if (const int32_t sig =
+            world_.all_reduce_value<int32_t>(StopSignals::received(), ReduceOp::MAX)) {
+      log_info(
+          "{} received after the last step started: the run is complete, nothing to "
+          "continue",
+          StopSignals::name(sig));
+    }
+  }
+  const std::string where =
+      outcome_ == Outcome::kLeaseLost
+          ? fmt::format("metrics in {} (not committed: the lease is lost)", partial_path)
+          : fmt::format("metrics in {}", metrics_path);
+  if (all.empty()) {  // stopped before its first step (a signal during start-up, the window)
+    log_info("done: no step trained (stopped before step {}: {}) | {}", start_step_ + 1,
+             outcome_reason_, where);
+  } else {
+    log_info(
+        "done: steps {}..{} in {:.2f} s of training steps ({:.2f} s with evaluations and "
+        "checkpoints), final loss {:.4f} | {}",
+        start_step_ + 1, start_step_ + int64_t(all.size()), seconds, session_s,
+        [&] {  // the newest step that had targets
+          for (auto it = all.rbegin(); it != all.rend(); ++it)
+            if (!it->no_targets) return it->loss;
+          return std::numeric_limits<double>::quiet_NaN();
+        }(),
+        where);
+  }
   ckpt_lock_.reset();
   run_lock_.reset();  // the next run in this directory (a test's, a resume) may start
   return all;

@@ -751,6 +751,14 @@ echo "[{\"file\": \"t.csv\", \"true_total_s\": 20, \"max_steps\": 200, ${facts/\
 expect_error "eta_bench_truth_below_the_trace" "true_total_s 20 is less than the 40 s the steps of t.csv took" "" \
   "$BERTH" eta bench "$tmp/bench_half"
 
+# srun without MPI wire-up starts each task as a world of 1: refused, not one task training alone.
+expect_error "srun_tasks_not_wired_up" "srun started 2 tasks (SLURM_STEP_NUM_TASKS) but MPI sees this one (SLURM_PROCID 1) alone" \
+  "$tmp/runs/srun_alone" env SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=1 "$BERTH" train "$TINY_TOML" \
+  "${TINY_SETS[@]}" --set "data.train=$tmp/d.h5" --set run.name=srun_alone
+# A batch script's shell (no srun step) and `srun -n 1` run as they are.
+SLURM_NTASKS=2 SLURM_STEP_NUM_TASKS=1 train_tiny srun_one >"$log" 2>&1
+report "srun_one_task_trains" "$([ $? -eq 0 ] || echo " exit $? for one srun task")"
+
 # ---- summary -------------------------------------------------------------------------------------
 
 echo "$passed passed, $failed failed"

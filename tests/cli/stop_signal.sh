@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A stop signal ends `berth train` at the next step with a checkpoint, its files committed and its
-# lease given back (exit 6), and `--resume auto` continues. A repeated SIGTERM does not stop the
+# lease given back (exit 6), and `--resume auto` continues (and, run again when the run is
+# complete, has nothing to do: exit 0). A closed stdout does not kill it. A repeated SIGTERM does not stop the
 # save it asked for; a second Ctrl-C ends the process at once. A second launch on a live run's
 # directory is refused.
 #   stop_signal.sh BERTH
@@ -70,6 +71,48 @@ rc=$?
   [ "$(wc -l < "$run/metrics.jsonl")" -eq $((saved + 2)) ]
 check "resume auto continues from step $saved to the end (rc $rc)" $?
 
+# A requeue of the finished run (a batch job run again under the same run.name, as Slurm requeues
+# it): nothing is left to train, exit 0, its files as they were. A checkpoint named by path asks
+# to train on from it: refused, saying how.
+cp "$run/metrics.jsonl" "$tmp/metrics.before"
+"$berth" "${args[@]}" --set train.steps=$((saved + 2)) --resume auto > "$tmp/requeue.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "nothing to train: the run is complete" "$tmp/requeue.log" &&
+  cmp -s "$run/metrics.jsonl" "$tmp/metrics.before"
+check "a requeue of the finished run has nothing to train: exit 0, its files kept (rc $rc)" $?
+last_ckpt=$(ls -d "$run"/checkpoints/step-* | tail -n 1)
+"$berth" "${args[@]}" --set train.steps=$((saved + 2)) --resume "$last_ckpt" > "$tmp/reuse.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "which already reaches train.steps = $((saved + 2)); raise" "$tmp/reuse.log"
+check "--resume of the last checkpoint by path asks to raise train.steps (rc $rc)" $?
+
+# Piped into a reader that went away (tee ended by the same Ctrl-C): the closed pipe does not kill
+# the run (SIGPIPE, exit 141, no checkpoint); the signal still stops it with one.
+"$berth" "${args[@]}" --set run.name=piped --set train.log_interval=1 \
+  > >(head -n 1 > /dev/null) 2>&1 &
+pid=$!
+wait_lines "$tmp/runs/piped/metrics.jsonl.partial" 4
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+pid=""
+[ $rc -eq 6 ] && [ -n "$(ls "$tmp/runs/piped/checkpoints" | grep -v '\.tmp-')" ] &&
+  [ -f "$tmp/runs/piped/metrics.jsonl" ]
+check "a closed stdout does not kill the run: SIGTERM saves and exits 6 (rc $rc)" $?
+
+# A signal while the last step's checkpoint is saved finds the run complete: exit 0, said so.
+"$berth" "${args[@]}" --set run.name=last --set train.steps=3 --set debug.slow_rank=-1 \
+  --set debug.slow_rank_s=0 --set debug.checkpoint_pause_s=3 > "$tmp/last.log" 2>&1 &
+pid=$!
+wait_saving "$tmp/runs/last"
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+pid=""
+[ $rc -eq 0 ] && grep -q "SIGTERM received after the last step started: the run is complete" \
+  "$tmp/last.log" && [ -f "$tmp/runs/last/checkpoints/step-00000003/meta.json" ]
+check "a signal during the last save: the run is complete, exit 0 (rc $rc)" $?
+
 # Under a lease (SIGINT, Ctrl-C): the lease is given back, so the same booking trains again at
 # once instead of being refused as held by a dead process. (Job control on, as in a terminal: a
 # background job of a script ignores SIGINT, and berth leaves an ignored signal ignored.)
@@ -128,7 +171,7 @@ pid=""
   [ -z "$(ls "$tmp/runs/ctrlc/checkpoints" | grep -v '\.tmp-')" ]
 check "a second Ctrl-C ends it at once (rc $rc), no complete checkpoint" $?
 
-[ $fail -ne 0 ] && cat "$tmp/term.log" "$tmp/second.log" "$tmp/resume.log" "$tmp/int.log" \
-  "$tmp/again.log" "$tmp/twice.log" "$tmp/ctrlc.log"
+[ $fail -ne 0 ] && cat "$tmp/term.log" "$tmp/second.log" "$tmp/resume.log" "$tmp/requeue.log" \
+  "$tmp/reuse.log" "$tmp/last.log" "$tmp/int.log" "$tmp/again.log" "$tmp/twice.log" "$tmp/ctrlc.log"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
