@@ -1,6 +1,7 @@
-// berth: one binary for every command. main always initializes MPI (a singleton run works
-// without mpirun), dispatches the CLI11 subcommand, and turns any berth::Error into a logged
-// message with rank@host and a non-zero exit — MPI_Abort when other ranks could be left waiting.
+// berth: one binary for every command. main initializes MPI for the commands that use it (a
+// singleton run works without mpirun), dispatches the CLI11 subcommand, and turns any berth::Error
+// into a logged message with rank@host and a non-zero exit — MPI_Abort when other ranks could be
+// left waiting.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -29,17 +30,37 @@ void wait_for_rank0_report(int rank, int world) {
   if (world > 1 && rank != 0) std::this_thread::sleep_for(kPeerReportDelay);
 }
 
+// MPI for `train` and `plan` (--calibrate measures over the ranks), and for any command a launcher
+// started (mpirun sets OMPI_COMM_WORLD_SIZE, srun with PMIx PMIX_RANK): its ranks print once. The
+// offline commands run without it: Open MPI's singleton start-up failed past ~128 KiB of
+// arguments ("Argument list too long" launching its orted), which `data import --format text
+// notes/*.txt` of some 7500 files reached, before berth said anything.
+bool needs_mpi(int argc, char** argv) {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr) {
+    return true;
+  }
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind('-', 0) == 0) continue;  // --help, --version before a command
+    return arg == "train" || arg == "plan";
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   berth::skip_hdf5_cleanup_at_exit();
   // The communicator watchdog (runtime/comm/watchdog.h) and the lease keeper run threads of their
   // own, but only the main thread calls MPI.
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  const bool mpi = needs_mpi(argc, argv);
   int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (mpi) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+  }
   berth::set_identity(rank, world);
 
   CLI::App app{"berth: distributed training runtime for GPT-style language models", "berth"};
@@ -77,7 +98,7 @@ int main(int argc, char** argv) {
     }
   } catch (const berth::ExitStatus& e) {
     code = e.code;  // an outcome every rank reached together: no MPI_Abort
-    MPI_Finalize();
+    if (mpi) MPI_Finalize();
     return code;
   } catch (const berth::Error& e) {
     wait_for_rank0_report(rank, world);
@@ -98,6 +119,6 @@ int main(int argc, char** argv) {
     code = berth::kExitError;
   }
   if (code != 0 && world > 1) MPI_Abort(MPI_COMM_WORLD, code);  // no peer hangs in a collective
-  MPI_Finalize();
+  if (mpi) MPI_Finalize();
   return code;
 }

@@ -759,6 +759,17 @@ expect_error "srun_tasks_not_wired_up" "srun started 2 tasks (SLURM_STEP_NUM_TAS
 SLURM_NTASKS=2 SLURM_STEP_NUM_TASKS=1 train_tiny srun_one >"$log" 2>&1
 report "srun_one_task_trains" "$([ $? -eq 0 ] || echo " exit $? for one srun task")"
 
+# Thousands of files on one command line (over 128 KiB of arguments): Open MPI's singleton
+# start-up failed on them ("Argument list too long") before berth said anything; data commands
+# run without MPI.
+mkdir -p "$tmp/many"
+for i in $(seq 9000); do echo "document $i" >"$tmp/many/a_file_with_a_long_name_$i.txt"; done
+"$BERTH" data import --format text "$tmp"/many/a_file_with_a_long_name_*.txt --out "$tmp/many.h5" \
+  >"$log" 2>&1
+rc=$?
+report "data_import_9000_files" "$([ $rc -eq 0 ] && grep -q "9000 documents" "$log" || echo " rc $rc")"
+rm -rf "$tmp/many" "$tmp/many.h5"
+
 # ---- summary -------------------------------------------------------------------------------------
 
 echo "$passed passed, $failed failed"
