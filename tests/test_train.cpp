@@ -587,6 +587,32 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
                      {"holds 1 rows, fewer than one global batch of 8"});
 }
 
+// A calibrated CPU profile describes one rank of the sharing it was measured under: a run with
+// another number of ranks per host is told that its plan is that sharing's, and how to recalibrate.
+TEST_F(TrainTest, ACalibratedProfileOfAnotherRankCountIsNamed) {
+  const std::filesystem::path xdg = dir_ / "xdg";
+  ASSERT_EQ(setenv("XDG_DATA_HOME", xdg.c_str(), 1), 0);
+  HardwareProfile h = builtin_profile("cpu");
+  h.source = "berth plan --calibrate on test at now (4 rank(s), 1 OpenMP thread(s) each)";
+  h.devices_per_node = 4;
+  std::filesystem::create_directories(std::filesystem::path(default_profile_path()).parent_path());
+  std::ofstream(default_profile_path()) << hardware_profile_json(h);
+  ::testing::internal::CaptureStderr();
+  { Trainer t(config(1), *world()); }
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("was calibrated with 4 rank(s) per host; this run has 1, so its plan"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("recalibrate with `mpirun -np 1 "), std::string::npos) << err;
+  h.devices_per_node = 1;  // the same sharing: nothing to say
+  std::ofstream(default_profile_path()) << hardware_profile_json(h);
+  ::testing::internal::CaptureStderr();
+  { Trainer t(config(1), *world()); }
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err.find("was calibrated with"), std::string::npos) << err;
+  unsetenv("XDG_DATA_HOME");
+}
+
 // berth plan counts data.val's rows as the trainer's loaders make them, so that a layout (or a
 // recommended one) whose evaluation needs more is not planned as fitting and then refused.
 TEST_F(TrainTest, ThePlanCountsTheEvaluationsRowsAsTheTrainerDoes) {

@@ -375,6 +375,21 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
     preflight_error_ = e.what();
   }
   const int ranks_here = ranks_on_this_host(world);
+  // A calibrated CPU profile's device is one rank of the sharing it was measured under (its share
+  // of the host's memory and cores): a run with another number of ranks per host is planned as
+  // if it shared the host that way (a 1-rank run under a 4-rank profile was planned at a quarter
+  // of the memory, and `reserve --config` refused it).
+  if (preflight_ && cfg_.run.device == "cpu" && world_.rank() == 0 &&
+      preflight_->hw.source.rfind("berth plan --calibrate", 0) == 0 &&
+      preflight_->hw.devices_per_node != ranks_here) {
+    log_warn(
+        "the CPU profile {} was calibrated with {} rank(s) per host; this run has {}, so its plan "
+        "(memory per rank {} of capacity {}, step time) is that of the other sharing: "
+        "recalibrate with `mpirun -np {} --bind-to none build/berth plan --calibrate`",
+        default_profile_path(), preflight_->hw.devices_per_node, ranks_here,
+        format_bytes(preflight_->peak.total()), format_bytes(preflight_->hw.mem_capacity),
+        ranks_here);
+  }
   if (preflight_ && cfg_.run.device == "cpu") {
     require_plan_fits_host(*preflight_, cfg_, where, ranks_here);
   }
