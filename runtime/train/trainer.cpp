@@ -1495,15 +1495,24 @@ std::vector<StepStats> Trainer::run() {
     const int64_t who = world_.all_reduce_value(held == most ? int64_t(world_.rank()) : int64_t(-1),
                                                 ReduceOp::MAX);
     if (plan) {
+      // The median after the session's first step (its first-touch and warm-up costs); a
+      // session of one step has only that one.
       std::vector<double> walls;
       for (size_t i = 1; i < all.size(); ++i) walls.push_back(all[i].seconds);
       std::sort(walls.begin(), walls.end());
-      const double median = walls.empty() ? 0.0 : walls[walls.size() / 2];
-      log_info("plan vs measured: memory per rank predicted {} (peak stage {}), measured {} held "
-               "by rank {} (peak RSS {:.2f} GiB with the runtime) | step predicted {:.3f} s, "
-               "measured {:.3f} s (median)",
-               format_bytes(plan->peak.total()), plan->peak_stage, format_bytes(most), who,
-               host_peak_rss_gib(), plan->step.total(), median);
+      const std::string measured =
+          !walls.empty() ? fmt::format("{:.3f} s (median)", walls[walls.size() / 2])
+          : all.empty()  ? std::string("none (no step trained)")
+                         : fmt::format(
+                               "{:.3f} s (the session's only step, its first-step costs "
+                                "included)",
+                               all[0].seconds);
+      log_info(
+          "plan vs measured: memory per rank predicted {} (peak stage {}), measured {} held "
+          "by rank {} (peak RSS {:.2f} GiB with the runtime) | step predicted {:.3f} s, "
+          "measured {}",
+          format_bytes(plan->peak.total()), plan->peak_stage, format_bytes(most), who,
+          host_peak_rss_gib(), plan->step.total(), measured);
     }
   }
   // A stop signal after the last step's check (during it, or its save) finds the run complete:

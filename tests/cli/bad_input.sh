@@ -158,6 +158,13 @@ fi
 check_no_temporaries
 report "train_3_steps" "$why"
 
+# A session of one step: plan vs measured shows that step's time (it read 0.000 s).
+train_tiny one_step --set train.steps=1 --set train.warmup_steps=0 >"$log" 2>&1
+rc=$?
+report "plan_vs_measured_one_step" "$([ $rc -eq 0 ] &&
+  grep -qE "measured [0-9]+\.[0-9]{3} s \(the session's only step" "$log" ||
+  echo " rc $rc, or no step time")"
+
 # A warm-up longer than the run is a mistake worth a warning (the peak LR is never used).
 train_tiny long_warmup --set train.warmup_steps=10 >"$log" 2>&1
 rc=$?
