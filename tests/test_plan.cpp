@@ -196,6 +196,20 @@ TEST(Plan, LayoutsAreRankedAndRejectionsSayWhy) {
   EXPECT_EQ(layout_invalid_reason(aligned), "data.pack_align (2) is not a multiple of 2·cp (4)");
   aligned.pack_align = 4;
   EXPECT_EQ(layout_invalid_reason(aligned), "");
+  // Rows two-thirds filled with document tokens (padded data): the step takes as long, and
+  // tokens/s and MFU count the documents' tokens, as berth train does.
+  PlanInput padded = in;
+  padded.token_fill = 2.0 / 3.0;
+  const Plan full = make_plan(in, builtin_profile("h100"));
+  const Plan part = make_plan(padded, builtin_profile("h100"));
+  EXPECT_DOUBLE_EQ(part.step.total(), full.step.total());
+  EXPECT_DOUBLE_EQ(part.tokens_per_step, full.tokens_per_step * 2.0 / 3.0);
+  EXPECT_NEAR(part.tokens_per_s, full.tokens_per_s * 2.0 / 3.0, 1e-9 * full.tokens_per_s);
+  EXPECT_NEAR(part.mfu, full.mfu * 2.0 / 3.0, 1e-12);
+  EXPECT_NE(
+      format_plan(part, 0).find("(43690 tokens of documents in 65536 row slots, 66.7 % filled)"),
+      std::string::npos)
+      << format_plan(part, 0);
   // An evaluation needing more rows of data.val than it holds (eval.batches × dp × micro-batch):
   // the layout does not fit, as berth train refuses it, and the ranking offers those that do.
   PlanInput eval = in;  // dp 8 × micro-batches of 8 rows

@@ -548,25 +548,37 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
   const std::string plan_file = packed_plan_path(cfg, cfg.data.train, pack_options(cfg, 1));
   std::ofstream(plan_file) << "not a plan";
   test::expect_error([&] { Trainer t(cfg, *world()); }, {"more than this whole host has"});
+  // The plan is made from the packing berth train makes, whatever the cache holds.
+  const PackPlan fresh = pack_documents(
+      doc_lengths_from_offsets(read_token_dataset_offsets(cfg.data.train)), pack_options(cfg, 1));
+  double fresh_sq = 0, fresh_tokens = 0;
+  for (const Piece& p : fresh.pieces) {
+    fresh_sq += double(p.length) * double(p.length);
+    fresh_tokens += double(p.length);
+  }
+  fresh_sq /= double(fresh.n_rows());
+  const double fresh_fill = fresh_tokens / double(fresh.n_rows() * cfg.data.seq_len);
   const PlanInput damaged = plan_input_from_config(cfg, 1);
-  EXPECT_EQ(damaged.attn_sq_per_row, 0);
+  EXPECT_DOUBLE_EQ(damaged.attn_sq_per_row, fresh_sq);
+  EXPECT_DOUBLE_EQ(damaged.token_fill, fresh_fill);
   ASSERT_EQ(damaged.notes.size(), 1u);
   EXPECT_NE(damaged.notes[0].find("is not this run's"), std::string::npos) << damaged.notes[0];
   cfg.parallel.microbatches = 1;
   { Trainer t(cfg, *world()); }  // writes this run's plan
-  EXPECT_GT(plan_input_from_config(cfg, 1).attn_sq_per_row, 0);
+  EXPECT_DOUBLE_EQ(plan_input_from_config(cfg, 1).attn_sq_per_row, fresh_sq);  // from the cache
   std::string key;
   PackPlan mine = read_plan(plan_file, &key);
   write_plan(plan_file, mine, plan_key({0, 1}, pack_options(cfg, 1)));
   const PlanInput stale = plan_input_from_config(cfg, 1);
-  EXPECT_EQ(stale.attn_sq_per_row, 0) << "a plan of other data was used";
+  EXPECT_DOUBLE_EQ(stale.attn_sq_per_row, fresh_sq) << "a plan of other data was used";
   ASSERT_EQ(stale.notes.size(), 1u);
   EXPECT_NE(stale.notes[0].find("it was built for other data or options"), std::string::npos);
   // this run's key, a readable plan, pieces that do not tile the documents: the trainer rebuilds it
   mine.pieces[0].doc = (mine.pieces[0].doc + 1) % 200;
   write_plan(plan_file, mine, key);
   const PlanInput damaged_pieces = plan_input_from_config(cfg, 1);
-  EXPECT_EQ(damaged_pieces.attn_sq_per_row, 0) << "a plan the trainer rebuilds was used";
+  EXPECT_DOUBLE_EQ(damaged_pieces.attn_sq_per_row, fresh_sq)
+      << "a plan the trainer rebuilds was used";
   ASSERT_EQ(damaged_pieces.notes.size(), 1u);
   EXPECT_NE(damaged_pieces.notes[0].find("is not this run's (document"), std::string::npos)
       << damaged_pieces.notes[0];

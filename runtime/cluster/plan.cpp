@@ -412,7 +412,8 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   const double T = double(in.seq_len);
   const double sq = in.attn_sq_per_row > 0 ? in.attn_sq_per_row : T * T;
   p.flops_per_token = flops_per_token(m, T, sq, hw.cpu);
-  p.tokens_per_step = double(l.dp * l.microbatches * in.micro_batch_size) * T;
+  p.tokens_per_step = double(l.dp * l.microbatches * in.micro_batch_size) * T *
+                      (in.token_fill > 0 ? in.token_fill : 1.0);
   p.flops_per_step = p.flops_per_token * p.tokens_per_step;
   p.flops_total = p.flops_per_step * double(in.steps);
 
@@ -639,9 +640,14 @@ std::string format_plan(const Plan& p, double price) {
     s += fmt::format("  stage {}: {} parameters ({} per tp rank)\n", i, p.params.per_stage[i],
                      p.params.per_stage[i] / l.tp);
   }
-  s += fmt::format("FLOPs: {} per token, {} per step ({} tokens), {} for {} steps\n",
-                   si(p.flops_per_token, "FLOP"), si(p.flops_per_step, "FLOP"),
-                   int64_t(p.tokens_per_step), si(p.flops_total, "FLOP"), p.input.steps);
+  const double slots = double(l.dp * l.microbatches * p.input.micro_batch_size * p.input.seq_len);
+  s += fmt::format(
+      "FLOPs: {} per token, {} per step ({} tokens{}), {} for {} steps\n",
+      si(p.flops_per_token, "FLOP"), si(p.flops_per_step, "FLOP"), int64_t(p.tokens_per_step),
+      p.tokens_per_step < slots ? fmt::format(" of documents in {:.0f} row slots, {:.1f} % filled",
+                                              slots, 100 * p.tokens_per_step / slots)
+                                : "",
+      si(p.flops_total, "FLOP"), p.input.steps);
   s += fmt::format("layout: tp={} pp={} cp={} dp={} ZeRO-{} microbatches={} micro_batch_size={} "
                    "({} devices)\n",
                    l.tp, l.pp, l.cp, l.dp, l.zero, l.microbatches, p.input.micro_batch_size,

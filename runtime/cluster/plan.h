@@ -75,6 +75,9 @@ struct PlanInput {
   // Σ over the documents of a row of L², averaged over rows: the attention work of packed rows
   // (T² for one sequence per row, the default when 0).
   double attn_sq_per_row = 0;
+  // The share of row slots that are document tokens (packed and padded rows; 0 = full rows):
+  // tokens per step, tokens/s and MFU count document tokens, as berth train does.
+  double token_fill = 0;
   double data_bytes = 0;      // the token datasets a rank holds in memory (berth loads them whole)
   bool bf16 = false;          // run.precision = "bf16": GEMMs on bf16 inputs (else fp32)
   // data.pack_align of a packed or padded run (0: automatic, 2·cp, or stream mode): under cp it

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -33,6 +34,14 @@ double packed_attn_sq(const PackPlan& plan) {
   double sum = 0;
   for (const Piece& p : plan.pieces) sum += double(p.length) * double(p.length);
   return sum / double(plan.n_rows());
+}
+
+// The share of the plan's row slots (rows × T) that hold document tokens.
+double packed_fill(const PackPlan& plan, int64_t T) {
+  if (plan.n_rows() == 0) return 0;
+  double sum = 0;
+  for (const Piece& p : plan.pieces) sum += double(p.length);
+  return sum / (double(plan.n_rows()) * double(T));
 }
 
 }  // namespace
@@ -87,38 +96,45 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
                                        eval_pack_options(cfg, int(cfg.parallel.cp)))
                             .n_rows();
   }
-  if (cfg.data.mode == "packed" && !cfg.data.train.empty()) {
+  // Packed and padded rows: the attention work (Σ L² a row) and the share of row slots that are
+  // document tokens (padding is computed, not counted: berth train's tokens/s and MFU count only
+  // document tokens), from the plan berth train would use: the cached one when it is this run's,
+  // else packed here (a pure function of the document lengths and the options).
+  if (std::error_code ec;
+      cfg.data.mode != "stream" && std::filesystem::exists(cfg.data.train, ec)) {
     const PackOptions options = pack_options(cfg, int(cfg.parallel.cp));
     const std::string plan = packed_plan_path(cfg, cfg.data.train, options);
-    std::error_code ec;
-    // The plan berth train would reuse, and only that one: a stale or damaged plan is rebuilt
-    // by the trainer, so it says nothing about this run (and must not stop the pre-flight).
-    if (std::filesystem::exists(plan, ec) && std::filesystem::exists(cfg.data.train, ec)) {
+    const std::vector<uint64_t> offsets = read_token_dataset_offsets(cfg.data.train);
+    const std::vector<int64_t> lengths = doc_lengths_from_offsets(offsets);
+    std::optional<PackPlan> mine;
+    // The cached plan, and only this run's: a stale or damaged one is rebuilt by the trainer, so
+    // it says nothing about this run (and must not stop the pre-flight).
+    if (std::filesystem::exists(plan, ec)) {
       std::string why;
       try {
         std::string key;
-        const PackPlan p = read_plan(plan, &key);
-        const std::vector<uint64_t> offsets = read_token_dataset_offsets(cfg.data.train);
-        why = key != plan_key(offsets, options)
-                  ? "it was built for other data or options"
-                  : plan_mismatch(p, doc_lengths_from_offsets(offsets));
-        if (why.empty()) in.attn_sq_per_row = packed_attn_sq(p);
+        PackPlan p = read_plan(plan, &key);
+        why = key != plan_key(offsets, options) ? "it was built for other data or options"
+                                                : plan_mismatch(p, lengths);
+        if (why.empty()) mine = std::move(p);
       } catch (const Error& e) {
         why = e.what();
       }
       if (!why.empty()) {
         // as the trainer treats it: a plan it rebuilds, or a file that is no plan, refused
-        std::string then = "berth train rebuilds it";
+        std::string then = "berth train rebuilds it (planned here with the packing it makes)";
         try {
           require_plan_destination(plan);
         } catch (const Error& e) {
           then = fmt::format("berth train refuses it: {}", e.what());
         }
-        in.notes.push_back(fmt::format(
-            "packing plan {} is not this run's ({}): {}; attention is estimated without it", plan,
-            why, then));
+        in.notes.push_back(
+            fmt::format("packing plan {} is not this run's ({}): {}", plan, why, then));
       }
     }
+    if (!mine) mine = pack_documents(lengths, options);
+    in.attn_sq_per_row = packed_attn_sq(*mine);
+    in.token_fill = packed_fill(*mine, T);
   }
   return in;
 }
