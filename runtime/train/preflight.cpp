@@ -46,7 +46,7 @@ double packed_fill(const PackPlan& plan, int64_t T) {
 
 }  // namespace
 
-PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
+PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_when_absent) {
   PlanInput in;
   in.model = PlanModel{cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model,
                        cfg.model.vocab_size, cfg.model.max_seq_len};
@@ -88,7 +88,8 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
   }
   // The rows one pass over data.val gives an evaluation, as the trainer's loader makes them (a
   // packed or padded val set is packed here: a pure function of its document lengths).
-  if (std::error_code ec; !val.empty() && std::filesystem::exists(val, ec)) {
+  if (std::error_code ec; !val.empty() && std::filesystem::exists(val, ec) &&
+                          (pack_when_absent || cfg.data.mode == "stream")) {
     in.eval_batches = cfg.eval.batches;
     in.val_rows = cfg.data.mode == "stream"
                       ? std::max<int64_t>(0, read_token_dataset_shape(val).n_tokens - 1) / T
@@ -132,9 +133,11 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world) {
             fmt::format("packing plan {} is not this run's ({}): {}", plan, why, then));
       }
     }
-    if (!mine) mine = pack_documents(lengths, options);
-    in.attn_sq_per_row = packed_attn_sq(*mine);
-    in.token_fill = packed_fill(*mine, T);
+    if (!mine && pack_when_absent) mine = pack_documents(lengths, options);
+    if (mine) {
+      in.attn_sq_per_row = packed_attn_sq(*mine);
+      in.token_fill = packed_fill(*mine, T);
+    }
   }
   return in;
 }

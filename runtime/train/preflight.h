@@ -12,9 +12,12 @@
 namespace berth {
 
 // The plan's input from a run config: model, batch, layout (parallel.dp = 0 is derived from
-// `world`), steps, the training and validation datasets' in-memory size (read from
-// their headers) and, for data.mode = "packed" with a packing plan on disk, the rows' Σ L².
-PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world);
+// `world`), steps, the training and validation datasets' in-memory size (read from their
+// headers), the rows an evaluation can read and, in the packed and padded modes, the rows' Σ L²
+// and fill, from the packing berth train makes: its plan on disk, else packed here. With
+// `pack_when_absent` false nothing is packed here (the trainer's pre-flight, which packs next):
+// without a plan on disk, full rows of T² and no evaluation rows are assumed.
+PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_when_absent = true);
 
 // Where `berth plan --calibrate` saves this host's profile by default:
 // $XDG_DATA_HOME/berth/profiles/<host>.json (~/.local/share/berth/profiles/<host>.json).

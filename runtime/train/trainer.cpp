@@ -365,12 +365,13 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
   if (world_.rank() == 0 && std::filesystem::is_directory(checkpoint_dir_, dir_ec)) {
     lock_checkpoint_dir();
   }
-  // The pre-flight plan of this config on this machine (berth plan), made once: checked here
-  // against the host on the CPU, logged by run() and set beside the measured figures at its end.
-  // A plan that cannot be made is a notice only.
+  // The pre-flight plan of this config on this machine (berth plan): checked here against the
+  // host on the CPU, logged by run() and set beside the measured figures at its end. A plan that
+  // cannot be made is a notice only. It packs nothing (the loaders do, next; rank 0 plans again
+  // from their plans then, for the step time).
   try {
-    preflight_ =
-        make_plan(plan_input_from_config(cfg_, world.size()), resolve_hardware_profile("cpu"));
+    preflight_ = make_plan(plan_input_from_config(cfg_, world.size(), false),
+                           resolve_hardware_profile("cpu"));
   } catch (const Error& e) {
     preflight_error_ = e.what();
   }
@@ -487,6 +488,16 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
                 cfg_.eval.batches, cfg_.eval.batches * rows, cfg_.eval.batches, grid_->shape().dp,
                 cfg_.train.micro_batch_size, cfg_.data.val, val_loader_->rows_per_epoch(),
                 one_pass);
+  }
+
+  // Packed and padded rows: rank 0's plan again, with the attention work and fill of the packing
+  // the loader made (cached on disk now, read, not packed again; memory does not change).
+  if (preflight_ && cfg_.data.mode != "stream" && world_.rank() == 0) {
+    try {
+      preflight_ = make_plan(plan_input_from_config(cfg_, world.size(), false), preflight_->hw);
+    } catch (const Error& e) {
+      log_warn("the pre-flight plan keeps full rows: {}", e.what());
+    }
   }
 
   model_ = std::make_unique<GPT<float>>(gcfg_, B, T / cp, shard_, &grid_->tp(),
