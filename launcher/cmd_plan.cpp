@@ -1,7 +1,7 @@
 // `berth plan CONFIG [--gpus N] [--gpu h100|h200|a100|cpu|FILE] [--price-per-gpu-hour X] [--json]`
 // and `berth plan --calibrate [--out FILE]` (docs/plan.md).
 #include <CLI/CLI.hpp>
-
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -113,6 +113,11 @@ void plan(const PlanArgs& a) {
                 static_cast<long long>(c.micro_batch_size), c.plan.tokens_per_s,
                 format_bytes(c.plan.peak.total()).c_str(),
                 c.plan.fits ? "fits" : ("rejected: " + c.plan.why_not).c_str());
+  }
+  const int hidden = std::max(0, shown_fit - 8) + std::max(0, shown_bad - 6);
+  if (hidden > 0) {
+    std::printf("  ... %d more (%d that fit, %d rejected): --json lists every layout\n", hidden,
+                std::max(0, shown_fit - 8), std::max(0, shown_bad - 6));
   }
   if (ranked.empty()) std::printf("  (none: the global batch does not split over %lld devices)\n",
                                   static_cast<long long>(devices));

@@ -281,6 +281,12 @@ TEST(Config, OverrideUnknownKey) {
   std::string msg = parse_error("", {"train.lrr=1"});
   EXPECT_CONTAINS(msg, "override 'train.lrr=1'");
   EXPECT_CONTAINS(msg, "unknown key 'train.lrr'");
+  // A key of another section (micro_batch_size is in [train], microbatches in [parallel]).
+  msg = parse_error("", {"train.microbatches=2"});
+  EXPECT_CONTAINS(msg, "unknown key 'train.microbatches'; did you mean parallel.microbatches?");
+  EXPECT_CONTAINS(msg, "known keys of [train]: ");
+  msg = parse_error("[data]\nlr = 1\n", {});
+  EXPECT_CONTAINS(msg, "unknown key 'data.lr' (line 2); did you mean train.lr?");
   msg = parse_error("", {"optim.lr=1"});
   EXPECT_CONTAINS(msg, "override 'optim.lr=1'");
   EXPECT_CONTAINS(msg, "unknown section [optim]");

@@ -152,6 +152,21 @@ std::string known_keys(std::string_view section) {
   return out;
 }
 
+// An unknown key's error (`line`: " (line N)" or ""): the section's known keys, and the sections
+// that have a key of that name (`train.microbatches` is parallel.microbatches).
+[[noreturn]] void fail_unknown_key(std::string_view where, std::string_view section,
+                                   std::string_view key, std::string_view line) {
+  std::string elsewhere;
+  for (const Field& f : kFields) {
+    if (f.key == key && f.section != section) {
+      elsewhere += fmt::format("{}{}.{}", elsewhere.empty() ? "" : " or ", f.section, f.key);
+    }
+  }
+  BERTH_FAIL("{}: unknown key '{}.{}'{}{}; known keys of [{}]: {}", where, section, key, line,
+             elsewhere.empty() ? "" : fmt::format("; did you mean {}?", elsewhere), section,
+             known_keys(section));
+}
+
 // ---- TOML values ---------------------------------------------------------------------------
 
 // A TOML basic string literal with ", \ and control characters escaped.
@@ -278,10 +293,7 @@ void apply_document(RunConfig& cfg, const toml::table& doc, std::string_view whe
     }
     for (auto&& [key, node] : *section_table) {
       const Field* field = find_field(section, key.str());
-      if (field == nullptr) {
-        BERTH_FAIL("{}: unknown key '{}.{}'{}; known keys of [{}]: {}", where, section, key.str(),
-                   line_suffix(node), section, known_keys(section));
-      }
+      if (field == nullptr) fail_unknown_key(where, section, key.str(), line_suffix(node));
       set_field(cfg, *field, node, where, line_suffix(node));
     }
   }
@@ -314,10 +326,7 @@ void apply_override(RunConfig& cfg, const std::string& override_text) {
     BERTH_FAIL("{}: unknown section [{}]; known sections: {}", where, section, known_sections());
   }
   const Field* field = find_field(section, key);
-  if (field == nullptr) {
-    BERTH_FAIL("{}: unknown key '{}.{}'; known keys of [{}]: {}", where, section, key, section,
-               known_keys(section));
-  }
+  if (field == nullptr) fail_unknown_key(where, section, key, "");
 
   const std::string_view raw = trim(std::string_view(override_text).substr(eq + 1));
   toml::table parsed;

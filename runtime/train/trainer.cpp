@@ -465,6 +465,18 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
   data_fingerprint_ = dataset_fingerprint(train_ds_);
   require_same_data_on_every_rank(world, data_fingerprint_, cfg_.data.train);
   loader_ = make_loader(&train_ds_, cfg_.data.train, false);
+  // Fewer rows than one step takes: every step repeats rows (allowed, as a tiny test set must
+  // train, but a real run that does this was given the wrong file).
+  if (const int64_t step_rows =
+          grid_->shape().dp * cfg_.parallel.microbatches * cfg_.train.micro_batch_size;
+      world_.rank() == 0 && loader_->rows_per_epoch() < step_rows) {
+    log_warn(
+        "data.train '{}' holds {} rows of {} tokens, fewer than one step takes ({} rows: dp {} × "
+        "microbatches {} × micro_batch_size {}): every step repeats rows. Check data.train, or "
+        "lower train.micro_batch_size",
+        cfg_.data.train, loader_->rows_per_epoch(), T, step_rows, grid_->shape().dp,
+        cfg_.parallel.microbatches, cfg_.train.micro_batch_size);
+  }
   if (reads_val) {
     val_ds_ = read_token_dataset(cfg_.data.val);
     check_dataset_fits(val_ds_, "data.val", cfg_);

@@ -165,6 +165,20 @@ report "plan_vs_measured_one_step" "$([ $rc -eq 0 ] &&
   grep -qE "measured [0-9]+\.[0-9]{3} s \(the session's only step" "$log" ||
   echo " rc $rc, or no step time")"
 
+# A training set of fewer rows than one step takes trains (repeating rows), with a warning.
+printf 'tiny doc' >"$tmp/tiny_doc.txt"
+"$BERTH" data import --format text "$tmp/tiny_doc.txt" --out "$tmp/tiny_doc.h5" >/dev/null 2>&1
+train_tiny tiny_train --set "data.train=$tmp/tiny_doc.h5" --set data.mode=packed >"$log" 2>&1
+rc=$?
+report "train_set_below_one_step_warns" "$([ $rc -eq 0 ] &&
+  grep -qF "holds 1 rows of 16 tokens, fewer than one step takes (2 rows" "$log" ||
+  echo " rc $rc, or no warning")"
+# The plan's layout table says how many layouts it left out.
+"$BERTH" plan "$TINY_TOML" --gpus 8 >"$log" 2>&1
+rc=$?
+report "plan_table_says_what_it_hides" "$([ $rc -eq 0 ] && grep -qE "^  \.\.\. [0-9]+ more \([0-9]+ that fit, [0-9]+ rejected\): --json lists every layout" "$log" ||
+  echo " rc $rc, or no note")"
+
 # A warm-up longer than the run is a mistake worth a warning (the peak LR is never used).
 train_tiny long_warmup --set train.warmup_steps=10 >"$log" 2>&1
 rc=$?
