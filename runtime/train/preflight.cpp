@@ -101,10 +101,11 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
   // document tokens (padding is computed, not counted: berth train's tokens/s and MFU count only
   // document tokens), from the plan berth train would use: the cached one when it is this run's,
   // else packed here (a pure function of the document lengths and the options).
-  if (std::error_code ec;
-      cfg.data.mode != "stream" && std::filesystem::exists(cfg.data.train, ec)) {
-    const PackOptions options = pack_options(cfg, int(cfg.parallel.cp));
-    const std::string plan = packed_plan_path(cfg, cfg.data.train, options);
+  std::error_code ec;
+  const bool rows_packed = cfg.data.mode != "stream" && std::filesystem::exists(cfg.data.train, ec);
+  const PackOptions options = rows_packed ? pack_options(cfg, int(cfg.parallel.cp)) : PackOptions{};
+  const std::string plan = rows_packed ? packed_plan_path(cfg, cfg.data.train, options) : "";
+  if (rows_packed && (pack_when_absent || std::filesystem::exists(plan, ec))) {
     const std::vector<uint64_t> offsets = read_token_dataset_offsets(cfg.data.train);
     const std::vector<int64_t> lengths = doc_lengths_from_offsets(offsets);
     std::optional<PackPlan> mine;

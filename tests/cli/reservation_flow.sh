@@ -302,8 +302,9 @@ check "a 5 s checkpoint save under a 3 s lease TTL keeps the lease (rc $rc)" $?
 "$berth" cancel "$id8" > /dev/null 2>&1
 
 # ---- a save that outlasts the window: the run still stops with that checkpoint -------------------
-# The periodic save at step 100 (~1.5 s in) pauses 10 s in an 8 s window, so the window ends during
-# it and the heartbeat's renewal is refused for that. Nobody can take a lease after its window, so
+# The periodic save at step 100 (~1.5 s in) pauses 10 s in an 8 s window (its writes add 0.05 to
+# 0.2 s on this VM, by the day's disk), so the window ends during it and the heartbeat's renewal is
+# refused for that. Nobody can take a lease after its window, so
 # the run ends as at a window's end (exit 3, checkpoint, metrics, lease given back), not as a lost
 # lease (exit 4, nothing committed).
 ido=$("$berth" reserve --gpus 1 --duration 8s --json | booked_id)
@@ -311,7 +312,7 @@ timeout 60 "$berth" train "$cfg" "${small[@]}" --reservation "$ido" --set "run.o
     --set train.steps=100000 --set checkpoint.interval=100 --set debug.checkpoint_pause_s=10 \
     > "$tmp/over.log" 2>&1
 rc=$?
-[ $rc -eq 3 ] && grep -q "outlasted the stop margin .*saves took up to 10.0[0-9] s so far" "$tmp/over.log" &&
+[ $rc -eq 3 ] && grep -q "outlasted the stop margin .*saves took up to 1[0-9]\.[0-9][0-9] s so far" "$tmp/over.log" &&
     grep -q "stopping before step 101: reservation $ido's window ended at .* before the run could stop" "$tmp/over.log" &&
     [ -e "$tmp/over/tiny/checkpoints/step-00000100" ] && [ -e "$tmp/over/tiny/metrics.jsonl" ] &&
     "$berth" reservation show "$ido" | grep -q "released"
