@@ -248,6 +248,24 @@ PackPlan read_plan(const std::string& path, std::string* key) {
   return read_hdf5(path, key);
 }
 
+std::string stale_plan_reason(const PackPlan& plan, const PackOptions& now) {
+  const PackOptions& was = plan.options;
+  std::string out;
+  auto differs = [&](const char* what, const std::string& a, const std::string& b) {
+    if (a != b) out += fmt::format("{}{} {}, expected {}", out.empty() ? "" : "; ", what, a, b);
+  };
+  differs("seq_len", std::to_string(was.seq_len), std::to_string(now.seq_len));
+  differs("algorithm", pack_algorithm_name(was.algorithm), pack_algorithm_name(now.algorithm));
+  differs("window", std::to_string(was.window), std::to_string(now.window));
+  differs("seed", std::to_string(was.seed), std::to_string(now.seed));
+  differs("long_docs", long_docs_name(was.long_docs), long_docs_name(now.long_docs));
+  differs("alpha", fmt::format("{}", was.alpha), fmt::format("{}", now.alpha));
+  differs("beta", fmt::format("{}", was.beta), fmt::format("{}", now.beta));
+  differs("align", std::to_string(was.align), std::to_string(now.align));
+  return out.empty() ? std::string("built for other documents: the dataset changed")
+                     : "built with " + out;
+}
+
 std::vector<int64_t> doc_lengths_from_offsets(const std::vector<uint64_t>& doc_offsets) {
   std::vector<int64_t> lengths(doc_offsets.empty() ? 0 : doc_offsets.size() - 1);
   for (size_t i = 0; i < lengths.size(); ++i) {
@@ -282,8 +300,8 @@ PackPlan load_or_build_plan(const std::string& cache_path, const std::vector<uin
             "or edited; rebuilding",
             cache_path, why);
       } else {
-        log_info("packing plan {} is stale (key {}, expected {}), rebuilding", cache_path, old_key,
-                 key);
+        log_info("packing plan {} is stale ({}), rebuilding", cache_path,
+                 stale_plan_reason(cached, options));
       }
     } catch (const Error& e) {
       // A cache: an unreadable or old-format plan is rebuilt, not fatal; any other file stays.

@@ -572,7 +572,18 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
   const PlanInput stale = plan_input_from_config(cfg, 1);
   EXPECT_DOUBLE_EQ(stale.attn_sq_per_row, fresh_sq) << "a plan of other data was used";
   ASSERT_EQ(stale.notes.size(), 1u);
-  EXPECT_NE(stale.notes[0].find("it was built for other data or options"), std::string::npos);
+  EXPECT_NE(stale.notes[0].find("(built for other documents: the dataset changed)"),
+            std::string::npos)
+      << stale.notes[0];
+  // A plan of other options (berth pack's default seed) names them.
+  PackPlan seeded = mine;
+  seeded.options.seed = 1337;
+  write_plan(plan_file, seeded,
+             plan_key(read_token_dataset_offsets(cfg.data.train), seeded.options));
+  const PlanInput other_seed = plan_input_from_config(cfg, 1);
+  ASSERT_EQ(other_seed.notes.size(), 1u);
+  EXPECT_NE(other_seed.notes[0].find("(built with seed 1337, expected 42)"), std::string::npos)
+      << other_seed.notes[0];
   // this run's key, a readable plan, pieces that do not tile the documents: the trainer rebuilds it
   mine.pieces[0].doc = (mine.pieces[0].doc + 1) % 200;
   write_plan(plan_file, mine, key);

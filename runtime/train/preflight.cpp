@@ -116,7 +116,7 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
       try {
         std::string key;
         PackPlan p = read_plan(plan, &key);
-        why = key != plan_key(offsets, options) ? "it was built for other data or options"
+        why = key != plan_key(offsets, options) ? stale_plan_reason(p, options)
                                                 : plan_mismatch(p, lengths);
         if (why.empty()) mine = std::move(p);
       } catch (const Error& e) {
