@@ -125,7 +125,14 @@ void plan(const PlanArgs& a) {
     std::printf("smallest device count with a layout that fits: %lld\n",
                 static_cast<long long>(smallest));
   } else {
-    std::printf("no layout of up to 65536 devices fits this config's memory\n");
+    PlanInput no_eval = in;  // is it the evaluation's rows, which more devices cannot give?
+    no_eval.val_rows = -1;
+    std::printf("%s\n",
+                in.val_rows >= 0 && smallest_fitting_devices(no_eval, hw) > 0
+                    ? "no layout of up to 65536 devices fits: each one's evaluation reads more "
+                      "rows of data.val than it holds (eval.batches × dp × micro_batch_size); "
+                      "lower eval.batches"
+                    : "no layout of up to 65536 devices fits this config's memory");
   }
 }
 

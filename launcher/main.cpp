@@ -31,12 +31,17 @@ void wait_for_rank0_report(int rank, int world) {
 }
 
 // MPI for `train` and `plan` (--calibrate measures over the ranks), and for any command a launcher
-// started (mpirun sets OMPI_COMM_WORLD_SIZE, srun with PMIx PMIX_RANK): its ranks print once. The
+// started (mpirun sets OMPI_COMM_WORLD_SIZE, srun PMIX_RANK with PMIx or PMI_RANK with PMI-2, and
+// SLURM_STEP_NUM_TASKS for a step of several tasks): its ranks print once. The
 // offline commands run without it: Open MPI's singleton start-up failed past ~128 KiB of
 // arguments ("Argument list too long" launching its orted), which `data import --format text
 // notes/*.txt` of some 7500 files reached, before berth said anything.
 bool needs_mpi(int argc, char** argv) {
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr) {
+  for (const char* launched : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"}) {
+    if (std::getenv(launched) != nullptr) return true;
+  }
+  if (const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+      tasks != nullptr && atol(tasks) > 1) {
     return true;
   }
   for (int i = 1; i < argc; ++i) {

@@ -86,9 +86,12 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
     // The tokens, offsets and mask, and the loader's shuffled window order (int64 each).
     in.data_bytes += shape.memory_bytes() + 8.0 * double(std::max<int64_t>(0, (shape.n_tokens - 1) / T));
   }
+  // Rows are packed only for a layout that can run: the packer refuses an alignment (2·cp) that
+  // does not divide seq_len, which berth plan and train report as the layout's error instead.
+  const bool packable = layout_invalid_reason(in).empty();
   // The rows one pass over data.val gives an evaluation, as the trainer's loader makes them (a
   // packed or padded val set is packed here: a pure function of its document lengths).
-  if (std::error_code ec; !val.empty() && std::filesystem::exists(val, ec) &&
+  if (std::error_code ec; !val.empty() && std::filesystem::exists(val, ec) && packable &&
                           (pack_when_absent || cfg.data.mode == "stream")) {
     in.eval_batches = cfg.eval.batches;
     in.val_rows = cfg.data.mode == "stream"
@@ -102,7 +105,8 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
   // document tokens), from the plan berth train would use: the cached one when it is this run's,
   // else packed here (a pure function of the document lengths and the options).
   std::error_code ec;
-  const bool rows_packed = cfg.data.mode != "stream" && std::filesystem::exists(cfg.data.train, ec);
+  const bool rows_packed =
+      cfg.data.mode != "stream" && packable && std::filesystem::exists(cfg.data.train, ec);
   const PackOptions options = rows_packed ? pack_options(cfg, int(cfg.parallel.cp)) : PackOptions{};
   const std::string plan = rows_packed ? packed_plan_path(cfg, cfg.data.train, options) : "";
   if (rows_packed && (pack_when_absent || std::filesystem::exists(plan, ec))) {
@@ -124,7 +128,9 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
       }
       if (!why.empty()) {
         // as the trainer treats it: a plan it rebuilds, or a file that is no plan, refused
-        std::string then = "berth train rebuilds it (planned here with the packing it makes)";
+        std::string then = pack_when_absent
+                               ? "berth train rebuilds it (planned here with the packing it makes)"
+                               : "berth train rebuilds it";
         try {
           require_plan_destination(plan);
         } catch (const Error& e) {

@@ -16,7 +16,8 @@ namespace berth {
 // headers), the rows an evaluation can read and, in the packed and padded modes, the rows' Σ L²
 // and fill, from the packing berth train makes: its plan on disk, else packed here. With
 // `pack_when_absent` false nothing is packed here (the trainer's pre-flight, which packs next):
-// without a plan on disk, full rows of T² and no evaluation rows are assumed.
+// without a plan on disk, full rows of T² are assumed, and evaluation rows are counted in stream
+// mode only. Nothing is packed for a layout that cannot run (layout_invalid_reason).
 PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_when_absent = true);
 
 // Where `berth plan --calibrate` saves this host's profile by default:

@@ -1076,6 +1076,13 @@ std::vector<StepStats> Trainer::run() {
         "nothing to train: the run is complete ({} is at step {} = train.steps); raise "
         "train.steps to train further",
         resumed_from_, start_step_);
+    std::error_code ec;
+    if (world_.rank() == 0 && !std::filesystem::exists(run_dir_ + "/metrics.jsonl", ec)) {
+      log_warn(
+          "{}/metrics.jsonl was never committed (the run ended after its last save and before "
+          "that): its step records are in metrics.jsonl.partial, if it is there",
+          run_dir_);
+    }
     return {};
   }
   // A new run must not collide with an earlier run's checkpoints: its first save would fail after
@@ -1513,7 +1520,8 @@ std::vector<StepStats> Trainer::run() {
   double seconds = 0;
   for (const StepStats& st : all) seconds += st.seconds;
   {  // measured (every rank takes part) against predicted (rank 0's plan)
-    const double held = held_bytes();
+    // (heap in use over the trainer's start: below it when no step ran and little was touched)
+    const double held = std::max(0.0, held_bytes());
     const double most = world_.all_reduce_value(held, ReduceOp::MAX);
     const int64_t who = world_.all_reduce_value(held == most ? int64_t(world_.rank()) : int64_t(-1),
                                                 ReduceOp::MAX);

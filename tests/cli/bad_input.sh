@@ -179,6 +179,17 @@ rc=$?
 report "plan_table_says_what_it_hides" "$([ $rc -eq 0 ] && grep -qE "^  \.\.\. [0-9]+ more \([0-9]+ that fit, [0-9]+ rejected\): --json lists every layout" "$log" ||
   echo " rc $rc, or no note")"
 
+# An evaluation of more rows than data.val holds at every layout: the plan says so (not memory).
+"$BERTH" plan "$TINY_TOML" "${TINY_SETS[@]}" --set "data.train=$tmp/d.h5" --set "data.val=$tmp/d.h5" \
+  --set eval.interval=1 --set eval.batches=100000 >"$log" 2>&1
+rc=$?
+report "plan_eval_rows_fit_no_layout" "$([ $rc -eq 0 ] && grep -qF "each one's evaluation reads more rows of data.val than it holds" "$log" ||
+  echo " rc $rc, or no such summary")"
+# A packed run whose cp does not divide seq_len / 2: the layout's error, not the packer's.
+expect_error "plan_packed_cp_not_dividing" "cannot run this model: seq_len (16) is not divisible by 2·cp (6)" "" \
+  "$BERTH" plan "$TINY_TOML" "${TINY_SETS[@]}" --set "data.train=$tmp/d.h5" --set data.mode=packed \
+  --set parallel.cp=3 --gpus 3
+
 # A warm-up longer than the run is a mistake worth a warning (the peak LR is never used).
 train_tiny long_warmup --set train.warmup_steps=10 >"$log" 2>&1
 rc=$?
