@@ -1,12 +1,14 @@
-// The CUDA backend on a GPU, timed (bench/README.md, "bench/gpu"): ring attention's block kernels
-// and the model's varlen attention forward + backward (causal, one document of T tokens) at
-// T = 1024 and 4096, head size 64, 12 heads (and 128 at 4096), the varlen one with fp32 and with
-// bf16 precision (the tiled tensor-core kernels); the GEMM
-// of GPT-2 124M's MLP at 16 × 1024 tokens and a whole GPT-2 124M training step (AdamW) at
-// micro-batch 16 × 1024 as tokens/s and MFU against 989 TFLOP/s, each with fp32 GEMMs and with
-// bf16 GEMMs (run.precision). The same shapes in PyTorch come from bench/gpu/torch_reference.py,
-// run beside it by scripts/gpu_check.sh. Without CUDA or a GPU it says why and exits 0; `--cpu`
-// runs the training step on the CPU backend at B = 1, T = 128 instead (bf16 emulated there).
+// The CUDA backend on a GPU, timed (bench/README.md, "bench/gpu"): the model's varlen attention
+// forward + backward (causal) at the training shapes, 16 documents of T = 1024 and 4 of T = 4096,
+// head size 64, 12 heads (and 6 heads of 128 at 4096), in bf16 precision (the tiled tensor-core
+// kernels) and in fp32; the GEMM of GPT-2 124M's MLP at 16 × 1024 tokens and a whole GPT-2 124M
+// training step (AdamW) at micro-batch 16 × 1024 as tokens/s and MFU against 989 TFLOP/s, with
+// bf16 GEMMs (run.precision) and then fp32; last, ring attention's fp32 block kernels. bf16 comes
+// first: it is what the PyTorch comparison needs, and the fp32 kernels (atomics in the backward)
+// are slow enough that a time limit could stop the run before it. The same shapes in PyTorch come
+// from bench/gpu/torch_reference.py, run beside it by scripts/gpu_check.sh. Without CUDA or a GPU
+// it says why and exits 0; `--cpu` runs the training step on the CPU backend at B = 1, T = 128
+// instead (bf16 emulated there).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -76,34 +78,36 @@ void attention(Backend& be, int T, int NH, int HS) {
               (flop_fwd + flop_bwd) / (fwd + bwd) * 1e-9);
 }
 
-// The model's attention (attention_varlen_*, one document of T tokens) in the backend's current
-// precision: fp32, the per-(query, head) kernels; bf16, the tiled tensor-core kernels.
-void varlen_attention(Backend& be, int T, int NH, int HS) {
+// The model's attention (attention_varlen_*, B documents of T tokens in cu_seqlens, as in a
+// micro-batch) in the backend's current precision: fp32, the per-(query, head) kernels; bf16, the
+// tiled tensor-core kernels.
+void varlen_attention(Backend& be, int B, int T, int NH, int HS) {
   const int C = NH * HS;
-  auto qkv = random_buffer(be, int64_t(T) * 3 * C, 7), dout = random_buffer(be, int64_t(T) * C, 8);
-  const std::vector<int32_t> cu = {0, T};
-  DeviceBuffer<int32_t> d_cu(be, 2);
+  const int64_t N = int64_t(B) * T;
+  auto qkv = random_buffer(be, N * 3 * C, 7), dout = random_buffer(be, N * C, 8);
+  std::vector<int32_t> cu;
+  for (int b = 0; b <= B; ++b) cu.push_back(b * T);
+  DeviceBuffer<int32_t> d_cu(be, B + 1);
   be.upload(d_cu.data(), cu.data(), d_cu.bytes());
-  DeviceBuffer<float> out(be, int64_t(T) * C), lse(be, int64_t(T) * NH),
-      dqkv(be, int64_t(T) * 3 * C);
-  const double fwd = time_ms(be, 5, [&] {
-    be.attention_varlen_forward(out.data(), lse.data(), qkv.data(), d_cu.data(), cu.data(), 1, C,
+  DeviceBuffer<float> out(be, N * C), lse(be, N * NH), dqkv(be, N * 3 * C);
+  const double fwd = time_ms(be, 10, [&] {
+    be.attention_varlen_forward(out.data(), lse.data(), qkv.data(), d_cu.data(), cu.data(), B, C,
                                 NH);
   });
-  const double bwd = time_ms(be, 5, [&] {
+  const double bwd = time_ms(be, 10, [&] {
     be.attention_varlen_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(),
-                                 d_cu.data(), cu.data(), 1, C, NH);
+                                 d_cu.data(), cu.data(), B, C, NH);
   });
-  const double flop_fwd = 4.0 * double(T) * T * HS * NH * 0.5, flop_bwd = 2.5 * flop_fwd;
+  const double flop_fwd = 4.0 * double(B) * T * T * HS * NH * 0.5, flop_bwd = 2.5 * flop_fwd;
   // "bf16-fallback": bf16 precision, but the fp32 kernels ran (the tiled ones do not fit)
   const bool bf16 = be.matmul_precision() == berth::MatmulPrecision::kBf16;
   std::printf(
-      "berth cuda %s attention_varlen T=%-5d NH=%d HS=%d: fwd %.3f ms (%.2f TFLOP/s), "
+      "berth cuda %s attention_varlen B=%-2d T=%-5d NH=%d HS=%d: fwd %.3f ms (%.2f TFLOP/s), "
       "bwd %.3f ms (%.2f TFLOP/s), fwd+bwd %.2f TFLOP/s\n",
       !bf16                              ? "fp32"
       : be.attention_on_tensor_cores(HS) ? "bf16"
                                          : "bf16-fallback",
-      T, NH, HS, fwd, flop_fwd / fwd * 1e-9, bwd, flop_bwd / bwd * 1e-9,
+      B, T, NH, HS, fwd, flop_fwd / fwd * 1e-9, bwd, flop_bwd / bwd * 1e-9,
       (flop_fwd + flop_bwd) / (fwd + bwd) * 1e-9);
 }
 
@@ -121,8 +125,8 @@ void gemm(Backend& be, int N, int IC, int OC) {
               2.0 * N * IC * OC / ms * 1e-9);
 }
 
-// One AdamW step of GPT-2 124M with the backend's GEMM precision.
-void gpt2_step(Backend& be, int B, int T) {
+// One AdamW step of GPT-2 124M with the backend's GEMM precision, timed over `reps` steps.
+void gpt2_step(Backend& be, int B, int T, int reps) {
   const berth::GPTConfig cfg = berth::make_gpt_config(12, 12, 768, 50257, 1024);
   berth::GPT<float> model(cfg, B, T, {}, nullptr, 1, &be);
   model.init_weights(1);
@@ -146,7 +150,7 @@ void gpt2_step(Backend& be, int B, int T) {
     const double norm = std::sqrt(be.sum_squares(model.grads().data(), model.grads().size()));
     opt.step(model.params().data(), model.grads().data(), 3e-4, norm);
   };
-  const double ms = time_ms(be, 3, step);
+  const double ms = time_ms(be, reps, step);
   const double flops = double(berth::gpt_flops_per_token(cfg, T)) * B * T;
   std::printf(
       "berth %s %s GPT-2 124M train step B=%d T=%d: %.1f ms, %.0f tok/s, MFU %.2f%% of "
@@ -165,7 +169,7 @@ int main(int argc, char** argv) {
     auto cpu = berth::make_backend("cpu", 0);
     for (auto p : {berth::MatmulPrecision::kFp32, berth::MatmulPrecision::kBf16}) {
       cpu->set_matmul_precision(p);
-      gpt2_step(*cpu, 1, 128);
+      gpt2_step(*cpu, 1, 128, 3);
     }
     return 0;
   }
@@ -181,14 +185,16 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("bench_gpu_ops on %s\n", be->name().c_str());
-  for (int T : {1024, 4096}) attention(*be, T, 12, 64);
-  for (auto p : {berth::MatmulPrecision::kFp32, berth::MatmulPrecision::kBf16}) {
+  for (auto p : {berth::MatmulPrecision::kBf16, berth::MatmulPrecision::kFp32}) {
     be->set_matmul_precision(p);
-    for (int T : {1024, 4096}) varlen_attention(*be, T, 12, 64);
-    varlen_attention(*be, 4096, 6, 128);
+    const bool bf16 = p == berth::MatmulPrecision::kBf16;
+    varlen_attention(*be, 16, 1024, 12, 64);
+    varlen_attention(*be, 4, 4096, 12, 64);
+    varlen_attention(*be, 4, 4096, 6, 128);
     gemm(*be, 16 * 1024, 768, 3072);
-    gpt2_step(*be, 16, 1024);
+    gpt2_step(*be, 16, 1024, bf16 ? 10 : 1);
   }
+  for (int T : {1024, 4096}) attention(*be, T, 12, 64);
   std::printf("device pool peak %.1f MiB\n", double(be->peak_bytes()) / (1 << 20));
   return 0;
 }

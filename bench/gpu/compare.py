@@ -12,22 +12,25 @@ usage: bench/gpu/compare.py OUTDIR/bench.txt
 import re
 import sys
 
-SHAPE = r"T=(\d+)\s+NH=(\d+) HS=(\d+)"
+SHAPE = r"B=(\d+)\s+T=(\d+)\s+NH=(\d+) HS=(\d+)"
 
 
 def main(path):
     text = open(path).read()
-    berth_att = {m.group(1, 2, 3): float(m.group(4)) for m in re.finditer(
+    berth_att = {m.group(1, 2, 3, 4): float(m.group(5)) for m in re.finditer(
         r"berth cuda bf16 attention_varlen " + SHAPE + r":.*fwd\+bwd ([\d.]+) TFLOP/s", text)}
-    torch_att = {m.group(1, 2, 3): float(m.group(4)) for m in re.finditer(
-        r"torch bf16 sdpa " + SHAPE + r":.*fwd\+bwd ([\d.]+) TFLOP/s", text)}
+    torch_att = {m.group(1, 2, 3, 4): float(m.group(5)) for m in re.finditer(
+        r"torch bf16 sdpa-flash " + SHAPE + r":.*fwd\+bwd ([\d.]+) TFLOP/s", text)}
+    for m in re.finditer(r"berth cuda bf16-fallback attention_varlen " + SHAPE, text):
+        print(f"attention B={m.group(1)} T={m.group(2)} NH={m.group(3)} HS={m.group(4)}: berth "
+              "ran its fp32 kernels (the tiled bf16 ones do not fit this GPU): no ratio")
     berth_tok = re.search(r"berth cuda bf16 GPT-2 124M train step .*?, ([\d.]+) tok/s", text)
     torch_tok = re.search(r"torch GPT-2 124M train step .*?, ([\d,]+) tok/s", text)
     rows = 0
     for shape in sorted(berth_att.keys() & torch_att.keys(), key=lambda s: tuple(map(int, s))):
         b, t = berth_att[shape], torch_att[shape]
-        print(f"attention T={shape[0]} NH={shape[1]} HS={shape[2]}: berth bf16 {b:.2f} TFLOP/s, "
-              f"torch flash {t:.2f} TFLOP/s, ratio {b / t:.2f} (goal >= 0.70)")
+        print(f"attention B={shape[0]} T={shape[1]} NH={shape[2]} HS={shape[3]}: berth bf16 "
+              f"{b:.2f} TFLOP/s, torch flash {t:.2f} TFLOP/s, ratio {b / t:.2f} (goal >= 0.70)")
         rows += 1
     if berth_tok and torch_tok:
         b, t = float(berth_tok.group(1)), float(torch_tok.group(1).replace(",", ""))
