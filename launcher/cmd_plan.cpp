@@ -126,12 +126,12 @@ void plan(const PlanArgs& a) {
                 static_cast<long long>(smallest));
   } else {
     PlanInput no_eval = in;  // is it the evaluation's rows, which more devices cannot give?
-    no_eval.val_rows = -1;
+    no_eval.val_rows_by_cp.clear();
     std::printf("%s\n",
-                in.val_rows >= 0 && smallest_fitting_devices(no_eval, hw) > 0
+                !in.val_rows_by_cp.empty() && smallest_fitting_devices(no_eval, hw) > 0
                     ? "no layout of up to 65536 devices fits: each one's evaluation reads more "
                       "rows of data.val than it holds (eval.batches × dp × micro_batch_size); "
-                      "lower eval.batches"
+                      "lower eval.batches or train.micro_batch_size, or give a bigger data.val"
                     : "no layout of up to 65536 devices fits this config's memory");
   }
 }

@@ -214,12 +214,19 @@ TEST(Plan, LayoutsAreRankedAndRejectionsSayWhy) {
   // the layout does not fit, as berth train refuses it, and the ranking offers those that do.
   PlanInput eval = in;  // dp 8 × micro-batches of 8 rows
   eval.eval_batches = 2;
-  eval.val_rows = 100;
+  eval.val_rows_by_cp = {{1, 100}, {2, 100}, {4, 100}, {8, 100}};
   const Plan e = make_plan(eval, builtin_profile("h100"));
   EXPECT_FALSE(e.fits);
   EXPECT_EQ(e.why_not,
             "an evaluation reads eval.batches 2 × dp 8 × micro_batch_size 8 = 128 rows of "
-            "data.val, which holds 100 (berth train refuses it: lower eval.batches)");
+            "data.val, which holds 100 (berth train refuses it: lower eval.batches to at most 1)");
+  // Fewer rows than one global batch: eval.batches cannot help.
+  eval.val_rows_by_cp = {{1, 50}};
+  EXPECT_NE(make_plan(eval, builtin_profile("h100"))
+                .why_not.find("which holds 50 (berth train refuses it: fewer than one global batch "
+                              "of 64; give a bigger data.val, or lower train.micro_batch_size)"),
+            std::string::npos);
+  eval.val_rows_by_cp = {{1, 100}, {2, 100}, {4, 100}, {8, 100}};
   int fitting = 0;
   for (const LayoutChoice& c : rank_layouts(eval, builtin_profile("h100"), 8)) {
     if (!c.plan.fits) continue;

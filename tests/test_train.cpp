@@ -597,8 +597,20 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
   cfg.data.pack_plan = cfg.data.train;  // a dataset named as the plan: refused, not rebuilt
   const PlanInput not_a_plan = plan_input_from_config(cfg, 1);
   ASSERT_EQ(not_a_plan.notes.size(), 1u);
-  EXPECT_NE(not_a_plan.notes[0].find("berth train refuses it"), std::string::npos)
+  EXPECT_NE(not_a_plan.notes[0].find("berth train refuses this config: refusing to write a "
+                                     "packing plan to"),
+            std::string::npos)
       << not_a_plan.notes[0];
+  EXPECT_EQ(not_a_plan.notes[0].find("rebuild it with `berth pack`"), std::string::npos)
+      << "no advice to rebuild a file berth pack refuses to replace: " << not_a_plan.notes[0];
+  // A plan path in a directory that does not exist: noted, as berth train refuses it.
+  cfg.data.pack_plan = (dir_ / "no_such_dir" / "p.h5").string();
+  const PlanInput no_dir = plan_input_from_config(cfg, 1);
+  ASSERT_EQ(no_dir.notes.size(), 1u);
+  EXPECT_NE(no_dir.notes[0].find("berth train refuses this config: cannot write data.pack_plan"),
+            std::string::npos)
+      << no_dir.notes[0];
+  test::expect_error([&] { Trainer t(cfg, *world()); }, {"cannot write data.pack_plan"});
   cfg.data.pack_plan = "";
   std::filesystem::remove(plan_file);
 
@@ -645,8 +657,21 @@ TEST_F(TrainTest, ThePlanCountsTheEvaluationsRowsAsTheTrainerDoes) {
     cfg.data.mode = mode;
     cfg.eval.interval = 1;
     cfg.train.micro_batch_size = 2;
-    const int64_t rows = plan_input_from_config(cfg, 1).val_rows;
+    const PlanInput in = plan_input_from_config(cfg, 1);
+    const int64_t rows = in.val_rows(1);
     ASSERT_GT(rows, 2);
+    // Every cp a layout may take, each with its own alignment (2·cp) in the packed modes: a cp 2
+    // config's rows are not those of the cp 1 layouts the ranking offers beside it.
+    const std::vector<int64_t> lengths =
+        doc_lengths_from_offsets(read_token_dataset_offsets(cfg.data.val));
+    for (const int64_t cp : {1, 2, 4, 8, 16}) {
+      EXPECT_EQ(in.val_rows(cp),
+                cfg.data.mode == "stream"
+                    ? rows
+                    : pack_documents(lengths, eval_pack_options(cfg, int(cp))).n_rows())
+          << "cp " << cp;
+    }
+    EXPECT_EQ(in.val_rows(3), -1) << "32 is not divisible by 2·3";
     cfg.eval.batches = rows / 2;  // as many global batches of 2 rows as data.val holds
     { Trainer t(cfg, *world()); }
     EXPECT_TRUE(make_plan(plan_input_from_config(cfg, 1), builtin_profile("cpu")).fits);
@@ -660,7 +685,7 @@ TEST_F(TrainTest, ThePlanCountsTheEvaluationsRowsAsTheTrainerDoes) {
   }
   {
     RunConfig cfg = config(1);  // eval.interval 0: data.val is not read, nothing is checked
-    EXPECT_EQ(plan_input_from_config(cfg, 1).val_rows, -1);
+    EXPECT_TRUE(plan_input_from_config(cfg, 1).val_rows_by_cp.empty());
   }
 }
 

@@ -419,11 +419,17 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
 
   std::string why = layout_invalid_reason(in);
   const int64_t eval_rows = in.eval_batches * l.dp * in.micro_batch_size;
-  if (why.empty() && in.val_rows >= 0 && eval_rows > in.val_rows) {
+  const int64_t val_rows = in.val_rows(l.cp);
+  if (why.empty() && val_rows >= 0 && eval_rows > val_rows) {
+    const int64_t batch = l.dp * in.micro_batch_size;
     why = fmt::format(
         "an evaluation reads eval.batches {} × dp {} × micro_batch_size {} = {} rows of data.val, "
-        "which holds {} (berth train refuses it: lower eval.batches)",
-        in.eval_batches, l.dp, in.micro_batch_size, eval_rows, in.val_rows);
+        "which holds {} (berth train refuses it: {})",
+        in.eval_batches, l.dp, in.micro_batch_size, eval_rows, val_rows,
+        val_rows < batch ? fmt::format("fewer than one global batch of {}; give a bigger data.val, "
+                                       "or lower train.micro_batch_size",
+                                       batch)
+                         : fmt::format("lower eval.batches to at most {}", val_rows / batch));
   }
 
   // Memory per stage; the peak is the largest.

@@ -84,10 +84,16 @@ struct PlanInput {
   // must be a multiple of 2·cp.
   int64_t pack_align = 0;
   // An evaluation reads eval_batches batches of dp × micro_batch_size rows of data.val, which
-  // holds val_rows rows in one pass (-1 = no evaluation, or rows unknown: not checked). berth
-  // train refuses a layout whose evaluation needs more rows than that; make_plan says it does
-  // not fit. Packed and padded rows are counted for the config's cp (its pack alignment).
-  int64_t eval_batches = 0, val_rows = -1;
+  // holds val_rows_by_cp[cp] rows in one pass (packed and padded rows depend on cp through the
+  // automatic alignment 2·cp); a cp not listed (no evaluation, or rows unknown) is not checked.
+  // berth train refuses a layout whose evaluation needs more rows; make_plan says it does not fit.
+  int64_t eval_batches = 0;
+  std::vector<std::pair<int64_t, int64_t>> val_rows_by_cp;
+  int64_t val_rows(int64_t cp) const {  // -1: not known
+    for (const auto& [c, rows] : val_rows_by_cp)
+      if (c == cp) return rows;
+    return -1;
+  }
   std::vector<std::string> notes;  // what the input could not account for, printed with the plan
 };
 

@@ -16,6 +16,7 @@
 #include "packing/plan_cache.h"
 #include "runtime/core/check.h"
 #include "runtime/core/clock.h"
+#include "runtime/core/fs.h"
 #include "runtime/core/log.h"
 #include "runtime/io/token_dataset.h"
 #include "runtime/train/packed_loader.h"
@@ -90,15 +91,26 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
   // does not divide seq_len, which berth plan and train report as the layout's error instead.
   const bool packable = layout_invalid_reason(in).empty();
   // The rows one pass over data.val gives an evaluation, as the trainer's loader makes them (a
-  // packed or padded val set is packed here: a pure function of its document lengths).
+  // packed or padded val set is packed here: a pure function of its document lengths), for every
+  // cp a layout may take (the divisors of seq_len / 2): its automatic alignment is 2·cp.
   if (std::error_code ec; !val.empty() && std::filesystem::exists(val, ec) && packable &&
                           (pack_when_absent || cfg.data.mode == "stream")) {
     in.eval_batches = cfg.eval.batches;
-    in.val_rows = cfg.data.mode == "stream"
-                      ? std::max<int64_t>(0, read_token_dataset_shape(val).n_tokens - 1) / T
-                      : pack_documents(doc_lengths_from_offsets(read_token_dataset_offsets(val)),
-                                       eval_pack_options(cfg, int(cfg.parallel.cp)))
-                            .n_rows();
+    if (cfg.data.mode == "stream") {
+      const int64_t rows = std::max<int64_t>(0, read_token_dataset_shape(val).n_tokens - 1) / T;
+      for (int64_t cp = 1; cp <= std::max<int64_t>(1, T / 2); ++cp) {
+        if (cp == 1 || T % (2 * cp) == 0) in.val_rows_by_cp.emplace_back(cp, rows);
+      }
+    } else {
+      const std::vector<int64_t> lengths =
+          doc_lengths_from_offsets(read_token_dataset_offsets(val));
+      for (int64_t cp = 1; cp <= std::max<int64_t>(1, T / 2); ++cp) {
+        if (cp > 1 && T % (2 * cp) != 0) continue;
+        const PackOptions o = eval_pack_options(cfg, int(cp));
+        if (T % o.align != 0) continue;  // a pack_align this cp cannot take: the layout says why
+        in.val_rows_by_cp.emplace_back(cp, pack_documents(lengths, o).n_rows());
+      }
+    }
   }
   // Packed and padded rows: the attention work (Σ L² a row) and the share of row slots that are
   // document tokens (padding is computed, not counted: berth train's tokens/s and MFU count only
@@ -127,17 +139,25 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
         why = e.what();
       }
       if (!why.empty()) {
-        // as the trainer treats it: a plan it rebuilds, or a file that is no plan, refused
-        std::string then = pack_when_absent
-                               ? "berth train rebuilds it (planned here with the packing it makes)"
-                               : "berth train rebuilds it";
+        // as the trainer treats it: a plan it rebuilds, or a file that is no plan, refused (said
+        // alone: the reader's "rebuild it with berth pack" is no advice for a file berth pack
+        // refuses to replace)
         try {
           require_plan_destination(plan);
+          in.notes.push_back(fmt::format(
+              "packing plan {} is not this run's ({}): berth train rebuilds it{}", plan, why,
+              pack_when_absent ? " (planned here with the packing it makes)" : ""));
         } catch (const Error& e) {
-          then = fmt::format("berth train refuses it: {}", e.what());
+          in.notes.push_back(fmt::format("berth train refuses this config: {}", e.what()));
         }
-        in.notes.push_back(
-            fmt::format("packing plan {} is not this run's ({}): {}", plan, why, then));
+      }
+    } else if (!cfg.data.pack_plan.empty()) {
+      // A plan path the config names, not there yet, is where berth train writes the plan: a
+      // missing or read-only directory there is refused at start.
+      try {
+        check_output_file(plan, "data.pack_plan", "pack_plan.h5");
+      } catch (const Error& e) {
+        in.notes.push_back(fmt::format("berth train refuses this config: {}", e.what()));
       }
     }
     if (!mine && pack_when_absent) mine = pack_documents(lengths, options);
