@@ -104,11 +104,18 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
     } else {
       const std::vector<int64_t> lengths =
           doc_lengths_from_offsets(read_token_dataset_offsets(val));
+      std::vector<std::pair<int64_t, int64_t>> rows_by_align;  // packed once per alignment
       for (int64_t cp = 1; cp <= std::max<int64_t>(1, T / 2); ++cp) {
         if (cp > 1 && T % (2 * cp) != 0) continue;
         const PackOptions o = eval_pack_options(cfg, int(cp));
         if (T % o.align != 0) continue;  // a pack_align this cp cannot take: the layout says why
-        in.val_rows_by_cp.emplace_back(cp, pack_documents(lengths, o).n_rows());
+        auto known = std::find_if(rows_by_align.begin(), rows_by_align.end(),
+                                  [&](const auto& a) { return a.first == o.align; });
+        if (known == rows_by_align.end()) {
+          rows_by_align.emplace_back(o.align, pack_documents(lengths, o).n_rows());
+          known = rows_by_align.end() - 1;
+        }
+        in.val_rows_by_cp.emplace_back(cp, known->second);
       }
     }
   }
