@@ -75,6 +75,14 @@ CLI::Validator whole_number_at_least(int64_t lo) {
 
 CLI::Validator positive_integer() { return whole_number_at_least(1); }
 
+long slurm_step_tasks() {
+  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  if (tasks == nullptr) return 0;
+  char* end = nullptr;
+  const long n = std::strtol(tasks, &end, 10);
+  return end == tasks ? 0 : n;
+}
+
 CLI::Validator number_in(double lo, double hi, bool above_lo) {
   const std::string range = fmt::format("{}{}, {}]", above_lo ? "(" : "[", lo, hi);
   return CLI::Validator(
@@ -125,11 +133,9 @@ bool vote_at_start(const std::string& error, uint64_t value, int rank, int world
 // SLURM_STEP_NUM_TASKS for its tasks (a batch script's own shell has none); mpirun sets
 // OMPI_COMM_WORLD_SIZE, so `mpirun -np 1` inside a bigger allocation is not refused.
 void refuse_unwired_srun_tasks() {
-  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
-  if (tasks == nullptr || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return;
-  char* end = nullptr;
-  const long n = std::strtol(tasks, &end, 10);
-  if (end == tasks || n <= 1) return;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return;
+  const long n = slurm_step_tasks();
+  if (n <= 1) return;
   const char* id = std::getenv("SLURM_PROCID");
   BERTH_FAIL(
       "srun started {} tasks (SLURM_STEP_NUM_TASKS) but MPI sees this one (SLURM_PROCID {}) "

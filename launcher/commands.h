@@ -29,6 +29,10 @@ CLI::Validator non_empty(const std::string& if_empty, const std::string& type_na
 // CLI::Range lets NaN through (every comparison with it is false), and "inf" past an open bound.
 CLI::Validator number_in(double lo, double hi, bool above_lo = false);
 
+// The number of tasks of this srun step (SLURM_STEP_NUM_TASKS, which srun sets for its tasks and
+// a batch script's own shell lacks); 0 outside srun or when the value is not a number.
+long slurm_step_tasks();
+
 void register_train_command(CLI::App& app);  // berth train CONFIG [--set k=v]...
 void register_data_commands(CLI::App& app);  // berth data import|info
 void register_model_commands(CLI::App& app);  // berth model import|export

@@ -40,10 +40,7 @@ bool needs_mpi(int argc, char** argv) {
   for (const char* launched : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"}) {
     if (std::getenv(launched) != nullptr) return true;
   }
-  if (const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
-      tasks != nullptr && atol(tasks) > 1) {
-    return true;
-  }
+  if (berth::slurm_step_tasks() > 1) return true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind('-', 0) == 0) continue;  // --help, --version before a command
