@@ -329,7 +329,9 @@ void size_from_plan(const std::string& config, const std::vector<std::string>& o
                 "give --gpus", devices, inner);
     how = "the smallest count that fits";
   }
-  const Plan p = make_plan(plan_input_from_config(cfg, devices), hw);
+  std::string sharing;  // a calibrated CPU profile of another rank count, given this one's memory
+  const Plan p = make_plan(plan_input_from_config(cfg, devices),
+                           profile_for_ranks_here(hw, devices, &sharing));
   BERTH_CHECK(p.input.layout.world() == devices,
               "reserve --config: the config's layout uses {} devices, not {}: set parallel.dp = 0 "
               "or --gpus {}", p.input.layout.world(), devices, p.input.layout.world());
@@ -347,6 +349,7 @@ void size_from_plan(const std::string& config, const std::vector<std::string>& o
               "reserve --config: the plan of {} on {} predicts no time ({} s); give --duration",
               config, hw.name, p.total_s);
   std::fprintf(out, "sized from %s on %s (%s):\n", config.c_str(), hw.name.c_str(), hw.source.c_str());
+  if (!sharing.empty()) std::fprintf(out, "  note: %s\n", sharing.c_str());
   if (model->empty()) {  // the profile sizes the booking; the model decides which devices
     // The ledger's models of the profile's devices: CPU slots ("cpu") for the cpu profile and a
     // calibrated one (`berth plan --calibrate` measures this host's CPU kernels and is named after

@@ -63,13 +63,16 @@ void calibrate(const PlanArgs& a) {
 void plan(const PlanArgs& a) {
   BERTH_CHECK(!a.config.empty(), "berth plan needs a CONFIG (or --calibrate)");
   const RunConfig cfg = load_config(a.config, a.overrides);
-  const HardwareProfile hw = resolve_hardware_profile(a.gpu);
   // The config's layout; with --gpus, dp = 0 is derived from it.
   const int64_t inner = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp;
   const int64_t devices = a.gpus > 0 ? a.gpus
                           : cfg.parallel.dp > 0 ? inner * cfg.parallel.dp
                                                 : inner;
-  const PlanInput in = plan_input_from_config(cfg, devices);
+  std::string sharing;  // a calibrated CPU profile of another rank count, given this one's memory
+  const HardwareProfile hw =
+      profile_for_ranks_here(resolve_hardware_profile(a.gpu), devices, &sharing);
+  PlanInput in = plan_input_from_config(cfg, devices);
+  if (!sharing.empty()) in.notes.push_back(sharing);
   BERTH_CHECK(cfg.parallel.dp == 0 || in.layout.world() == devices,
               "the config's layout tp·pp·cp·dp = {}·{}·{}·{} = {} does not use --gpus {}: set "
               "parallel.dp = 0 to derive it, or plan for {} devices",

@@ -25,6 +25,7 @@
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/packed_loader.h"
 #include "runtime/train/preflight.h"
+#include "runtime/train/step_metrics.h"
 #include "runtime/train/stop_signals.h"
 #include "runtime/train/trainer.h"
 #include "tests/expect_error.h"
@@ -564,7 +565,12 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
   ASSERT_EQ(damaged.notes.size(), 1u);
   EXPECT_NE(damaged.notes[0].find("is not this run's"), std::string::npos) << damaged.notes[0];
   cfg.parallel.microbatches = 1;
-  { Trainer t(cfg, *world()); }  // writes this run's plan
+  {
+    Trainer t(cfg, *world());  // writes this run's plan, and plans with its loader's
+    ASSERT_NE(t.preflight(), nullptr);
+    EXPECT_DOUBLE_EQ(t.preflight()->input.attn_sq_per_row, fresh_sq);
+    EXPECT_DOUBLE_EQ(t.preflight()->input.token_fill, fresh_fill);
+  }
   EXPECT_DOUBLE_EQ(plan_input_from_config(cfg, 1).attn_sq_per_row, fresh_sq);  // from the cache
   std::string key;
   PackPlan mine = read_plan(plan_file, &key);
@@ -629,16 +635,31 @@ TEST_F(TrainTest, ACalibratedProfileOfAnotherRankCountIsNamed) {
   ASSERT_EQ(setenv("XDG_DATA_HOME", xdg.c_str(), 1), 0);
   HardwareProfile h = builtin_profile("cpu");
   h.source = "berth plan --calibrate on test at now (4 rank(s), 1 OpenMP thread(s) each)";
+  h.name = host_name();  // this host's profile
   h.devices_per_node = 4;
+  h.mem_capacity = host_capacity_gib_per_rank(4) * 1073741824.0;
   std::filesystem::create_directories(std::filesystem::path(default_profile_path()).parent_path());
   std::ofstream(default_profile_path()) << hardware_profile_json(h);
   ::testing::internal::CaptureStderr();
-  { Trainer t(config(1), *world()); }
+  {
+    Trainer t(config(1), *world());
+    // planned with this run's share of the host's memory, not the profile's quarter
+    ASSERT_NE(t.preflight(), nullptr);
+    EXPECT_DOUBLE_EQ(t.preflight()->hw.mem_capacity, host_capacity_gib_per_rank(1) * 1073741824.0);
+    EXPECT_EQ(t.preflight()->hw.devices_per_node, 1);
+  }
   std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(err.find("was calibrated with 4 rank(s) per host; this run has 1, so its plan"),
+  EXPECT_NE(err.find("the CPU profile was calibrated with 4 rank(s) per host; for 1 here each rank "
+                     "has "),
             std::string::npos)
       << err;
   EXPECT_NE(err.find("recalibrate with `mpirun -np 1 "), std::string::npos) << err;
+  // Another host's profile (a file copied here) is planned as it is.
+  std::string note;
+  HardwareProfile other = h;
+  other.name = host_name() + "-other";
+  EXPECT_DOUBLE_EQ(profile_for_ranks_here(other, 1, &note).mem_capacity, h.mem_capacity);
+  EXPECT_EQ(note, "");
   h.devices_per_node = 1;  // the same sharing: nothing to say
   std::ofstream(default_profile_path()) << hardware_profile_json(h);
   ::testing::internal::CaptureStderr();

@@ -168,12 +168,33 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
       }
     }
     if (!mine && pack_when_absent) mine = pack_documents(lengths, options);
-    if (mine) {
-      in.attn_sq_per_row = packed_attn_sq(*mine);
-      in.token_fill = packed_fill(*mine, T);
-    }
+    if (mine) set_row_packing(&in, *mine);
   }
   return in;
+}
+
+void set_row_packing(PlanInput* in, const PackPlan& plan) {
+  in->attn_sq_per_row = packed_attn_sq(plan);
+  in->token_fill = packed_fill(plan, in->seq_len);
+}
+
+HardwareProfile profile_for_ranks_here(const HardwareProfile& hw, int64_t ranks,
+                                       std::string* note) {
+  note->clear();
+  if (!hw.cpu || hw.source.rfind("berth plan --calibrate", 0) != 0 || hw.name != host_name() ||
+      ranks < 1 || hw.devices_per_node == ranks) {
+    return hw;
+  }
+  HardwareProfile h = hw;
+  h.devices_per_node = int(std::min<int64_t>(ranks, 1024));
+  h.mem_capacity = host_capacity_gib_per_rank(h.devices_per_node) * 1073741824.0;
+  *note = fmt::format(
+      "the CPU profile was calibrated with {} rank(s) per host; for {} here each rank has {} of "
+      "memory (not the profile's {}), but the kernel rates and step time are those measured with "
+      "{}: recalibrate with `mpirun -np {} --bind-to none berth plan --calibrate`",
+      hw.devices_per_node, ranks, format_bytes(h.mem_capacity), format_bytes(hw.mem_capacity),
+      hw.devices_per_node, ranks);
+  return h;
 }
 
 std::string default_profile_path() {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "packing/packers.h"
 #include "runtime/cluster/plan.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/config/config.h"
@@ -20,6 +21,10 @@ namespace berth {
 // mode only. Nothing is packed for a layout that cannot run (layout_invalid_reason).
 PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_when_absent = true);
 
+// Sets the input's attention work (Σ L² a row) and token fill from a packing plan of its seq_len:
+// the trainer's rank 0 gives it the plan its loader holds.
+void set_row_packing(PlanInput* in, const PackPlan& plan);
+
 // Where `berth plan --calibrate` saves this host's profile by default:
 // $XDG_DATA_HOME/berth/profiles/<host>.json (~/.local/share/berth/profiles/<host>.json).
 std::string default_profile_path();
@@ -27,6 +32,13 @@ std::string default_profile_path();
 // "a100" | "h100" | "h200" | "cpu" | a profile file. "cpu" is this host's calibrated profile when
 // one was saved at default_profile_path(), else the built-in guess.
 HardwareProfile resolve_hardware_profile(const std::string& spec);
+
+// A calibrated CPU profile describes one rank of the sharing it was measured under: its share of
+// the host's memory and cores with `hw.devices_per_node` ranks. For a plan of `ranks` ranks on
+// this host, the profile of this host (by name) gets the memory share of `ranks` instead, and a
+// note (`*note`) says so, and that its kernel rates are still those measured at the other sharing.
+// Other profiles, and one of this sharing, are returned as they are (note "").
+HardwareProfile profile_for_ranks_here(const HardwareProfile& hw, int64_t ranks, std::string* note);
 
 // Measures this machine with every rank of `world` running at once (so the figures are per rank
 // under the same sharing as a run with this many ranks): sgemm rates at sizes 64..1024, memory

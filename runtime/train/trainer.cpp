@@ -369,27 +369,19 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
   // host on the CPU, logged by run() and set beside the measured figures at its end. A plan that
   // cannot be made is a notice only. It packs nothing (the loaders do, next; rank 0 plans again
   // from their plans then, for the step time).
+  // A calibrated CPU profile of another rank count per host gets this run's memory share, and a
+  // warning (a 1-rank run under a 4-rank profile was planned at a quarter of the memory).
+  const int ranks_here = ranks_on_this_host(world);
+  std::string sharing;
   try {
-    preflight_ = make_plan(plan_input_from_config(cfg_, world.size(), false),
-                           resolve_hardware_profile("cpu"));
+    preflight_ =
+        make_plan(plan_input_from_config(cfg_, world.size(), false),
+                  profile_for_ranks_here(resolve_hardware_profile("cpu"), ranks_here, &sharing));
   } catch (const Error& e) {
     preflight_error_ = e.what();
   }
-  const int ranks_here = ranks_on_this_host(world);
-  // A calibrated CPU profile's device is one rank of the sharing it was measured under (its share
-  // of the host's memory and cores): a run with another number of ranks per host is planned as
-  // if it shared the host that way (a 1-rank run under a 4-rank profile was planned at a quarter
-  // of the memory, and `reserve --config` refused it).
-  if (preflight_ && cfg_.run.device == "cpu" && world_.rank() == 0 &&
-      preflight_->hw.source.rfind("berth plan --calibrate", 0) == 0 &&
-      preflight_->hw.devices_per_node != ranks_here) {
-    log_warn(
-        "the CPU profile {} was calibrated with {} rank(s) per host; this run has {}, so its plan "
-        "(memory per rank {} of capacity {}, step time) is that of the other sharing: "
-        "recalibrate with `mpirun -np {} --bind-to none build/berth plan --calibrate`",
-        default_profile_path(), preflight_->hw.devices_per_node, ranks_here,
-        format_bytes(preflight_->peak.total()), format_bytes(preflight_->hw.mem_capacity),
-        ranks_here);
+  if (preflight_ && cfg_.run.device == "cpu" && world_.rank() == 0 && !sharing.empty()) {
+    log_warn("{} ({})", sharing, default_profile_path());
   }
   if (preflight_ && cfg_.run.device == "cpu") {
     require_plan_fits_host(*preflight_, cfg_, where, ranks_here);
@@ -503,13 +495,12 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
   }
 
   // Packed and padded rows: rank 0's plan again, with the attention work and fill of the packing
-  // the loader made (cached on disk now, read, not packed again; memory does not change).
-  if (preflight_ && cfg_.data.mode != "stream" && world_.rank() == 0) {
-    try {
-      preflight_ = make_plan(plan_input_from_config(cfg_, world.size(), false), preflight_->hw);
-    } catch (const Error& e) {
-      log_warn("the pre-flight plan keeps full rows: {}", e.what());
-    }
+  // plan its loader holds (memory does not change).
+  if (const auto* packed = dynamic_cast<const PackedLoader*>(loader_.get());
+      preflight_ && packed != nullptr && world_.rank() == 0) {
+    PlanInput in = preflight_->input;
+    set_row_packing(&in, packed->plan());
+    preflight_ = make_plan(in, preflight_->hw);
   }
 
   model_ = std::make_unique<GPT<float>>(gcfg_, B, T / cp, shard_, &grid_->tp(),

@@ -87,6 +87,10 @@ class Trainer {
   void set_fencing_token(std::optional<int64_t> token) { fencing_token_ = token; }
 
   int64_t start_step() const { return start_step_; }
+  // This config's plan on this machine (berth plan), made at construction; on rank 0 of a packed
+  // or padded run, with the attention work and token fill of its loader's packing. Null when no
+  // plan could be made.
+  const Plan* preflight() const { return preflight_ ? &*preflight_ : nullptr; }
   // Bytes of heap this rank's trainer holds at most at the end of a step (heap in use then,
   // minus before the trainer was constructed; sampled after its first two steps and every
   // progress.interval-th): the figure the plan's memory is checked against.
