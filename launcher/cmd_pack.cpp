@@ -59,8 +59,9 @@ void run_pack(const PackArgs& a) {
   }
   const std::string key = plan_key(ds.doc_offsets, o);
   write_plan(a.out, plan, key);
-  log_info("wrote packing plan {} (key {}, {} {}, seq_len {})\n{}", a.out, key, a.algorithm,
+  log_info("wrote packing plan {} (key {}, {} {}, seq_len {}{})\n{}", a.out, key, a.algorithm,
            a.drop_long ? "drop-long" : "split-long", a.seq_len,
+           a.align > 1 ? fmt::format(", align {}", a.align) : std::string(),
            format_pack_stats(pack_stats(plan, lengths), seconds));
 }
 

@@ -611,6 +611,10 @@ report "fail_location_with_berth_debug" "$(grep -q 'train.steps must be > 0.*\[r
 # Every document is longer than the rows and --drop-long drops them: no empty plan.
 expect_error "pack_drops_every_document" "nothing to pack" "$tmp/p_empty.h5" \
   "$BERTH" pack --data "$tmp/d.h5" --seq-len 4 --drop-long --out "$tmp/p_empty.h5"
+# The summary names every option the plan was made with (--align was left out).
+"$BERTH" pack --data "$tmp/d.h5" --seq-len 16 --align 4 --out "$tmp/p_align.h5" >"$log" 2>&1
+report "pack_summary_names_the_alignment" \
+  "$(grep -q 'bfd split-long, seq_len 16, align 4)' "$log" || echo " missing")"
 # A seed beyond 64 bits was saturated to 2^63 - 1 (another plan than asked for); a row length
 # beyond model.max_seq_len's bound made a plan no run can use.
 expect_error "pack_seed_beyond_64_bits" "--seed: 18446744073709551616 is not a whole number of 64 bits" \
