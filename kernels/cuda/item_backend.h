@@ -116,8 +116,13 @@ class ItemBackend final : public Exec {
     if (tensor_core_attention(C / NH))
       return flash_backward("attention_varlen_backward_bf16", dqkv, dqkv + C, dqkv + 2 * C,
                             3 * int64_t(C), dout, out, lse, flash::Varlen{qkv, cu, S, N, C}, NH);
-    this->launch("attention_varlen_backward", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
-      body::attention_varlen_backward(item, dqkv, dout, out, lse, qkv, cu, S, C, NH);
+    const DeviceBuffer<float> delta = row_dots(dout, out, N, C, NH);
+    const float* dl = delta.data();
+    this->launch("attention_varlen_backward_dq", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_varlen_backward_dq(item, dqkv, dout, lse, dl, qkv, cu, S, C, NH);
+    });
+    this->launch("attention_varlen_backward_dkv", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_varlen_backward_dkv(item, dqkv, dout, lse, dl, qkv, cu, S, C, NH);
     });
   }
   // The online-softmax kernels: never an L×L matrix in device memory.
@@ -153,9 +158,15 @@ class ItemBackend final : public Exec {
     if (tensor_core_attention(C / NH))
       return flash_backward("attention_block_backward_bf16", dq, dk, dv, C, dout, out, lse,
                             flash::Block{q, k, v, q_seq, q_pos, k_seq, k_pos, nq, nk, C}, NH);
-    this->launch("attention_block_backward", int64_t(nq) * NH, [=] BERTH_LAMBDA(int64_t item) {
-      body::attention_block_backward(item, dq, dk, dv, dout, out, lse, q, k, v, q_seq, q_pos,
-                                     k_seq, k_pos, nk, C, NH);
+    const DeviceBuffer<float> delta = row_dots(dout, out, nq, C, NH);
+    const float* dl = delta.data();
+    this->launch("attention_block_backward_dq", int64_t(nq) * NH, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_block_backward_dq(item, dq, dout, lse, dl, q, k, v, q_seq, q_pos, k_seq,
+                                        k_pos, nk, C, NH);
+    });
+    this->launch("attention_block_backward_dkv", int64_t(nk) * NH, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_block_backward_dkv(item, dk, dv, dout, lse, dl, q, k, v, q_seq, q_pos, k_seq,
+                                         k_pos, nq, C, NH);
     });
   }
   void gelu_forward(float* out, const float* inp, int64_t n) override {
@@ -264,17 +275,24 @@ class ItemBackend final : public Exec {
         return launch_flash(name, flash::Forward<128, Src>{out, lse, src, NH});
     }
   }
+  // delta (n, NH) = rowsum(dout ∘ out) of each (token, head): the attention backward's row term.
+  DeviceBuffer<float> row_dots(const float* dout, const float* out, int n, int C, int NH) {
+    const int64_t items = int64_t(n) * NH;
+    DeviceBuffer<float> delta(*this, items);
+    float* dl = delta.data();
+    this->launch("attention_row_dot", items, [=] BERTH_LAMBDA(int64_t item) {
+      body::attention_row_dot(item, dl, dout, out, C, NH);
+    });
+    return delta;
+  }
   // dq, dk, dv (+=) with `dstride` floats a row
   template <class Src>
   void flash_backward(const char* name, float* dq, float* dk, float* dv, int64_t dstride,
                       const float* dout, const float* out, const float* lse, const Src& src,
                       int NH) {
     const int C = src.width();
-    DeviceBuffer<float> delta(*this, int64_t(src.nq()) * NH);
-    float* dl = delta.data();
-    this->launch("attention_row_dot", int64_t(src.nq()) * NH, [=] BERTH_LAMBDA(int64_t item) {
-      body::attention_row_dot(item, dl, dout, out, C, NH);
-    });
+    const DeviceBuffer<float> delta = row_dots(dout, out, src.nq(), C, NH);
+    const float* dl = delta.data();
     switch (C / NH) {
       case 32:
         return flash_backward_at<32>(name, dq, dk, dv, dstride, dout, lse, dl, src, NH);

@@ -4,7 +4,9 @@
 // bodies; written without CUDA types or intrinsics, the same bodies compile as host C++, so
 // tests/test_backend.cpp runs every work item on the CPU (tests/host_items_backend.h) and checks
 // the indexing and the arithmetic against the CPU reference (kernels/ops.h) on any machine, GPU or
-// not. Shared outputs are accumulated with atomic_add (atomicAdd on the device, += on the host).
+// not. Shared outputs of the embedding and materialized-attention backward are accumulated with
+// atomic_add (atomicAdd on the device, += on the host); the flash-style attention backward has
+// none.
 //
 // These are the fp32 kernels: one thread per element, per (row part, column) or per (query, head),
 // and the ones the fp32 mode compares with the CPU reference. The ops that reduce along a long row
@@ -265,33 +267,54 @@ BERTH_HD void attention_varlen_forward(int64_t item, float* out, float* lse, con
   for (int x = 0; x < HS; x++) o[x] = acc[x] / l;
   lse[item] = m + logf(l);
 }
-// dqkv must be zeroed first: dk and dv rows are shared between queries (atomics).
-BERTH_HD void attention_varlen_backward(int64_t item, float* dqkv, const float* dout,
-                                        const float* out, const float* lse, const float* qkv,
-                                        const int32_t* cu_seqlens, int S, int C, int NH) {
+// The fp32 backward, in two passes with no atomics (each thread owns the rows it writes, so the
+// result does not depend on scheduling): attention_*_backward_dq, a thread per (query, head),
+// adds dQ; attention_*_backward_dkv, a thread per (key, head), adds dK and dV. Both recompute
+// P = exp(scores − lse) and dS = P ∘ (dO·vᵀ − delta) / √HS, delta from attention_row_dot. (One
+// pass by query with atomics for dK and dV made up to L threads add to one key's row at once.)
+//
+// Varlen: dqkv (N, 3C) zeroed first; query n sees keys start … n of its sequence.
+BERTH_HD void attention_varlen_backward_dq(int64_t item, float* dqkv, const float* dout,
+                                           const float* lse, const float* delta, const float* qkv,
+                                           const int32_t* cu_seqlens, int S, int C, int NH) {
   const int n = int(item / NH), h = int(item % NH), HS = C / NH;
   const int start = cu_seqlens[sequence_of(n, cu_seqlens, S)];
   const float scale = 1.0f / sqrtf(float(HS));
   const float* q = qkv + int64_t(n) * 3 * C + h * HS;
   const float* d = dout + int64_t(n) * C + h * HS;
-  const float* o = out + int64_t(n) * C + h * HS;
-  const float l = lse[item];
-  float D = 0;
-  for (int x = 0; x < HS; x++) D += d[x] * o[x];
+  const float l = lse[item], D = delta[item];
   float* dq = dqkv + int64_t(n) * 3 * C + h * HS;
   for (int j = start; j <= n; j++) {
     const float* k = qkv + int64_t(j) * 3 * C + C + h * HS;
     const float* v = qkv + int64_t(j) * 3 * C + 2 * C + h * HS;
     float sdot = 0, dp = 0;
     for (int x = 0; x < HS; x++) sdot += q[x] * k[x], dp += d[x] * v[x];
-    const float p = expf(sdot * scale - l);
-    const float ds = p * (dp - D) * scale;
-    float* dk = dqkv + int64_t(j) * 3 * C + C + h * HS;
-    float* dv = dqkv + int64_t(j) * 3 * C + 2 * C + h * HS;
+    const float ds = expf(sdot * scale - l) * (dp - D) * scale;
+    for (int x = 0; x < HS; x++) dq[x] += ds * k[x];
+  }
+}
+// Key j is seen by the queries j … end − 1 of its sequence.
+BERTH_HD void attention_varlen_backward_dkv(int64_t item, float* dqkv, const float* dout,
+                                            const float* lse, const float* delta, const float* qkv,
+                                            const int32_t* cu_seqlens, int S, int C, int NH) {
+  const int j = int(item / NH), h = int(item % NH), HS = C / NH;
+  const int end = cu_seqlens[sequence_of(j, cu_seqlens, S) + 1];
+  const float scale = 1.0f / sqrtf(float(HS));
+  const float* k = qkv + int64_t(j) * 3 * C + C + h * HS;
+  const float* v = k + C;
+  float* dk = dqkv + int64_t(j) * 3 * C + C + h * HS;
+  float* dv = dk + C;
+  for (int i = j; i < end; i++) {
+    const float* q = qkv + int64_t(i) * 3 * C + h * HS;
+    const float* d = dout + int64_t(i) * C + h * HS;
+    float sdot = 0, dp = 0;
+    for (int x = 0; x < HS; x++) sdot += q[x] * k[x], dp += d[x] * v[x];
+    const int64_t row = int64_t(i) * NH + h;
+    const float p = expf(sdot * scale - lse[row]);
+    const float ds = p * (dp - delta[row]) * scale;
     for (int x = 0; x < HS; x++) {
-      dq[x] += ds * k[x];
-      atomic_add(dk + x, ds * q[x]);
-      atomic_add(dv + x, p * d[x]);
+      dk[x] += ds * q[x];
+      dv[x] += p * d[x];
     }
   }
 }
@@ -362,22 +385,20 @@ BERTH_HD void attention_lse_merge(int64_t item, float* out, float* lse, const fl
   for (int x = 0; x < HS; x++) o[x] = (wa * o[x] + wb * ob[x]) / tot;
   l = m + logf(tot);
 }
-// dq (own rows) +=; dk, dv rows are shared between queries: atomics.
-BERTH_HD void attention_block_backward(int64_t item, float* dq, float* dk, float* dv,
-                                       const float* dout, const float* out, const float* lse,
-                                       const float* q, const float* k, const float* v,
-                                       const int32_t* q_seq, const int32_t* q_pos,
-                                       const int32_t* k_seq, const int32_t* k_pos, int nk, int C,
-                                       int NH) {
+// Ring attention's block, in the same two passes (+= into dq, dk, dv). A query of lse −∞ saw no
+// key of the block: nothing flows through it.
+BERTH_HD void attention_block_backward_dq(int64_t item, float* dq, const float* dout,
+                                          const float* lse, const float* delta, const float* q,
+                                          const float* k, const float* v, const int32_t* q_seq,
+                                          const int32_t* q_pos, const int32_t* k_seq,
+                                          const int32_t* k_pos, int nk, int C, int NH) {
   const int i = int(item / NH), h = int(item % NH), HS = C / NH;
   const float l = lse[item];
   if (l == neg_inf()) return;
+  const float D = delta[item];
   const float scale = 1.0f / sqrtf(float(HS));
   const float* qi = q + int64_t(i) * C + h * HS;
   const float* doi = dout + int64_t(i) * C + h * HS;
-  const float* oi = out + int64_t(i) * C + h * HS;
-  float D = 0;
-  for (int x = 0; x < HS; x++) D += doi[x] * oi[x];
   float* dqi = dq + int64_t(i) * C + h * HS;
   for (int j = 0; j < nk; j++) {
     if (!sees(q_seq, q_pos, k_seq, k_pos, i, j)) continue;
@@ -385,14 +406,35 @@ BERTH_HD void attention_block_backward(int64_t item, float* dq, float* dk, float
     const float* vj = v + int64_t(j) * C + h * HS;
     float sdot = 0, dp = 0;
     for (int x = 0; x < HS; x++) sdot += qi[x] * kj[x], dp += doi[x] * vj[x];
+    const float ds = expf(sdot * scale - l) * (dp - D) * scale;
+    for (int x = 0; x < HS; x++) dqi[x] += ds * kj[x];
+  }
+}
+BERTH_HD void attention_block_backward_dkv(int64_t item, float* dk, float* dv, const float* dout,
+                                           const float* lse, const float* delta, const float* q,
+                                           const float* k, const float* v, const int32_t* q_seq,
+                                           const int32_t* q_pos, const int32_t* k_seq,
+                                           const int32_t* k_pos, int nq, int C, int NH) {
+  const int j = int(item / NH), h = int(item % NH), HS = C / NH;
+  const float scale = 1.0f / sqrtf(float(HS));
+  const float* kj = k + int64_t(j) * C + h * HS;
+  const float* vj = v + int64_t(j) * C + h * HS;
+  float* dkj = dk + int64_t(j) * C + h * HS;
+  float* dvj = dv + int64_t(j) * C + h * HS;
+  for (int i = 0; i < nq; i++) {
+    if (!sees(q_seq, q_pos, k_seq, k_pos, i, j)) continue;
+    const int64_t row = int64_t(i) * NH + h;
+    const float l = lse[row];
+    if (l == neg_inf()) continue;
+    const float* qi = q + int64_t(i) * C + h * HS;
+    const float* doi = dout + int64_t(i) * C + h * HS;
+    float sdot = 0, dp = 0;
+    for (int x = 0; x < HS; x++) sdot += qi[x] * kj[x], dp += doi[x] * vj[x];
     const float p = expf(sdot * scale - l);
-    const float ds = p * (dp - D) * scale;
-    float* dkj = dk + int64_t(j) * C + h * HS;
-    float* dvj = dv + int64_t(j) * C + h * HS;
+    const float ds = p * (dp - delta[row]) * scale;
     for (int x = 0; x < HS; x++) {
-      dqi[x] += ds * kj[x];
-      atomic_add(dkj + x, ds * qi[x]);
-      atomic_add(dvj + x, p * doi[x]);
+      dkj[x] += ds * qi[x];
+      dvj[x] += p * doi[x];
     }
   }
 }
