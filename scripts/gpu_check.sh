@@ -155,10 +155,12 @@ fi
 log "benchmark"
 {
   echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -1)"
-  # Line-buffered, so that a program stopped at its limit keeps the lines it printed.
-  timeout "$(cap 90 45)" stdbuf -oL "$build/bench/gpu/bench_gpu_ops"
+  # Line-buffered, so that a program stopped at its limit keeps the lines it printed. The bf16
+  # half, then PyTorch's figures (what the comparison needs), then the slower fp32 half.
+  timeout "$(cap 60 90)" stdbuf -oL "$build/bench/gpu/bench_gpu_ops" --precision bf16
   # PyTorch loads its own libraries (RPATH $ORIGIN); the unpacked prefix is not for it.
-  LD_LIBRARY_PATH= timeout "$(cap 90)" python3 -u bench/gpu/torch_reference.py
+  LD_LIBRARY_PATH= timeout "$(cap 90 30)" python3 -u bench/gpu/torch_reference.py
+  timeout "$(cap 60)" stdbuf -oL "$build/bench/gpu/bench_gpu_ops" --precision fp32
 } > "$out/bench.txt" 2>&1
 python3 bench/gpu/compare.py "$out/bench.txt" > "$out/compare.txt" 2>&1
 cat "$out/compare.txt" >> "$out/bench.txt" && rm -f "$out/compare.txt"

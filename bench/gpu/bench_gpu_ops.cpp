@@ -3,12 +3,12 @@
 // head size 64, 12 heads (and 6 heads of 128 at 4096), in bf16 precision (the tiled tensor-core
 // kernels) and in fp32; the GEMM of GPT-2 124M's MLP at 16 × 1024 tokens and a whole GPT-2 124M
 // training step (AdamW) at micro-batch 16 × 1024 as tokens/s and MFU against 989 TFLOP/s, with
-// bf16 GEMMs (run.precision) and then fp32; last, ring attention's fp32 block kernels. bf16 comes
-// first: it is what the PyTorch comparison needs, and the fp32 kernels (atomics in the backward)
-// are slow enough that a time limit could stop the run before it. The same shapes in PyTorch come
-// from bench/gpu/torch_reference.py, run beside it by scripts/gpu_check.sh. Without CUDA or a GPU
-// it says why and exits 0; `--cpu` runs the training step on the CPU backend at B = 1, T = 128
-// instead (bf16 emulated there).
+// bf16 GEMMs (run.precision) and then fp32; last, ring attention's fp32 block kernels.
+// `--precision bf16` or `--precision fp32` runs one half: scripts/gpu_check.sh runs the bf16 half,
+// then bench/gpu/torch_reference.py (the same shapes in PyTorch, which the comparison needs), and
+// the slower fp32 half last, so a time limit stops that one first. Without CUDA or a GPU it says
+// why and exits 0; `--cpu` runs the training step on the CPU backend at B = 1, T = 128 instead
+// (bf16 emulated there).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -173,6 +173,19 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  std::vector<berth::MatmulPrecision> precisions = {berth::MatmulPrecision::kBf16,
+                                                    berth::MatmulPrecision::kFp32};
+  if (argc > 1 && std::string(argv[1]) == "--precision") {
+    const std::string p = argc > 2 ? argv[2] : "";
+    if (p != "bf16" && p != "fp32") {
+      std::fprintf(stderr, "bench_gpu_ops: --precision takes bf16 or fp32, not '%s'\n", p.c_str());
+      return 1;
+    }
+    precisions = {p == "bf16" ? berth::MatmulPrecision::kBf16 : berth::MatmulPrecision::kFp32};
+  } else if (argc > 1) {
+    std::fprintf(stderr, "usage: bench_gpu_ops [--cpu | --precision bf16|fp32]\n");
+    return 1;
+  }
   if (!berth::cuda_built()) {
     std::printf("bench_gpu_ops: this berth was built without CUDA; nothing to measure\n");
     return 0;
@@ -185,7 +198,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("bench_gpu_ops on %s\n", be->name().c_str());
-  for (auto p : {berth::MatmulPrecision::kBf16, berth::MatmulPrecision::kFp32}) {
+  for (auto p : precisions) {
     be->set_matmul_precision(p);
     const bool bf16 = p == berth::MatmulPrecision::kBf16;
     varlen_attention(*be, 16, 1024, 12, 64);
@@ -194,7 +207,9 @@ int main(int argc, char** argv) {
     gemm(*be, 16 * 1024, 768, 3072);
     gpt2_step(*be, 16, 1024, bf16 ? 10 : 1);
   }
-  for (int T : {1024, 4096}) attention(*be, T, 12, 64);
+  if (precisions.back() == berth::MatmulPrecision::kFp32) {
+    for (int T : {1024, 4096}) attention(*be, T, 12, 64);
+  }
   std::printf("device pool peak %.1f MiB\n", double(be->peak_bytes()) / (1 << 20));
   return 0;
 }

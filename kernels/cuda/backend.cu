@@ -19,6 +19,7 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -396,7 +397,28 @@ class CudaExec : public Backend {
   // The descriptors and the algorithm the heuristic chose are kept per problem (shape, epilogue,
   // precision and the operands' alignment), as cuBLAS advises, since the heuristic costs tens of
   // microseconds of host time a call; only the pointers are set per call.
+  //
+  // Whether each epilogue ran fused is logged once per outcome (epilogue, precision, fused or
+  // not and why), with the first shape: the ops' results are the same either way, so only this
+  // says which path a GPU took.
   bool lt_gemm(const LtCall& c) {
+    const char* why = nullptr;
+    const bool fused = try_lt_gemm(c, &why);
+    const bool bf16 = matmul_precision() == MatmulPrecision::kBf16;
+    if (lt_reported_.insert({int(c.epilogue), bf16, fused}).second) {
+      const char* name = c.epilogue == CUBLASLT_EPILOGUE_BIAS            ? "BIAS"
+                         : c.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ? "GELU_AUX_BIAS"
+                         : c.epilogue == CUBLASLT_EPILOGUE_DGELU         ? "DGELU"
+                                                                         : "other";
+      log_info("{}: cuBLASLt {} epilogue in {}: {} (first at m={} n={} k={})", name_, name,
+               bf16 ? "bf16" : "fp32",
+               fused ? std::string("fused")
+                     : fmt::format("not fused ({}); a kernel after the GEMM does it", why),
+               c.m, c.n, c.k);
+    }
+    return fused;
+  }
+  bool try_lt_gemm(const LtCall& c, const char** why) {
     // the largest power of two up to 256 that divides the address (256 for none)
     auto alignment = [](const void* p) {
       uint32_t align = 256;
@@ -416,8 +438,10 @@ class CudaExec : public Backend {
                     alignment(c.bias),
                     alignment(c.aux)};
     if (std::min({key.align_a, key.align_b, key.align_d, key.align_bias, key.align_aux}) < 16 ||
-        (c.aux != nullptr && c.m % 8 != 0))
+        (c.aux != nullptr && c.m % 8 != 0)) {
+      *why = "an operand not 16-byte aligned, or aux's rows not a multiple of 8";
       return false;
+    }
     auto [it, fresh] = lt_plans_.try_emplace(key);
     LtPlan& plan = it->second;
     if (fresh) {
@@ -428,7 +452,10 @@ class CudaExec : public Backend {
         throw;
       }
     }
-    if (!plan.found) return false;
+    if (!plan.found) {
+      *why = "no cuBLASLt algorithm takes it on this GPU";
+      return false;
+    }
     set_pointers(plan.ds.op, c);
     if (lt_workspace_ == nullptr) lt_workspace_ = alloc(kLtWorkspaceBytes);  // once
     const float one = 1.0f, zero = 0.0f;
@@ -440,6 +467,7 @@ class CudaExec : public Backend {
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
         st == CUBLAS_STATUS_ARCH_MISMATCH) {
       plan.found = false;
+      *why = "cublasLtMatmul refused it";
       return false;
     }
     CUBLAS_CHECK(st);
@@ -547,6 +575,7 @@ class CudaExec : public Backend {
   Stage stage_[kStageSlots];
   int next_stage_ = 0;
   bool release_failed_ = false;
+  std::set<std::tuple<int, bool, bool>> lt_reported_;  // lt_gemm outcomes logged
 };
 
 }  // namespace

@@ -78,6 +78,7 @@ class Backend {
   virtual void download(void* host, const void* src, size_t bytes) = 0;  // device → host (waits)
   virtual void synchronize() = 0;
   // Bytes this backend holds now and at most so far (its pool on CUDA, its allocations on CPU).
+  // On CUDA a release is stream-ordered: bytes_in_use() may count it until synchronize().
   virtual int64_t bytes_in_use() const = 0;
   virtual int64_t peak_bytes() const = 0;
   // The device's memory: total and free now (cudaMemGetInfo on CUDA, whoever holds the rest).
