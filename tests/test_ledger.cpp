@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <set>
 #include <string>
@@ -693,7 +697,8 @@ TEST_F(LedgerTest, OnlyOwnerOrAdminCancelsOrExtends) {
   test::expect_error([&] { l->extend(1, kH, "bob"); }, {"bob may not extend"});
   EXPECT_EQ(l->extend(1, kH, "alice").end, kT0 + 3 * kH) << "touching bob's booking is fine";
   test::expect_error([&] { l->extend(1, 60, "alice"); },
-                     {"booked from", "reservation 2 (bob, P3)", "longest extension possible is 0s"});
+                     {"booked from its end", "reservation 2 (bob, P3)",
+                      "so no extension is possible"});  // not "--by 0s", which --by refuses
   EXPECT_EQ(l->cancel(2, "admin").state, "cancelled");
   test::expect_error([&] { l->cancel(2, "bob"); }, {"already cancelled"});
   test::expect_error([&] { l->reservation(99); }, {"no reservation 99"});
@@ -938,6 +943,114 @@ TEST_F(LedgerTest, SchemaMigratesUpAndRefusesDowngradeAndForeignFiles) {
   test::expect_error([&] { open_sqlite_ledger(cut, options())->devices(); },
                      {"cut.db is damaged", "database disk image is malformed", "put back a backup",
                       "cut.db' .recover | sqlite3 '"});
+}
+
+namespace {
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+void sql(const std::string& path, const char* statements) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  EXPECT_EQ(sqlite3_exec(db, statements, nullptr, nullptr, nullptr), SQLITE_OK) << statements;
+  sqlite3_close(db);
+}
+std::string journal_mode(const std::string& path) {
+  sqlite3* db = nullptr;
+  sqlite3_open(path.c_str(), &db);
+  sqlite3_stmt* s = nullptr;
+  sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &s, nullptr);
+  sqlite3_step(s);
+  const std::string mode = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  return mode;
+}
+}  // namespace
+
+// Opening reads before it writes, and a reader writes nothing: a foreign database named by
+// mistake was switched to WAL mode (or given the ledger's tables) before it was refused, every
+// open took the write lock (a listing waited out a stuck writer, then failed), and in WAL mode a
+// reader left -wal and -shm files owned by itself, which locked the ledger's owner out when the
+// reader could not write the ledger.
+TEST_F(LedgerTest, OpeningWritesNothingBeforeItKnowsTheFileAndAReaderWaitsForNoWriter) {
+  const std::string other = (dir_ / "other.db").string();
+  sql(other, "CREATE TABLE t(x); INSERT INTO t VALUES(1);");
+  const std::string other_bytes = file_bytes(other);
+  test::expect_error([&] { open_sqlite_ledger(other, options()); }, {"not a berth ledger"});
+  EXPECT_EQ(file_bytes(other), other_bytes) << "the refused database was changed";
+  const std::string empty = (dir_ / "empty.db").string();  // SQLite, no tables
+  sql(empty, "CREATE TABLE t(x); DROP TABLE t;");
+  const std::string empty_bytes = file_bytes(empty);
+  LedgerOptions no_create = options();
+  no_create.create = false;  // every command but `devices register`
+  test::expect_error([&] { open_sqlite_ledger(empty, no_create); },
+                     {"SQLite database with no berth tables", "berth devices register"});
+  EXPECT_EQ(file_bytes(empty), empty_bytes) << "a listing made it a ledger";
+
+  {
+    auto l = open();
+    l->register_devices(slots("n1", 1));
+    ASSERT_TRUE(l->reserve(req(1, kT0, 1)).booked);
+  }
+  sqlite3* writer = nullptr;  // a writer stuck inside its transaction
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &writer), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(writer, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  no_create.busy_timeout_s = 2;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(open_sqlite_ledger(path_, no_create)->reservations(true, "").size(), 1u);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  // ... while a booking waits for it, and says why when the wait is over
+  no_create.busy_timeout_s = 0.2;
+  test::expect_error([&] { open_sqlite_ledger(path_, no_create)->reserve(req(1, kT0 + kH, 1)); },
+                     {"stayed locked by another process"});
+  sqlite3_exec(writer, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(writer);
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    const std::string name = e.path().filename().string();
+    EXPECT_TRUE(name == "ledger.db" || name == "other.db" || name == "empty.db")
+        << name << " was left beside the ledgers";
+  }
+  EXPECT_EQ(journal_mode(path_), "delete");
+  // A ledger an older berth left in WAL mode goes back to a rollback journal when a process that
+  // can write it opens it alone.
+  sql(path_, "PRAGMA journal_mode=WAL;");
+  ASSERT_EQ(journal_mode(path_), "wal");
+  EXPECT_EQ(open()->reservations(true, "").size(), 1u);
+  EXPECT_EQ(journal_mode(path_), "delete");
+}
+
+// SQLite reports damage only where a statement reads it: a ledger with overwritten pages was
+// listed and booked on.
+TEST_F(LedgerTest, ALedgerWithADamagedPageIsRefusedOnOpen) {
+  {
+    auto l = open();
+    for (int h = 0; h < 40; ++h) l->register_devices(slots("host" + std::to_string(h), 8));
+  }
+  const auto size = std::filesystem::file_size(path_);
+  ASSERT_GE(size, 4u * 4096);
+  {
+    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(size / 4096 / 2) * 4096);  // a page in the middle, from its header
+    const std::string garbage(512, '\xab');
+    f.write(garbage.data(), std::streamsize(garbage.size()));
+  }
+  LedgerOptions no_create = options();
+  no_create.create = false;
+  test::expect_error([&] { open_sqlite_ledger(path_, no_create); },
+                     {"ledger.db is damaged", "put back a backup"});
+}
+
+// A new ledger takes the umask, as other files do (SQLite makes 0644 whatever the umask): a
+// group-writable directory and umask 002 give a ledger its group can book on.
+TEST_F(LedgerTest, ANewLedgerTakesTheUmask) {
+  const mode_t before = ::umask(002);
+  open()->register_devices(slots("n1", 1));
+  ::umask(before);
+  struct stat st {};
+  ASSERT_EQ(::stat(path_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0664u);
 }
 
 TEST(Ledger, NetworkFilesystemsAreNamed) {

@@ -1,7 +1,8 @@
-// The embedded ledger store: SQLite in WAL mode on a local disk. Every write runs in
+// The embedded ledger store: SQLite with a rollback journal on a local disk. Every write runs in
 // BEGIN IMMEDIATE (one writer at a time, waiting up to the busy timeout), with synchronous=FULL,
 // so a booking is either wholly in the file or not at all, and concurrent processes see each
 // other's bookings before deciding.
+#include <fcntl.h>
 #include <pwd.h>
 #include <sqlite3.h>
 #include <sys/statfs.h>
@@ -30,20 +31,31 @@ namespace {
 
 // ---- thin RAII over the SQLite C API -----------------------------------------------------------
 
+// A damaged ledger (cut short by a full disk, a partial copy, overwritten pages): what to do.
+[[noreturn]] void fail_damaged(const std::string& path, const std::string& what,
+                               const std::string& detail) {
+  BERTH_FAIL(
+      "ledger {} is damaged ({}: {}): it holds every booking, so berth will not read or "
+      "book on it. Stop the berth processes that use it, then put back a backup taken "
+      "before (`sqlite3 LEDGER .backup COPY` takes one while the ledger is in use), or "
+      "salvage what is readable into a new file and move that into place: `sqlite3 '{}' "
+      ".recover | sqlite3 '{}.recovered'`",
+      path, what, detail, path, path);
+}
+
 // An SQLite error of `db` while doing `what`. A damaged file (cut short by a full disk, a partial
 // copy) gets what to do, not only SQLite's "database disk image is malformed".
 [[noreturn]] void fail_sqlite(sqlite3* db, const std::string& what, const std::string& detail) {
   const char* file = sqlite3_db_filename(db, "main");
   const std::string path = file != nullptr && *file != '\0' ? file : "(in memory)";
   const int code = sqlite3_extended_errcode(db);
-  if ((code & 0xff) == SQLITE_CORRUPT) {
+  if ((code & 0xff) == SQLITE_CORRUPT) fail_damaged(path, what, detail);
+  if (code == SQLITE_READONLY_ROLLBACK) {
     BERTH_FAIL(
-        "ledger {} is damaged ({}: {}): it holds every booking, so berth will not read or "
-        "book on it. Stop the berth processes that use it, then put back a backup taken "
-        "before (`sqlite3 LEDGER .backup COPY` takes one while the ledger is in use), or "
-        "salvage what is readable into a new file and move that into place: `sqlite3 '{}' "
-        ".recover | sqlite3 '{}.recovered'`",
-        path, what, detail, path, path);
+        "ledger {} holds the journal of a write that a process died in ({}: {}), and this "
+        "process (uid {}) cannot write the ledger to roll it back: any berth command of a user "
+        "who can write it (its owner) repairs it; then run this again",
+        path, what, detail, geteuid());
   }
   if (code == SQLITE_READONLY_DBMOVED) {
     BERTH_FAIL(
@@ -268,15 +280,17 @@ class SqliteLedger : public LedgerStore {
     try {
       ensure_writable_dir(dir.string(), "ledger directory");
     } catch (const Error& e) {
-      // Even a query writes beside the ledger (SQLite's WAL keeps -wal and -shm files there), so
-      // another directory is no fix for an existing ledger: it would hold none of the bookings.
+      // Every change writes its rollback journal beside the ledger (and a process that died in
+      // one leaves it there to be rolled back), so another directory is no fix for an existing
+      // ledger: it would hold none of the bookings.
       std::error_code ec;
       if (!std::filesystem::exists(path, ec)) throw;
-      BERTH_FAIL("{}. The ledger's directory must be writable even to read it (SQLite keeps its "
-                 "-wal and -shm files beside it): make it writable again (remount read-write, "
-                 "fix its permissions), or read a copy with its WAL: `cp {} /tmp/l.db; cp {}-wal "
-                 "/tmp/l.db-wal; berth reservations --ledger /tmp/l.db`",
-                 e.what(), path, path);
+      BERTH_FAIL(
+          "{}. The ledger's directory must be writable (SQLite writes its journal beside "
+          "it for every change): make it writable again (remount read-write, fix its "
+          "permissions), or read a copy: `cp {} /tmp/l.db; berth reservations --ledger "
+          "/tmp/l.db`",
+          e.what(), path);
     }
     struct statfs fs {};
     if (statfs(dir.c_str(), &fs) == 0) {
@@ -288,6 +302,12 @@ class SqliteLedger : public LedgerStore {
                   "berth reserve there",
                   path, net);
     }
+    // A new ledger gets 0666 less the umask, as other files do (SQLite makes 0644 whatever the
+    // umask): a group-writable directory and umask 002 give a ledger its group can book on.
+    if (o_.create) {
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd >= 0) ::close(fd);  // EEXIST (or another error, which the open below reports)
+    }
     if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
                         nullptr) != SQLITE_OK) {
       const std::string err = db_ ? sqlite3_errmsg(db_) : "out of memory";
@@ -297,9 +317,15 @@ class SqliteLedger : public LedgerStore {
     opened_ = file_id(path);
     try {
       sqlite3_busy_timeout(db_, int(o_.busy_timeout_s * 1000));
-      switch_to_wal(path);
+      // Reads first: a file that is not a berth ledger is refused before anything is written to
+      // it (it was switched to WAL mode, or given the ledger's tables, and then refused).
+      const int version = require_berth_schema();
+      use_rollback_journal();
       exec(db_, "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;");
-      migrate();
+      require_intact();
+      // The write lock only when there is something to migrate: every open took it, so a
+      // listing waited out (and then failed on) a stuck writer that readers need not wait for.
+      if (version < target_version()) migrate();
     } catch (const Error& e) {
       sqlite3_close(db_);
       db_ = nullptr;
@@ -313,38 +339,30 @@ class SqliteLedger : public LedgerStore {
   }
   ~SqliteLedger() override { sqlite3_close(db_); }
 
-  // Processes that open a new ledger at once (two `devices register`, two quickstart jobs) all
-  // switch it to WAL mode, and SQLite answers some of them "database is locked" at once, without
-  // calling the busy handler (one holds a shared lock that another's switch must wait out, so
-  // waiting in place could deadlock): 5 of 20 such pairs failed. The switch is tried again, its
-  // statement finalized and so its lock released, until the busy timeout.
-  void switch_to_wal(const std::string& path) {
-    const auto until =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(o_.busy_timeout_s);
-    for (;;) {
-      sqlite3_stmt* st = nullptr;
-      int rc = sqlite3_prepare_v2(db_, "PRAGMA journal_mode=WAL", -1, &st, nullptr);
-      std::string mode;
-      if (rc == SQLITE_OK) {
-        rc = sqlite3_step(st);
-        const unsigned char* t = rc == SQLITE_ROW ? sqlite3_column_text(st, 0) : nullptr;
-        if (t != nullptr) mode = reinterpret_cast<const char*>(t);
-      }
-      const std::string err = sqlite3_errmsg(db_);
-      sqlite3_finalize(st);
-      const int primary = rc & 0xff;
-      if ((primary == SQLITE_BUSY || primary == SQLITE_LOCKED) &&
-          std::chrono::steady_clock::now() < until) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        continue;
-      }
-      if (rc != SQLITE_ROW) fail_sqlite(db_, "PRAGMA journal_mode=WAL", err);
-      BERTH_CHECK(mode == "wal",
-                  "ledger {}: cannot switch to WAL mode (is the file a berth ledger on a local "
-                  "disk?)",
-                  path);
-      return;
+  // The ledger keeps a rollback journal (journal_mode DELETE, SQLite's default), not a WAL: a
+  // reader then writes nothing beside it. In WAL mode every process that read the ledger made its
+  // -wal and -shm files, owned by itself with the ledger's mode, and one that could not write the
+  // ledger (mode 0644) left them so that the ledger's owner could no longer open it. A ledger an
+  // older berth switched to WAL is switched back by the first process that can write it while no
+  // other has it open; until then it works as before.
+  void use_rollback_journal() {
+    bool wal = false;
+    {  // finalized before the switch, which needs the ledger to itself
+      Stmt mode(db_, "PRAGMA journal_mode");
+      wal = mode.step() && mode.text(0) == "wal";
     }
+    if (wal && ::access(path_.c_str(), W_OK) == 0) {
+      sqlite3_exec(db_, "PRAGMA journal_mode=DELETE", nullptr, nullptr, nullptr);  // busy: later
+    }
+  }
+
+  // SQLite reports damage only where a statement reads it: a ledger with overwritten pages was
+  // listed and booked on. A quick check of every page (milliseconds for a ledger of thousands of
+  // bookings) refuses it on any open.
+  void require_intact() {
+    Stmt s(db_, "PRAGMA quick_check(1)");
+    const std::string verdict = s.step() ? s.text(0) : std::string("no answer");
+    if (verdict != "ok") fail_damaged(path_, "PRAGMA quick_check", verdict);
   }
 
   int schema_version() override {
@@ -615,6 +633,14 @@ class SqliteLedger : public LedgerStore {
       if (b.reservation == id || !mine.count(b.device)) continue;
       if (b.start < end && r.end < b.end && (!first || b.start < first->start)) first = b;
     }
+    if (first && first->start - r.end < 1) {  // a window no --by can take (at least 1s)
+      BERTH_FAIL(
+          "cannot extend reservation {}: its device is booked from its end, {}, by reservation {} "
+          "({}, {}), so no extension is possible; book the extra time as a new reservation on "
+          "other devices, or ask that booking's owner",
+          id, format_utc_minute(r.end), first->reservation, first->owner,
+          priority_name(first->priority));
+    }
     if (first) {
       BERTH_FAIL(
           "cannot extend reservation {} by {}: its device is booked from {} by "
@@ -768,15 +794,17 @@ class SqliteLedger : public LedgerStore {
   std::optional<Lease> lease(int64_t id) override { return lease_row(id); }
 
  private:
-  void migrate() {
-    WriteTxn t(db_);
-    int v = schema_version();
+  int target_version() const { return o_.migrate_to > 0 ? o_.migrate_to : kLedgerSchemaVersion; }
+
+  // The ledger's schema version, refusing a file that is no berth ledger (or none yet, unless
+  // this open may create one). Reads only.
+  int require_berth_schema() {
+    const int v = schema_version();
     // A negative version indexed before the migrations (garbage run as SQL, or a crash).
     BERTH_CHECK(v >= 0,
                 "{} has schema version {}, which no berth writes: it is not a berth ledger, or it "
                 "is damaged; point --ledger at the right file, or put back a backup",
                 path_, v);
-    const int target = o_.migrate_to > 0 ? o_.migrate_to : kLedgerSchemaVersion;
     BERTH_CHECK(v <= kLedgerSchemaVersion,
                 "the ledger {} has schema version {}, newer than this berth understands ({}): it "
                 "was written by a newer berth; use that version (downgrades are refused)",
@@ -788,8 +816,21 @@ class SqliteLedger : public LedgerStore {
                   "{} is an SQLite database but not a berth ledger (it has tables and no berth "
                   "schema version); point --ledger at a new file",
                   path_);
+      // An SQLite file with no tables (another program's empty database, or a ledger whose
+      // first registration never committed) became a ledger on a listing.
+      BERTH_CHECK(o_.create,
+                  "{} is an SQLite database with no berth tables: not a ledger yet. Check "
+                  "--ledger, $BERTH_LEDGER and reservation.ledger, or start the ledger there "
+                  "with `berth devices register`",
+                  path_);
     }
-    for (; v < target; ++v) {
+    return v;
+  }
+
+  void migrate() {
+    WriteTxn t(db_);
+    int v = require_berth_schema();  // again under the lock: another process may have migrated
+    for (const int target = target_version(); v < target; ++v) {
       exec(db_, kMigrations[v]);
       exec(db_, fmt::format("PRAGMA user_version={}", v + 1).c_str());
     }
