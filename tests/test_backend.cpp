@@ -626,6 +626,16 @@ TEST_F(BackendOps, Bf16AttentionBackwardWith32QueryTilesIsWithinTwiceANaiveBf16E
     check_bf16_varlen(c.head_size, {1});
     check_bf16_ring_blocks(c.head_size, {1});
   }
+  // Asked for where both fit (BERTH_FLASH_BACKWARD_QUERY_TILE, which bench_gpu_ops times): 32.
+  be_ = test::make_host_items_backend(false);
+  const auto* items = dynamic_cast<const cuda::ItemBackend<test::HostExec>*>(be_.get());
+  ASSERT_NE(items, nullptr);
+  EXPECT_EQ(items->backward_query_tile(64), 64);
+  ASSERT_EQ(setenv("BERTH_FLASH_BACKWARD_QUERY_TILE", "32", 1), 0);
+  EXPECT_EQ(items->backward_query_tile(64), 32);
+  ASSERT_EQ(setenv("BERTH_FLASH_BACKWARD_QUERY_TILE", "48", 1), 0);
+  EXPECT_EQ(items->backward_query_tile(64), 64) << "only 32 is another choice";
+  unsetenv("BERTH_FLASH_BACKWARD_QUERY_TILE");
 }
 
 // The tiled bf16 kernels with a host thread per GPU thread and real barriers (SIMT mode,

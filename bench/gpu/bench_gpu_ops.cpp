@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -109,6 +110,21 @@ void varlen_attention(Backend& be, int B, int T, int NH, int HS) {
                                          : "bf16-fallback",
       B, T, NH, HS, fwd, flop_fwd / fwd * 1e-9, bwd, flop_bwd / bwd * 1e-9,
       (flop_fwd + flop_bwd) / (fwd + bwd) * 1e-9);
+  // The tiled backward with 32-query tiles (BERTH_FLASH_BACKWARD_QUERY_TILE, kernels/cuda/
+  // item_backend.h): twice the blocks an SM holds where 64 is the default, fewer keys a block.
+  if (bf16 && be.attention_on_tensor_cores(HS) &&
+      std::getenv("BERTH_FLASH_BACKWARD_QUERY_TILE") == nullptr) {
+    setenv("BERTH_FLASH_BACKWARD_QUERY_TILE", "32", 1);
+    const double bwd32 = time_ms(be, 10, [&] {
+      be.attention_varlen_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(),
+                                   d_cu.data(), cu.data(), B, C, NH);
+    });
+    unsetenv("BERTH_FLASH_BACKWARD_QUERY_TILE");
+    std::printf(
+        "  the same backward with 32-query tiles: %.3f ms (%.2f TFLOP/s), %.2fx the default's "
+        "time\n",
+        bwd32, flop_bwd / bwd32 * 1e-9, bwd32 / bwd);
+  }
 }
 
 // The GEMM in the backend's current precision (bf16: the two rounding passes included).

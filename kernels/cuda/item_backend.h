@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/flash_bodies.h"
@@ -336,13 +338,19 @@ class ItemBackend final : public Exec {
         return 0;
     }
   }
+  //
+  // BERTH_FLASH_BACKWARD_QUERY_TILE=32 takes 32 where both fit: a block of 64-query tiles (127.5
+  // KiB at head size 64) leaves room for one block of 4 warps a 228 KiB SM, two of 32-query tiles
+  // (94 KiB) fit. Which is faster is the GPU's to say: bench_gpu_ops times both.
   template <int HS>
   int query_tile_that_fits() const {
     using V = flash::Varlen;  // the regions do not depend on the source
     const size_t most = this->max_block_shared_bytes();
-    return flash::Backward<HS, V>::shared_bytes() <= most       ? 64
-           : flash::Backward<HS, V, 32>::shared_bytes() <= most ? 32
-                                                                : 0;
+    const bool fits64 = flash::Backward<HS, V>::shared_bytes() <= most;
+    const bool fits32 = flash::Backward<HS, V, 32>::shared_bytes() <= most;
+    const char* asked = std::getenv("BERTH_FLASH_BACKWARD_QUERY_TILE");
+    if (fits32 && asked != nullptr && std::string(asked) == "32") return 32;
+    return fits64 ? 64 : fits32 ? 32 : 0;
   }
   template <class K>
   void launch_flash(const char* name, const K& k) {
