@@ -331,7 +331,7 @@ void size_from_plan(const std::string& config, const std::vector<std::string>& o
   }
   std::string sharing;  // a calibrated CPU profile of another rank count, given this one's memory
   const Plan p = make_plan(plan_input_from_config(cfg, devices),
-                           profile_for_ranks_here(hw, devices, &sharing));
+                           profile_for_planned_devices(hw, devices, &sharing));
   BERTH_CHECK(p.input.layout.world() == devices,
               "reserve --config: the config's layout uses {} devices, not {}: set parallel.dp = 0 "
               "or --gpus {}", p.input.layout.world(), devices, p.input.layout.world());

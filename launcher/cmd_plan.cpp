@@ -70,7 +70,7 @@ void plan(const PlanArgs& a) {
                                                 : inner;
   std::string sharing;  // a calibrated CPU profile of another rank count, given this one's memory
   const HardwareProfile hw =
-      profile_for_ranks_here(resolve_hardware_profile(a.gpu), devices, &sharing);
+      profile_for_planned_devices(resolve_hardware_profile(a.gpu), devices, &sharing);
   PlanInput in = plan_input_from_config(cfg, devices);
   if (!sharing.empty()) in.notes.push_back(sharing);
   BERTH_CHECK(cfg.parallel.dp == 0 || in.layout.world() == devices,

@@ -969,11 +969,9 @@ std::string journal_mode(const std::string& path) {
 }
 }  // namespace
 
-// Opening reads before it writes, and a reader writes nothing: a foreign database named by
-// mistake was switched to WAL mode (or given the ledger's tables) before it was refused, every
-// open took the write lock (a listing waited out a stuck writer, then failed), and in WAL mode a
-// reader left -wal and -shm files owned by itself, which locked the ledger's owner out when the
-// reader could not write the ledger.
+// Opening reads before it writes: a foreign database named by mistake was switched to WAL mode
+// (or given the ledger's tables) before it was refused, and every open took the write lock (a
+// listing waited out a stuck writer, then failed).
 TEST_F(LedgerTest, OpeningWritesNothingBeforeItKnowsTheFileAndAReaderWaitsForNoWriter) {
   const std::string other = (dir_ / "other.db").string();
   sql(other, "CREATE TABLE t(x); INSERT INTO t VALUES(1);");
@@ -1012,13 +1010,45 @@ TEST_F(LedgerTest, OpeningWritesNothingBeforeItKnowsTheFileAndAReaderWaitsForNoW
     EXPECT_TRUE(name == "ledger.db" || name == "other.db" || name == "empty.db")
         << name << " was left beside the ledgers";
   }
-  EXPECT_EQ(journal_mode(path_), "delete");
-  // A ledger an older berth left in WAL mode goes back to a rollback journal when a process that
-  // can write it opens it alone.
-  sql(path_, "PRAGMA journal_mode=WAL;");
-  ASSERT_EQ(journal_mode(path_), "wal");
-  EXPECT_EQ(open()->reservations(true, "").size(), 1u);
-  EXPECT_EQ(journal_mode(path_), "delete");
+  EXPECT_EQ(journal_mode(path_), "wal");
+}
+
+// A user who may read the ledger but not write it is refused before SQLite opens it: the -wal and
+// -shm files it made, owned by itself with the ledger's mode 0644, locked the owner out of every
+// command (`berth reservations` as nobody, then the owner's `berth reserve` failed).
+TEST_F(LedgerTest, AUserWhoCannotWriteTheLedgerIsRefusedAndLeavesNothing) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to run a child as another user";
+  open()->register_devices(slots("n1", 1));
+  std::filesystem::permissions(dir_,
+                               std::filesystem::perms::all | std::filesystem::perms::sticky_bit);
+  std::filesystem::permissions(path_, std::filesystem::perms(0644));
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int code = 3;
+    if (::setgid(65534) == 0 && ::setuid(65534) == 0) {
+      try {
+        LedgerOptions o;
+        o.create = false;
+        open_sqlite_ledger(path_, o)->reservations(true, "");
+        code = 1;  // read it
+      } catch (const Error& e) {
+        code = std::string(e.what()).find("cannot be written by this process (uid 65534)") !=
+                       std::string::npos
+                   ? 0
+                   : 2;
+      }
+    }
+    _exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: read it; 2: another error; 3: could not drop root";
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    EXPECT_EQ(e.path().filename().string(), "ledger.db") << "left beside the ledger";
+  }
+  EXPECT_EQ(open()->devices().size(), 1u) << "the owner is locked out";
 }
 
 // SQLite reports damage only where a statement reads it: a ledger with overwritten pages was

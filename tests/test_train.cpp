@@ -654,8 +654,16 @@ TEST_F(TrainTest, ACalibratedProfileOfAnotherRankCountIsNamed) {
             std::string::npos)
       << err;
   EXPECT_NE(err.find("recalibrate with `mpirun -np 1 "), std::string::npos) << err;
-  // Another host's profile (a file copied here) is planned as it is.
+  // berth plan knows a device count, not its hosts: fewer than the profile's ranks per host are
+  // one host of this sharing; more, hosts of the profile's (16 devices: 4 hosts of 4).
   std::string note;
+  EXPECT_DOUBLE_EQ(profile_for_planned_devices(h, 2, &note).mem_capacity,
+                   host_capacity_gib_per_rank(2) * 1073741824.0);
+  EXPECT_NE(note, "");
+  EXPECT_DOUBLE_EQ(profile_for_planned_devices(h, 16, &note).mem_capacity, h.mem_capacity);
+  EXPECT_EQ(profile_for_planned_devices(h, 16, &note).devices_per_node, 4);
+  EXPECT_EQ(note, "");
+  // Another host's profile (a file copied here) is planned as it is.
   HardwareProfile other = h;
   other.name = host_name() + "-other";
   EXPECT_DOUBLE_EQ(profile_for_ranks_here(other, 1, &note).mem_capacity, h.mem_capacity);

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""berth beside PyTorch from one bench.txt (scripts/gpu_check.sh writes it: bench_gpu_ops, then
-torch_reference.py, on the same GPU in one run): the ratios the issue sets goals for.
+"""berth beside PyTorch from one bench.txt (scripts/gpu_check.sh writes it: bench_gpu_ops' bf16
+half, torch_reference.py, then bench_gpu_ops' fp32 half, on the same GPU in one run): the ratios
+the issue sets goals for.
 
   attention: berth's bf16 varlen attention (tiled tensor-core kernels) fwd+bwd TFLOP/s over
              PyTorch's SDPA flash attention at the same (T, heads, head size); goal >= 0.70

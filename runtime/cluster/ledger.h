@@ -6,8 +6,8 @@
 // serialized write transaction of the store, so concurrent `berth reserve` processes cannot
 // double-book a device. The clock is injected, so every time rule is testable.
 //
-// LedgerStore is the interface; SQLite (rollback journal, BEGIN IMMEDIATE, synchronous=FULL, busy
-// timeout) on a local disk is the embedded store. A PostgreSQL store for multi-node clusters is to
+// LedgerStore is the interface; SQLite (WAL, BEGIN IMMEDIATE, synchronous=FULL, busy timeout) on a
+// local disk is the embedded store. A PostgreSQL store for multi-node clusters is to
 // follow.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The embedded ledger store: SQLite with a rollback journal on a local disk. Every write runs in
+// The embedded ledger store: SQLite in WAL mode on a local disk. Every write runs in
 // BEGIN IMMEDIATE (one writer at a time, waiting up to the busy timeout), with synchronous=FULL,
 // so a booking is either wholly in the file or not at all, and concurrent processes see each
 // other's bookings before deciding.
@@ -50,13 +50,6 @@ namespace {
   const std::string path = file != nullptr && *file != '\0' ? file : "(in memory)";
   const int code = sqlite3_extended_errcode(db);
   if ((code & 0xff) == SQLITE_CORRUPT) fail_damaged(path, what, detail);
-  if (code == SQLITE_READONLY_ROLLBACK) {
-    BERTH_FAIL(
-        "ledger {} holds the journal of a write that a process died in ({}: {}), and this "
-        "process (uid {}) cannot write the ledger to roll it back: any berth command of a user "
-        "who can write it (its owner) repairs it; then run this again",
-        path, what, detail, geteuid());
-  }
   if (code == SQLITE_READONLY_DBMOVED) {
     BERTH_FAIL(
         "ledger {} was moved or deleted while berth had it open ({}: {}): put it back "
@@ -280,17 +273,30 @@ class SqliteLedger : public LedgerStore {
     try {
       ensure_writable_dir(dir.string(), "ledger directory");
     } catch (const Error& e) {
-      // Every change writes its rollback journal beside the ledger (and a process that died in
-      // one leaves it there to be rolled back), so another directory is no fix for an existing
-      // ledger: it would hold none of the bookings.
+      // Even a query writes beside the ledger (SQLite's WAL keeps -wal and -shm files there), so
+      // another directory is no fix for an existing ledger: it would hold none of the bookings.
       std::error_code ec;
       if (!std::filesystem::exists(path, ec)) throw;
       BERTH_FAIL(
-          "{}. The ledger's directory must be writable (SQLite writes its journal beside "
-          "it for every change): make it writable again (remount read-write, fix its "
-          "permissions), or read a copy: `cp {} /tmp/l.db; berth reservations --ledger "
-          "/tmp/l.db`",
-          e.what(), path);
+          "{}. The ledger's directory must be writable even to read it (SQLite keeps its "
+          "-wal and -shm files beside it): make it writable again (remount read-write, "
+          "fix its permissions), or read a copy with its WAL: `cp {} /tmp/l.db; cp {}-wal "
+          "/tmp/l.db-wal; berth reservations --ledger /tmp/l.db`",
+          e.what(), path, path);
+    }
+    // So must the ledger itself be, even to read it: SQLite makes the -wal and -shm files as
+    // whoever opens the ledger first, owned by that user with the ledger's mode, and a user who
+    // could only read a 0644 ledger left them so that its owner could not open it any more.
+    if (std::error_code ec;
+        std::filesystem::exists(path, ec) && ::access(path.c_str(), W_OK) != 0) {
+      BERTH_FAIL(
+          "ledger {} cannot be written by this process (uid {}), and SQLite's WAL writes even "
+          "to read it: the -wal and -shm files this process would leave beside it, owned by "
+          "uid {}, would lock the ledger's other users out. Ask its owner for write access (a "
+          "team's ledger: `chmod g+w {}`, or one registered with umask 002 in a group "
+          "directory; docs/reservation.md), or use a ledger of your own (--ledger, "
+          "$BERTH_LEDGER)",
+          path, geteuid(), geteuid(), path);
     }
     struct statfs fs {};
     if (statfs(dir.c_str(), &fs) == 0) {
@@ -320,9 +326,9 @@ class SqliteLedger : public LedgerStore {
       // Reads first: a file that is not a berth ledger is refused before anything is written to
       // it (it was switched to WAL mode, or given the ledger's tables, and then refused).
       const int version = require_berth_schema();
-      use_rollback_journal();
-      exec(db_, "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;");
       require_intact();
+      switch_to_wal(path);
+      exec(db_, "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;");
       // The write lock only when there is something to migrate: every open took it, so a
       // listing waited out (and then failed on) a stuck writer that readers need not wait for.
       if (version < target_version()) migrate();
@@ -339,26 +345,43 @@ class SqliteLedger : public LedgerStore {
   }
   ~SqliteLedger() override { sqlite3_close(db_); }
 
-  // The ledger keeps a rollback journal (journal_mode DELETE, SQLite's default), not a WAL: a
-  // reader then writes nothing beside it. In WAL mode every process that read the ledger made its
-  // -wal and -shm files, owned by itself with the ledger's mode, and one that could not write the
-  // ledger (mode 0644) left them so that the ledger's owner could no longer open it. A ledger an
-  // older berth switched to WAL is switched back by the first process that can write it while no
-  // other has it open; until then it works as before.
-  void use_rollback_journal() {
-    bool wal = false;
-    {  // finalized before the switch, which needs the ledger to itself
-      Stmt mode(db_, "PRAGMA journal_mode");
-      wal = mode.step() && mode.text(0) == "wal";
-    }
-    if (wal && ::access(path_.c_str(), W_OK) == 0) {
-      sqlite3_exec(db_, "PRAGMA journal_mode=DELETE", nullptr, nullptr, nullptr);  // busy: later
+  // Processes that open a new ledger at once (two `devices register`, two quickstart jobs) all
+  // switch it to WAL mode, and SQLite answers some of them "database is locked" at once, without
+  // calling the busy handler (one holds a shared lock that another's switch must wait out, so
+  // waiting in place could deadlock): 5 of 20 such pairs failed. The switch is tried again, its
+  // statement finalized and so its lock released, until the busy timeout.
+  void switch_to_wal(const std::string& path) {
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(o_.busy_timeout_s);
+    for (;;) {
+      sqlite3_stmt* st = nullptr;
+      int rc = sqlite3_prepare_v2(db_, "PRAGMA journal_mode=WAL", -1, &st, nullptr);
+      std::string mode;
+      if (rc == SQLITE_OK) {
+        rc = sqlite3_step(st);
+        const unsigned char* t = rc == SQLITE_ROW ? sqlite3_column_text(st, 0) : nullptr;
+        if (t != nullptr) mode = reinterpret_cast<const char*>(t);
+      }
+      const std::string err = sqlite3_errmsg(db_);
+      sqlite3_finalize(st);
+      const int primary = rc & 0xff;
+      if ((primary == SQLITE_BUSY || primary == SQLITE_LOCKED) &&
+          std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      if (rc != SQLITE_ROW) fail_sqlite(db_, "PRAGMA journal_mode=WAL", err);
+      BERTH_CHECK(mode == "wal",
+                  "ledger {}: cannot switch to WAL mode (is the file a berth ledger on a local "
+                  "disk?)",
+                  path);
+      return;
     }
   }
 
   // SQLite reports damage only where a statement reads it: a ledger with overwritten pages was
-  // listed and booked on. A quick check of every page (milliseconds for a ledger of thousands of
-  // bookings) refuses it on any open.
+  // listed and booked on. A quick check of every page on any open refuses it (its time grows with
+  // the ledger: it reads every page).
   void require_intact() {
     Stmt s(db_, "PRAGMA quick_check(1)");
     const std::string verdict = s.step() ? s.text(0) : std::string("no answer");

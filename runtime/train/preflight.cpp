@@ -197,6 +197,11 @@ HardwareProfile profile_for_ranks_here(const HardwareProfile& hw, int64_t ranks,
   return h;
 }
 
+HardwareProfile profile_for_planned_devices(const HardwareProfile& hw, int64_t devices,
+                                            std::string* note) {
+  return profile_for_ranks_here(hw, std::min<int64_t>(devices, hw.devices_per_node), note);
+}
+
 std::string default_profile_path() {
   const char* xdg = std::getenv("XDG_DATA_HOME");
   const char* home = std::getenv("HOME");

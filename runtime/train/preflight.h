@@ -39,6 +39,11 @@ HardwareProfile resolve_hardware_profile(const std::string& spec);
 // note (`*note`) says so, and that its kernel rates are still those measured at the other sharing.
 // Other profiles, and one of this sharing, are returned as they are (note "").
 HardwareProfile profile_for_ranks_here(const HardwareProfile& hw, int64_t ranks, std::string* note);
+// The same for `berth plan` and `reserve --config`, which know a device count, not its hosts:
+// fewer devices than the profile's ranks per host are planned on one host of this sharing; more,
+// on hosts of the profile's own.
+HardwareProfile profile_for_planned_devices(const HardwareProfile& hw, int64_t devices,
+                                            std::string* note);
 
 // Measures this machine with every rank of `world` running at once (so the figures are per rank
 // under the same sharing as a run with this many ranks): sgemm rates at sizes 64..1024, memory

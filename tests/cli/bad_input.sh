@@ -477,7 +477,7 @@ if [ "$(id -u)" -eq 0 ] && mkdir -p "$tmp/lfs" &&
   rm -f "$tmp/lfs/fill"
   mount -o remount,ro "$tmp/lfs"
   expect_error "ledger_on_a_read_only_file_system" \
-    "must be writable (SQLite writes its journal beside it for every change)" "" "$BERTH" reservations --ledger "$tmp/lfs/l.db"
+    "must be writable even to read it" "" "$BERTH" reservations --ledger "$tmp/lfs/l.db"
   umount "$tmp/lfs"
 else
   echo "ledger_on_a_full_disk ... skipped (needs root and mount -t tmpfs)"
