@@ -287,8 +287,8 @@ class SqliteLedger : public LedgerStore {
     // So must the ledger itself be, even to read it: SQLite makes the -wal and -shm files as
     // whoever opens the ledger first, owned by that user with the ledger's mode, and a user who
     // could only read a 0644 ledger left them so that its owner could not open it any more.
-    if (std::error_code ec;
-        std::filesystem::exists(path, ec) && ::access(path.c_str(), W_OK) != 0) {
+    if (std::error_code ec; std::filesystem::exists(path, ec) &&
+                            ::faccessat(AT_FDCWD, path.c_str(), W_OK, AT_EACCESS) != 0) {
       BERTH_FAIL(
           "ledger {} cannot be written by this process (uid {}), and SQLite's WAL writes even "
           "to read it: the -wal and -shm files this process would leave beside it, owned by "
