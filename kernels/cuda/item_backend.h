@@ -106,8 +106,20 @@ class ItemBackend final : public Exec {
     if (tensor_core_attention(C / NH))
       return flash_forward("attention_varlen_forward_bf16", out, lse,
                            flash::Varlen{qkv, cu, S, N, C}, NH);
+    switch (C / NH) {  // the common head sizes with their accumulator in registers
+      case 64:
+        return varlen_forward_fp32<64>(out, lse, qkv, cu, S, N, C, NH);
+      case 128:
+        return varlen_forward_fp32<128>(out, lse, qkv, cu, S, N, C, NH);
+      default:
+        return varlen_forward_fp32<0>(out, lse, qkv, cu, S, N, C, NH);
+    }
+  }
+  template <int kHS>
+  void varlen_forward_fp32(float* out, float* lse, const float* qkv, const int32_t* cu, int S,
+                           int N, int C, int NH) {
     this->launch("attention_varlen_forward", int64_t(N) * NH, [=] BERTH_LAMBDA(int64_t item) {
-      body::attention_varlen_forward(item, out, lse, qkv, cu, S, C, NH);
+      body::attention_varlen_forward<kHS>(item, out, lse, qkv, cu, S, C, NH);
     });
   }
   void attention_varlen_backward(float* dqkv, const float* dout, const float* out,
@@ -140,9 +152,23 @@ class ItemBackend final : public Exec {
     if (tensor_core_attention(C / NH))
       return flash_forward("attention_block_forward_bf16", out, lse,
                            flash::Block{q, k, v, q_seq, q_pos, k_seq, k_pos, nq, nk, C}, NH);
+    switch (C / NH) {
+      case 64:
+        return block_forward_fp32<64>(out, lse, q, k, v, q_seq, q_pos, k_seq, k_pos, nq, nk, C, NH);
+      case 128:
+        return block_forward_fp32<128>(out, lse, q, k, v, q_seq, q_pos, k_seq, k_pos, nq, nk, C,
+                                       NH);
+      default:
+        return block_forward_fp32<0>(out, lse, q, k, v, q_seq, q_pos, k_seq, k_pos, nq, nk, C, NH);
+    }
+  }
+  template <int kHS>
+  void block_forward_fp32(float* out, float* lse, const float* q, const float* k, const float* v,
+                          const int32_t* q_seq, const int32_t* q_pos, const int32_t* k_seq,
+                          const int32_t* k_pos, int nq, int nk, int C, int NH) {
     this->launch("attention_block_forward", int64_t(nq) * NH, [=] BERTH_LAMBDA(int64_t item) {
-      body::attention_block_forward(item, out, lse, q, k, v, q_seq, q_pos, k_seq, k_pos, nk, C,
-                                    NH);
+      body::attention_block_forward<kHS>(item, out, lse, q, k, v, q_seq, q_pos, k_seq, k_pos, nk, C,
+                                         NH);
     });
   }
   void attention_lse_merge(float* out, float* lse, const float* out_b, const float* lse_b, int nq,

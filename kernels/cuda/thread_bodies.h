@@ -24,6 +24,14 @@
 #define BERTH_HD inline
 #endif
 
+// Unrolls the next loop on the device (a loop over a compile-time head size keeps an array it
+// indexes in registers, not in local memory); nothing on the host.
+#if defined(__CUDA_ARCH__)
+#define BERTH_UNROLL _Pragma("unroll")
+#else
+#define BERTH_UNROLL
+#endif
+
 namespace berth::cuda::body {
 
 constexpr int kMaxHeadSize = 256;  // attention bodies keep one head's accumulator per thread
@@ -243,13 +251,17 @@ BERTH_HD void attention_backward(int64_t item, float* dqkv, float* datt, const f
 }
 
 // ---- causal attention per sequence, flash-style: item (token n, head h) ------------------------
+// kHS: the head size C / NH when the caller knows it at compile time (the accumulator then stays
+// in registers on a GPU: a runtime-indexed acc[256] lived in local memory, 1 KiB a thread), else 0.
+template <int kHS = 0>
 BERTH_HD void attention_varlen_forward(int64_t item, float* out, float* lse, const float* qkv,
                                        const int32_t* cu_seqlens, int S, int C, int NH) {
-  const int n = int(item / NH), h = int(item % NH), HS = C / NH;
+  const int n = int(item / NH), h = int(item % NH), HS = kHS > 0 ? kHS : C / NH;
   const int start = cu_seqlens[sequence_of(n, cu_seqlens, S)];
   const float scale = 1.0f / sqrtf(float(HS));
   const float* q = qkv + int64_t(n) * 3 * C + h * HS;
-  float acc[kMaxHeadSize];
+  float acc[kHS > 0 ? kHS : kMaxHeadSize];
+  BERTH_UNROLL
   for (int x = 0; x < HS; x++) acc[x] = 0;
   float m = neg_inf(), l = 0;
   for (int j = start; j <= n; j++) {
@@ -260,10 +272,12 @@ BERTH_HD void attention_varlen_forward(int64_t item, float* out, float* lse, con
     const float corr = expf(m - m_new), p = expf(sc - m_new);
     l = l * corr + p;
     const float* v = qkv + int64_t(j) * 3 * C + 2 * C + h * HS;
+    BERTH_UNROLL
     for (int x = 0; x < HS; x++) acc[x] = acc[x] * corr + p * v[x];
     m = m_new;
   }
   float* o = out + int64_t(n) * C + h * HS;
+  BERTH_UNROLL
   for (int x = 0; x < HS; x++) o[x] = acc[x] / l;
   lse[item] = m + logf(l);
 }
@@ -336,14 +350,17 @@ BERTH_HD bool sees(const int32_t* q_seq, const int32_t* q_pos, const int32_t* k_
   return k_seq[j] == q_seq[i] && k_pos[j] <= q_pos[i];
 }
 // Online softmax over the keys the query sees (one pass, never an nq × nk matrix).
+// kHS as for attention_varlen_forward.
+template <int kHS = 0>
 BERTH_HD void attention_block_forward(int64_t item, float* out, float* lse, const float* q,
                                       const float* k, const float* v, const int32_t* q_seq,
                                       const int32_t* q_pos, const int32_t* k_seq,
                                       const int32_t* k_pos, int nk, int C, int NH) {
-  const int i = int(item / NH), h = int(item % NH), HS = C / NH;
+  const int i = int(item / NH), h = int(item % NH), HS = kHS > 0 ? kHS : C / NH;
   const float scale = 1.0f / sqrtf(float(HS));
   const float* qi = q + int64_t(i) * C + h * HS;
-  float acc[kMaxHeadSize];
+  float acc[kHS > 0 ? kHS : kMaxHeadSize];
+  BERTH_UNROLL
   for (int x = 0; x < HS; x++) acc[x] = 0;
   float m = neg_inf(), l = 0;
   for (int j = 0; j < nk; j++) {
@@ -355,6 +372,7 @@ BERTH_HD void attention_block_forward(int64_t item, float* out, float* lse, cons
     const float corr = expf(m - m_new), p = expf(sc - m_new);  // expf(-inf) = 0 on the first key
     l = l * corr + p;
     const float* vj = v + int64_t(j) * C + h * HS;
+    BERTH_UNROLL
     for (int x = 0; x < HS; x++) acc[x] = acc[x] * corr + p * vj[x];
     m = m_new;
   }
@@ -364,6 +382,7 @@ BERTH_HD void attention_block_forward(int64_t item, float* out, float* lse, cons
     lse[int64_t(i) * NH + h] = neg_inf();
     return;
   }
+  BERTH_UNROLL
   for (int x = 0; x < HS; x++) oi[x] = acc[x] / l;
   lse[int64_t(i) * NH + h] = m + logf(l);
 }
