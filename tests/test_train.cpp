@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -747,6 +748,60 @@ TEST(RunDirLock, OneRunPerDirectoryUnlessBothAreUnderALease) {
     EXPECT_NE(err.find("(under a lease)"), std::string::npos) << err;
   }
   std::filesystem::remove_all(dir);
+}
+
+// A checkpoint.dir removed during the run (rm -rf) was made again by the next save without a
+// word, and without its lock: a run of another name then saved into it too, and the two runs'
+// checkpoints mixed. The save says so and takes the directory again.
+TEST_F(TrainTest, ACheckpointDirRemovedDuringTheRunIsSaidAndTakenAgain) {
+  RunConfig cfg = config(4);
+  const std::string shared = (dir_ / "shared_ckpt").string();
+  cfg.checkpoint.dir = shared;
+  std::filesystem::create_directories(shared);
+  cfg.run.name = "first";
+  Trainer first(cfg, *world());  // takes the directory's lock (it exists)
+  first.train_step(0);
+  first.save(1);
+  ASSERT_TRUE(std::filesystem::exists(shared + "/" + checkpoint_dir_name(1)));
+  std::filesystem::remove_all(shared);
+  first.train_step(1);
+  ::testing::internal::CaptureStderr();
+  first.save(2);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("checkpoint.dir " + shared + " was removed or replaced during the run"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("before step 2 are not in it any more"), std::string::npos) << err;
+  EXPECT_TRUE(std::filesystem::exists(shared + "/" + checkpoint_dir_name(2)));
+  cfg.run.name = "second";
+  test::expect_error(
+      [&] { Trainer second(cfg, *world()); },
+      {"the checkpoint directory " + shared + " is in use by another `berth train`"});
+}
+
+// A checkpoint.dir or run directory whose files would be longer than PATH_MAX: refused at start,
+// not at the first save after training up to it.
+TEST_F(TrainTest, ADirectoryTooLongForItsFilesIsRefusedAtStart) {
+  RunConfig cfg = config(2);
+  std::string deep = (dir_ / "deep").string();
+  while (deep.size() < PATH_MAX - 40) deep += "/" + std::string(200, 'd');
+  cfg.checkpoint.dir = deep.substr(0, PATH_MAX - 40);
+  test::expect_error(
+      [&] {
+        Trainer t(cfg, *world());
+        t.run();
+      },
+      {"checkpoint.dir is ", "past this system's limit of 4095 (PATH_MAX)"});
+  EXPECT_FALSE(std::filesystem::exists(cfg.checkpoint.dir)) << "the refusal left it made";
+  cfg = config(2);
+  cfg.run.out_dir = deep.substr(0, PATH_MAX - 46);
+  cfg.checkpoint.dir = (dir_ / "ckpt").string();
+  test::expect_error(
+      [&] {
+        Trainer t(cfg, *world());
+        t.run();
+      },
+      {"the run directory (run.out_dir/run.name) is ", "(PATH_MAX)"});
 }
 
 // Two runs of other names saving into one checkpoint.dir: the second is refused at start, naming

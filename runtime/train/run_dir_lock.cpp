@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -46,6 +47,7 @@ LockHolder parse_holder(const std::string& line) {
 RunDirLock::RunDirLock(const std::string& dir, const std::string& what, const std::string& run_dir,
                        bool leased, int64_t reservation) {
   const std::string path = dir + "/.berth.lock";
+  path_ = path;
   std::error_code ec;
   const std::filesystem::path canonical =
       std::filesystem::weakly_canonical(std::filesystem::absolute(run_dir, ec), ec);
@@ -102,6 +104,14 @@ RunDirLock::RunDirLock(const std::string& dir, const std::string& what, const st
 
 RunDirLock::~RunDirLock() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+bool RunDirLock::in_place() const {
+  struct stat held {
+  }, there{};
+  if (fd_ < 0 || ::fstat(fd_, &held) != 0) return true;  // nothing held: nothing to lose
+  return ::stat(path_.c_str(), &there) == 0 && held.st_dev == there.st_dev &&
+         held.st_ino == there.st_ino;
 }
 
 }  // namespace berth

@@ -35,7 +35,12 @@ class RunDirLock {
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;
 
+  // False when the lock file this object holds is no longer at <dir>/.berth.lock: the directory
+  // was removed (rm -rf) or replaced (mv) since, and the lock went with it.
+  bool in_place() const;
+
  private:
+  std::string path_;  // <dir>/.berth.lock
   int fd_ = -1;
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -259,6 +260,19 @@ void require_plan_fits_host(const Plan& p, const RunConfig& cfg, const std::stri
                   ? fmt::format("this host has for each of the {} ranks it runs", ranks_here)
                   : std::string("this whole host has"),
               format_bytes(host), cfg.source.empty() ? "CONFIG" : cfg.source);
+}
+
+// A directory whose files would be longer than the system allows failed only when first
+// written: a checkpoint.dir of 4060 characters passed the start, trained to its first save and
+// failed there ("File name too long"). `longest` is the longest name a run writes below `dir`.
+void require_paths_fit(const std::string& dir, const std::string& longest, const char* key) {
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(dir, ec);
+  const size_t n = (ec ? dir : abs.string()).size() + 1 + longest.size();
+  BERTH_CHECK(n < PATH_MAX,
+              "{} is {} characters long: a run writes {} there, a path of {} characters, past "
+              "this system's limit of {} (PATH_MAX); choose a shorter {}",
+              key, (ec ? dir : abs.string()).size(), longest, n, PATH_MAX - 1, key);
 }
 
 // How many of `world`'s ranks run on this host (by host name). Collective over `world`: a CPU
@@ -868,6 +882,7 @@ double Trainer::save(int64_t steps_done) {
     ck.meta.layout = describe_grid(grid_->shape());
     ck.meta.source = "berth train";
     ck.meta.fencing_token = fencing_token_;
+    relock_checkpoint_dir_if_gone(steps_done);
     const std::string dir = checkpoint_dir_ + "/" + checkpoint_dir_name(steps_done);
     save_checkpoint(dir, ck, cfg_.debug.checkpoint_pause_s);
     const int pruned = prune_checkpoints(checkpoint_dir_, cfg_.checkpoint.keep_last);
@@ -1055,6 +1070,40 @@ void Trainer::lock_checkpoint_dir() {
                                             leased(), cfg_.reservation.id);
 }
 
+void Trainer::relock_checkpoint_dir_if_gone(int64_t step) {
+  // A checkpoint.dir removed (rm -rf) or replaced (mv) during the run was made again by the next
+  // save without a word: the checkpoints saved there were gone and its lock with them, so a run
+  // of another name could then save into it, and one did, mixing the two runs' checkpoints. It is
+  // said, and the directory taken again (refused, failing this save, if another run holds it now).
+  // So is a run directory removed or replaced: what was written in it so far went with it.
+  bool taken_again = false;
+  if (run_lock_ && !run_lock_->in_place()) {
+    taken_again = true;
+    log_warn(
+        "the run directory {} was removed or replaced during the run (its lock file is gone): "
+        "config.toml and the metrics and trace written so far went with it. Taking it again "
+        "before step {}'s checkpoint",
+        run_dir_, step);
+    run_lock_.reset();
+    ensure_writable_dir(run_dir_, "run directory (run.out_dir/run.name)");
+    run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased(),
+                                             cfg_.reservation.id);
+  }
+  if (ckpt_lock_ && !ckpt_lock_->in_place()) {
+    taken_again = true;
+    log_warn(
+        "checkpoint.dir {} was removed or replaced during the run (its lock file is gone): the "
+        "checkpoints saved there before step {} are not in it any more (moved or deleted). "
+        "Taking it again and saving step {} there",
+        checkpoint_dir_, step, step);
+    ckpt_lock_.reset();
+    ensure_writable_dir(checkpoint_dir_, "checkpoint directory (checkpoint.dir)");
+    lock_checkpoint_dir();
+  }
+  // checkpoint.dir's FENCE may have gone too: this lease's token goes in again before the save
+  if (taken_again && fencing_token_) claim_checkpoint_fence(checkpoint_dir_, *fencing_token_);
+}
+
 bool Trainer::saves_at(int64_t step) const {
   const int64_t interval = cfg_.checkpoint.interval;
   return (interval > 0 && step % interval == 0) ||
@@ -1143,6 +1192,16 @@ std::vector<StepStats> Trainer::run() {
     const bool ckpt_dir_existed = std::filesystem::exists(checkpoint_dir_, ec);
     try {
       ensure_writable_dir(checkpoint_dir_, "checkpoint directory (checkpoint.dir)");
+      // the longest: a save's temporary meta.json (write_file_atomic) in its temporary directory,
+      // and the run directory's metrics set aside at a resume, as a temporary
+      constexpr int64_t kMaxPid = 4194304;  // Linux's pid_max at most
+      require_paths_fit(checkpoint_dir_,
+                        fmt::format("{}.tmp-{}/meta.json.tmp.{}.{}",
+                                    checkpoint_dir_name(cfg_.train.steps), kMaxPid, kMaxPid, 9999),
+                        "checkpoint.dir");
+      require_paths_fit(run_dir_,
+                        fmt::format("metrics.jsonl.partial.resume.tmp.{}.{}", kMaxPid, 9999),
+                        "the run directory (run.out_dir/run.name)");
       // Before anything in the run directory is written or cleaned (a live run's checkpoint
       // temporaries, its FENCE); taken in the constructor already where the directories existed.
       if (!run_lock_) {

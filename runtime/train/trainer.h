@@ -162,6 +162,8 @@ class Trainer {
   std::unique_ptr<RunDirLock> run_lock_;   // rank 0, until run() ends
   std::unique_ptr<RunDirLock> ckpt_lock_;  // the same, of checkpoint.dir (lock_checkpoint_dir)
   void lock_checkpoint_dir();              // rank 0; once
+  // Rank 0, before a save: takes checkpoint.dir (its lock) again when it was removed or replaced.
+  void relock_checkpoint_dir_if_gone(int64_t step);
   // Whether this launch trains under a lease (a reservation, or one booked on demand).
   bool leased() const { return cfg_.reservation.id > 0 || cfg_.reservation.without == "on-demand"; }
   int64_t start_step_ = 0;
