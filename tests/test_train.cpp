@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <csignal>
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -777,6 +779,42 @@ TEST_F(TrainTest, ACheckpointDirRemovedDuringTheRunIsSaidAndTakenAgain) {
   test::expect_error(
       [&] { Trainer second(cfg, *world()); },
       {"the checkpoint directory " + shared + " is in use by another `berth train`"});
+}
+
+// metrics.jsonl that cannot be committed at the end (the run directory's disk full or read-only
+// to the end): the records, only in memory since the .partial stopped, were lost with the error.
+// They go beside the checkpoints, and the error says where.
+TEST_F(TrainTest, MetricsThatCannotBeCommittedAreWrittenBesideTheCheckpoints) {
+  RunConfig cfg = config(3);
+  cfg.run.name = "rescue";
+  cfg.checkpoint.interval = 1;
+  cfg.debug.checkpoint_pause_s = 0.3;  // the steps take a second at least
+  const std::filesystem::path run = std::filesystem::path(cfg.run.out_dir) / "rescue";
+  // Once the run writes its .partial, metrics.jsonl becomes a directory: its commit fails.
+  std::thread blocker([&] {
+    for (int i = 0; i < 5000 && !std::filesystem::exists(run / "metrics.jsonl.partial"); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::filesystem::create_directories(run / "metrics.jsonl");
+  });
+  std::string message;
+  try {
+    Trainer t(cfg, *world());
+    t.run();
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  blocker.join();
+  const std::string rescued =
+      (run / "checkpoints" / fmt::format("metrics.rescue.rescued-{}.jsonl", ::getpid())).string();
+  EXPECT_NE(message.find("This run's 3 step records are in " + rescued + " instead"),
+            std::string::npos)
+      << message;
+  ASSERT_TRUE(std::filesystem::exists(rescued));
+  std::ifstream in(rescued);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);)
+    lines += line.find("\"step\"") != std::string::npos;
+  EXPECT_EQ(lines, 3);
 }
 
 // A checkpoint.dir or run directory whose files would be longer than PATH_MAX: refused at start,

@@ -1070,6 +1070,34 @@ void Trainer::lock_checkpoint_dir() {
                                             leased(), cfg_.reservation.id);
 }
 
+void Trainer::rescue_metrics(const std::string& metrics, const std::string& why) const {
+  // The run directory's disk full (or read-only) to the end: the step records since its .partial
+  // stopped were only in memory, and the failed commit lost them. They go beside the checkpoints
+  // (often another disk), else into the temporary directory, and the error says where.
+  const int64_t records = std::count(metrics.begin(), metrics.end(), '\n');
+  std::error_code ec;
+  const std::string tmp = std::filesystem::temp_directory_path(ec).string();
+  std::string tried;
+  for (const std::string& dir : {checkpoint_dir_, tmp}) {
+    if (dir.empty()) continue;
+    const std::string path =
+        fmt::format("{}/metrics.{}.rescued-{}.jsonl", dir, cfg_.run.name, ::getpid());
+    try {
+      write_file_atomic(path, metrics);
+    } catch (const Error& e) {
+      tried += fmt::format("; {}: {}", path, e.what());
+      continue;
+    }
+    BERTH_FAIL(
+        "{}. This run's {} step records are in {} instead: move it to {}/metrics.jsonl when "
+        "that disk has room",
+        why, records, path, run_dir_);
+  }
+  BERTH_FAIL(
+      "{}. This run's {} step records could not be written elsewhere either{}: they are lost", why,
+      records, tried);
+}
+
 void Trainer::relock_checkpoint_dir_if_gone(int64_t step) {
   // A checkpoint.dir removed (rm -rf) or replaced (mv) during the run was made again by the next
   // save without a word: the checkpoints saved there were gone and its lock with them, so a run
@@ -1563,7 +1591,11 @@ std::vector<StepStats> Trainer::run() {
     lease.release();
     if (writer) {
       partial.close();
-      write_file_atomic(metrics_path, metrics);
+      try {
+        write_file_atomic(metrics_path, metrics);
+      } catch (const Error& e) {
+        rescue_metrics(metrics, e.what());
+      }
       std::remove(partial_path.c_str());
     }
   }
