@@ -1449,7 +1449,15 @@ std::vector<StepStats> Trainer::run() {
     // all-reduce of 4 bytes per step).
     if (const int32_t sig =
             world_.all_reduce_value<int32_t>(StopSignals::received(), ReduceOp::MAX)) {
-      stop_after(step);
+      try {
+        stop_after(step);
+      } catch (const Error& e) {  // the signal was not in the log, only the save's error
+        BERTH_FAIL(
+            "stopping before step {}: {} received, and the checkpoint it saves failed: {}. "
+            "`--resume auto` continues from the newest complete checkpoint in {} once that is "
+            "fixed",
+            step + 1, StopSignals::name(sig), e.what(), checkpoint_dir_);
+      }
       outcome_ = Outcome::kSignalled;
       outcome_reason_ = fmt::format("{} received", StopSignals::name(sig));
       log_info("stopping before step {}: {}; {}continue with --resume auto", step + 1,
