@@ -113,6 +113,25 @@ pid=""
   "$tmp/last.log" && [ -f "$tmp/runs/last/checkpoints/step-00000003/meta.json" ]
 check "a signal during the last save: the run is complete, exit 0 (rc $rc)" $?
 
+# The checkpoint a signal asks for fails (checkpoint.dir on a full disk): the error names the
+# signal and where --resume auto continues (only the save's error was logged). Needs root (tmpfs).
+if [ "$(id -u)" -eq 0 ] && mkdir -p "$tmp/full" && mount -t tmpfs -o size=64k tmpfs "$tmp/full" 2>/dev/null; then
+  "$berth" "${args[@]}" --set run.name=full --set checkpoint.dir="$tmp/full" \
+    --set checkpoint.interval=0 > "$tmp/full.log" 2>&1 &
+  pid=$!
+  wait_lines "$tmp/runs/full/metrics.jsonl.partial" 3
+  kill -TERM "$pid"
+  wait "$pid"
+  rc=$?
+  pid=""
+  umount "$tmp/full"
+  [ $rc -eq 1 ] && grep -q "SIGTERM received, and the checkpoint it saves failed: .*No space left" \
+    "$tmp/full.log" && grep -q "resume auto. continues from the newest complete checkpoint" "$tmp/full.log"
+  check "a signal whose checkpoint fails on a full disk names the signal (rc $rc)" $?
+else
+  echo "skip: a signal whose checkpoint fails on a full disk (needs root and mount -t tmpfs)"
+fi
+
 # Under a lease (SIGINT, Ctrl-C): the lease is given back, so the same booking trains again at
 # once instead of being refused as held by a dead process. (Job control on, as in a terminal: a
 # background job of a script ignores SIGINT, and berth leaves an ignored signal ignored.)
