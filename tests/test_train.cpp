@@ -779,6 +779,25 @@ TEST_F(TrainTest, ACheckpointDirRemovedDuringTheRunIsSaidAndTakenAgain) {
   test::expect_error(
       [&] { Trainer second(cfg, *world()); },
       {"the checkpoint directory " + shared + " is in use by another `berth train`"});
+  // Its lock file removed alone (as a refusal advises for a dead holder's): taken again, and the
+  // run's own checkpoints stay where they are.
+  std::filesystem::remove(shared + "/.berth.lock");
+  ::testing::internal::CaptureStderr();
+  first.save(3);
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("its lock file was removed"),
+            std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(shared + "/.berth.lock"));
+  EXPECT_TRUE(std::filesystem::exists(shared + "/" + checkpoint_dir_name(2) + "/meta.json"));
+  // Replaced by a directory holding checkpoints (another run's): not saved into, nor pruned.
+  std::filesystem::rename(shared, shared + ".old");
+  std::filesystem::create_directories(shared + "/" + checkpoint_dir_name(100));
+  std::ofstream(shared + "/" + checkpoint_dir_name(100) + "/meta.json") << "{}";
+  ::testing::internal::CaptureStderr();
+  test::expect_error([&] { first.save(4); },
+                     {"was replaced during the run by a directory holding checkpoints",
+                      checkpoint_dir_name(100) + " the newest"});
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(std::filesystem::exists(shared + "/" + checkpoint_dir_name(4)));
 }
 
 // metrics.jsonl that cannot be committed at the end (the run directory's disk full or read-only
@@ -791,10 +810,14 @@ TEST_F(TrainTest, MetricsThatCannotBeCommittedAreWrittenBesideTheCheckpoints) {
   cfg.debug.checkpoint_pause_s = 0.3;  // the steps take a second at least
   const std::filesystem::path run = std::filesystem::path(cfg.run.out_dir) / "rescue";
   // Once the run writes its .partial, metrics.jsonl becomes a directory: its commit fails.
+  bool blocked = false;
   std::thread blocker([&] {
-    for (int i = 0; i < 5000 && !std::filesystem::exists(run / "metrics.jsonl.partial"); ++i)
+    for (int i = 0; i < 60000 && !std::filesystem::exists(run / "metrics.jsonl.partial"); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::filesystem::create_directories(run / "metrics.jsonl");
+    if (std::filesystem::exists(run / "metrics.jsonl.partial")) {
+      std::filesystem::create_directories(run / "metrics.jsonl");
+      blocked = true;
+    }
   });
   std::string message;
   try {
@@ -804,8 +827,9 @@ TEST_F(TrainTest, MetricsThatCannotBeCommittedAreWrittenBesideTheCheckpoints) {
     message = e.what();
   }
   blocker.join();
+  ASSERT_TRUE(blocked) << "the run wrote no metrics.jsonl.partial in 60 s: " << message;
   const std::string rescued =
-      (run / "checkpoints" / fmt::format("metrics.rescue.rescued-{}.jsonl", ::getpid())).string();
+      (run / "checkpoints" / fmt::format("metrics.rescued-{}.jsonl", ::getpid())).string();
   EXPECT_NE(message.find("This run's 3 step records are in " + rescued + " instead"),
             std::string::npos)
       << message;

@@ -287,16 +287,17 @@ class SqliteLedger : public LedgerStore {
     // So must the ledger itself be, even to read it: SQLite makes the -wal and -shm files as
     // whoever opens the ledger first, owned by that user with the ledger's mode, and a user who
     // could only read a 0644 ledger left them so that its owner could not open it any more.
-    if (std::error_code ec; std::filesystem::exists(path, ec) &&
-                            ::faccessat(AT_FDCWD, path.c_str(), W_OK, AT_EACCESS) != 0) {
+    if (std::error_code ec;
+        std::filesystem::exists(path, ec) && ::euidaccess(path.c_str(), W_OK) != 0) {
       BERTH_FAIL(
           "ledger {} cannot be written by this process (uid {}), and SQLite's WAL writes even "
           "to read it: the -wal and -shm files this process would leave beside it, owned by "
           "uid {}, would lock the ledger's other users out. Ask its owner for write access (a "
           "team's ledger: `chmod g+w {}`, or one registered with umask 002 in a group "
-          "directory; docs/reservation.md), or use a ledger of your own (--ledger, "
-          "$BERTH_LEDGER)",
-          path, geteuid(), geteuid(), path);
+          "directory; docs/reservation.md), read a copy with its WAL (`cp {} /tmp/l.db; cp {}-wal "
+          "/tmp/l.db-wal; berth reservations --ledger /tmp/l.db`), or use a ledger of your own "
+          "(--ledger, $BERTH_LEDGER)",
+          path, geteuid(), geteuid(), path, path, path);
     }
     struct statfs fs {};
     if (statfs(dir.c_str(), &fs) == 0) {

@@ -290,7 +290,14 @@ void ProgressTracker::finish() {
         trace);
     return;
   }
-  commit_file(trace + ".partial", trace);
+  // A run directory removed during the run took the .partial with it: said, and not fatal (the
+  // error ended the run before metrics.jsonl, written from memory next, was committed).
+  try {
+    commit_file(trace + ".partial", trace);
+  } catch (const Error& e) {
+    log_warn("progress: trace.csv is not committed: {}", e.what());
+    return;
+  }
   if (steps_ > 0 && walls_s_ > 0) {
     log_info("progress: trace of this session in {} (replay: berth eta replay {} --meta {}/"
              "run_facts.json) | gathering the per-rank records cost {:.0f} us per step ({:.3f}% "

@@ -47,7 +47,12 @@ LockHolder parse_holder(const std::string& line) {
 RunDirLock::RunDirLock(const std::string& dir, const std::string& what, const std::string& run_dir,
                        bool leased, int64_t reservation) {
   const std::string path = dir + "/.berth.lock";
+  dir_ = dir;
   path_ = path;
+  if (struct stat st{}; ::stat(dir.c_str(), &st) == 0) {
+    dir_dev_ = uint64_t(st.st_dev);
+    dir_ino_ = uint64_t(st.st_ino);
+  }
   std::error_code ec;
   const std::filesystem::path canonical =
       std::filesystem::weakly_canonical(std::filesystem::absolute(run_dir, ec), ec);
@@ -109,9 +114,17 @@ RunDirLock::~RunDirLock() {
 bool RunDirLock::in_place() const {
   struct stat held {
   }, there{};
-  if (fd_ < 0 || ::fstat(fd_, &held) != 0) return true;  // nothing held: nothing to lose
+  if (fd_ < 0) return true;  // nothing held: nothing to lose
+  // (a file removed on NFS by another host answers ESTALE)
+  if (::fstat(fd_, &held) != 0) return errno != ESTALE;
   return ::stat(path_.c_str(), &there) == 0 && held.st_dev == there.st_dev &&
          held.st_ino == there.st_ino;
+}
+
+bool RunDirLock::same_directory() const {
+  struct stat st {};
+  return ::stat(dir_.c_str(), &st) == 0 && uint64_t(st.st_dev) == dir_dev_ &&
+         uint64_t(st.st_ino) == dir_ino_;
 }
 
 }  // namespace berth

@@ -36,11 +36,14 @@ class RunDirLock {
   RunDirLock& operator=(const RunDirLock&) = delete;
 
   // False when the lock file this object holds is no longer at <dir>/.berth.lock: the directory
-  // was removed (rm -rf) or replaced (mv) since, and the lock went with it.
+  // was removed (rm -rf) or replaced (mv) since, or the lock file alone removed.
   bool in_place() const;
+  // False when <dir> is no longer the directory it was when locked (removed, or replaced).
+  bool same_directory() const;
 
  private:
-  std::string path_;  // <dir>/.berth.lock
+  std::string dir_, path_;  // <dir>, <dir>/.berth.lock
+  uint64_t dir_dev_ = 0, dir_ino_ = 0;
   int fd_ = -1;
 };
 

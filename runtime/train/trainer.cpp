@@ -1080,8 +1080,7 @@ void Trainer::rescue_metrics(const std::string& metrics, const std::string& why)
   std::string tried;
   for (const std::string& dir : {checkpoint_dir_, tmp}) {
     if (dir.empty()) continue;
-    const std::string path =
-        fmt::format("{}/metrics.{}.rescued-{}.jsonl", dir, cfg_.run.name, ::getpid());
+    const std::string path = fmt::format("{}/metrics.rescued-{}.jsonl", dir, ::getpid());
     try {
       write_file_atomic(path, metrics);
     } catch (const Error& e) {
@@ -1108,25 +1107,44 @@ void Trainer::relock_checkpoint_dir_if_gone(int64_t step) {
   if (run_lock_ && !run_lock_->in_place()) {
     taken_again = true;
     log_warn(
-        "the run directory {} was removed or replaced during the run (its lock file is gone): "
-        "config.toml and the metrics and trace written so far went with it. Taking it again "
-        "before step {}'s checkpoint",
+        "the run directory {} was removed or replaced during the run (its lock file is gone), "
+        "and this session's trace.csv with it. Taking it again before step {}'s checkpoint: "
+        "config.toml is written again now and metrics.jsonl from memory at the end",
         run_dir_, step);
     run_lock_.reset();
     ensure_writable_dir(run_dir_, "run directory (run.out_dir/run.name)");
     run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased(),
                                              cfg_.reservation.id);
+    write_file_atomic(run_dir_ + "/config.toml", config_to_toml(cfg_));
   }
+  bool replaced = false;  // checkpoint.dir is another directory now (not its lock file alone)
   if (ckpt_lock_ && !ckpt_lock_->in_place()) {
     taken_again = true;
-    log_warn(
-        "checkpoint.dir {} was removed or replaced during the run (its lock file is gone): the "
-        "checkpoints saved there before step {} are not in it any more (moved or deleted). "
-        "Taking it again and saving step {} there",
-        checkpoint_dir_, step, step);
+    replaced = !ckpt_lock_->same_directory();
+    if (replaced) {
+      log_warn(
+          "checkpoint.dir {} was removed or replaced during the run (its lock file is gone): the "
+          "checkpoints saved there before step {} are not in it any more (moved or deleted). "
+          "Taking it again to save step {} there",
+          checkpoint_dir_, step, step);
+    } else {
+      log_warn("checkpoint.dir {}: its lock file was removed during the run; taking it again",
+               checkpoint_dir_);
+    }
     ckpt_lock_.reset();
     ensure_writable_dir(checkpoint_dir_, "checkpoint directory (checkpoint.dir)");
     lock_checkpoint_dir();
+  }
+  // A directory moved into its place that holds checkpoints (another run's, or this run's moved
+  // back) is not saved into: keep_last would prune them, and --resume auto take the newest.
+  if (replaced) {
+    if (const std::optional<std::string> newest = latest_checkpoint(checkpoint_dir_)) {
+      BERTH_FAIL(
+          "checkpoint.dir {} was replaced during the run by a directory holding checkpoints "
+          "({} the newest): refusing to save (and prune) there. Move that directory away, or "
+          "give checkpoint.dir another path, then continue with --resume",
+          checkpoint_dir_, *newest);
+    }
   }
   // checkpoint.dir's FENCE may have gone too: this lease's token goes in again before the save
   if (taken_again && fencing_token_) claim_checkpoint_fence(checkpoint_dir_, *fencing_token_);
@@ -1211,6 +1229,17 @@ std::vector<StepStats> Trainer::run() {
   const std::string resolved = config_to_toml(cfg_);
   if (writer) {
     std::error_code ec;
+    // Before anything is made: the longest paths a run writes, a save's temporary meta.json
+    // (write_file_atomic: .tmp.<pid>.<counter>) in its temporary directory, and the run
+    // directory's metrics set aside at a resume, as a temporary.
+    constexpr int64_t kMaxPid = 4194304;  // Linux's pid_max at most
+    require_paths_fit(checkpoint_dir_,
+                      fmt::format("{}.tmp-{}/meta.json.tmp.{}.{}",
+                                  checkpoint_dir_name(cfg_.train.steps), kMaxPid, kMaxPid, INT_MAX),
+                      "checkpoint.dir");
+    require_paths_fit(run_dir_,
+                      fmt::format("metrics.jsonl.partial.resume.tmp.{}.{}", kMaxPid, INT_MAX),
+                      "the run directory (run.out_dir/run.name)");
     const bool run_dir_existed = std::filesystem::exists(run_dir_, ec);
     ensure_writable_dir(run_dir_, "run directory (run.out_dir/run.name)");
     // The checkpoint directory is checked now, not at the first save: an unusable checkpoint.dir
@@ -1220,16 +1249,6 @@ std::vector<StepStats> Trainer::run() {
     const bool ckpt_dir_existed = std::filesystem::exists(checkpoint_dir_, ec);
     try {
       ensure_writable_dir(checkpoint_dir_, "checkpoint directory (checkpoint.dir)");
-      // the longest: a save's temporary meta.json (write_file_atomic) in its temporary directory,
-      // and the run directory's metrics set aside at a resume, as a temporary
-      constexpr int64_t kMaxPid = 4194304;  // Linux's pid_max at most
-      require_paths_fit(checkpoint_dir_,
-                        fmt::format("{}.tmp-{}/meta.json.tmp.{}.{}",
-                                    checkpoint_dir_name(cfg_.train.steps), kMaxPid, kMaxPid, 9999),
-                        "checkpoint.dir");
-      require_paths_fit(run_dir_,
-                        fmt::format("metrics.jsonl.partial.resume.tmp.{}.{}", kMaxPid, 9999),
-                        "the run directory (run.out_dir/run.name)");
       // Before anything in the run directory is written or cleaned (a live run's checkpoint
       // temporaries, its FENCE); taken in the constructor already where the directories existed.
       if (!run_lock_) {
@@ -1453,10 +1472,12 @@ std::vector<StepStats> Trainer::run() {
         stop_after(step);
       } catch (const Error& e) {  // the signal was not in the log, only the save's error
         BERTH_FAIL(
-            "stopping before step {}: {} received, and the checkpoint it saves failed: {}. "
-            "`--resume auto` continues from the newest complete checkpoint in {} once that is "
-            "fixed",
-            step + 1, StopSignals::name(sig), e.what(), checkpoint_dir_);
+            "stopping before step {}: {} received, and the checkpoint it saves failed: {}. {}",
+            step + 1, StopSignals::name(sig), e.what(),
+            latest_checkpoint(checkpoint_dir_)
+                ? fmt::format("`--resume auto` continues from {} once that is fixed",
+                              *latest_checkpoint(checkpoint_dir_))
+                : std::string("No complete checkpoint is left: a new launch starts at step 0"));
       }
       outcome_ = Outcome::kSignalled;
       outcome_reason_ = fmt::format("{} received", StopSignals::name(sig));

@@ -9,7 +9,7 @@ set -u
 berth=$1
 tmp=$(mktemp -d)
 pid=""
-trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
+trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; umount "$tmp/full" 2>/dev/null; rm -rf "$tmp"' EXIT
 source "$(dirname "$0")/checks.sh"  # check NAME STATUS
 # wait_saving RUN_DIR: until a checkpoint save is in progress there (at most 30 s)
 wait_saving() {
