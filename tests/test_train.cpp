@@ -841,6 +841,53 @@ TEST_F(TrainTest, MetricsThatCannotBeCommittedAreWrittenBesideTheCheckpoints) {
   EXPECT_EQ(lines, 3);
 }
 
+// The run directory removed during the run (rm -rf): the next save says so and makes it again,
+// and the run ends well: config.toml written again, metrics.jsonl from memory (the trace of the
+// session is lost, a warning). It failed at the end on the trace and lost every metric.
+TEST_F(TrainTest, ARunDirectoryRemovedDuringTheRunStillGetsItsMetrics) {
+  RunConfig cfg = config(3);
+  cfg.run.name = "removed";
+  cfg.checkpoint.interval = 3;
+  cfg.debug.stall_step = 2;  // rank 0 waits half a second before the third step
+  cfg.debug.stall_s = 0.5;
+  const std::filesystem::path run = std::filesystem::path(cfg.run.out_dir) / "removed";
+  bool removed = false;
+  std::thread remover([&] {
+    const auto lines = [&] {
+      std::ifstream in(run / "metrics.jsonl.partial");
+      int n = 0;
+      for (std::string line; std::getline(in, line);) ++n;
+      return n;
+    };
+    for (int i = 0; i < 60000 && lines() < 2; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (lines() >= 2) {
+      std::filesystem::remove_all(run);
+      removed = true;
+    }
+  });
+  std::string err, error;
+  ::testing::internal::CaptureStderr();
+  try {
+    Trainer t(cfg, *world());
+    t.run();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  err = ::testing::internal::GetCapturedStderr();
+  remover.join();
+  ASSERT_TRUE(removed) << "the run wrote no second record in 60 s";
+  EXPECT_EQ(error, "");
+  EXPECT_NE(err.find("the run directory " + run.string() + " was removed or replaced"),
+            std::string::npos)
+      << err;
+  EXPECT_TRUE(std::filesystem::exists(run / "config.toml"));
+  std::ifstream in(run / "metrics.jsonl");
+  int records = 0;
+  for (std::string line; std::getline(in, line);) records += !line.empty();
+  EXPECT_EQ(records, 3);
+}
+
 // A checkpoint.dir or run directory whose files would be longer than PATH_MAX: refused at start,
 // not at the first save after training up to it.
 TEST_F(TrainTest, ADirectoryTooLongForItsFilesIsRefusedAtStart) {
