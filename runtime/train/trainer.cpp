@@ -24,6 +24,7 @@
 #include "parallel/pipeline.h"
 #include "runtime/comm/nccl.h"
 #include "runtime/core/check.h"
+#include "runtime/core/clock.h"
 #include "runtime/core/fnv.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
@@ -1080,7 +1081,9 @@ void Trainer::rescue_metrics(const std::string& metrics, const std::string& why)
   std::string tried;
   for (const std::string& dir : {checkpoint_dir_, tmp}) {
     if (dir.empty()) continue;
-    const std::string path = fmt::format("{}/metrics.rescued-{}.jsonl", dir, ::getpid());
+    // (the time too: a container's next session often has the same pid)
+    const std::string path =
+        fmt::format("{}/metrics.rescued-{}-{}.jsonl", dir, int64_t(unix_now()), ::getpid());
     try {
       write_file_atomic(path, metrics);
     } catch (const Error& e) {
@@ -1097,54 +1100,75 @@ void Trainer::rescue_metrics(const std::string& metrics, const std::string& why)
       records, tried);
 }
 
+namespace {
+// The first entry of `dir` (a directory moved into a path this run writes), "" when it is empty
+// or absent.
+std::string first_entry(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    return e.path().filename().string();
+  }
+  return "";
+}
+}  // namespace
+
+bool Trainer::relock_run_dir_if_gone(const std::string& before) {
+  // A run directory removed (rm -rf) during the run took its lock, config.toml and the session's
+  // trace with it, and the run failed at the end on the trace, losing every metric. It is said
+  // and made again; one replaced by a directory holding anything (another run's) is refused
+  // before anything is written there.
+  if (!run_lock_ || run_lock_->in_place()) return false;
+  if (!run_lock_->same_directory()) {
+    if (const std::string entry = first_entry(run_dir_); !entry.empty()) {
+      BERTH_FAIL(
+          "the run directory {} was replaced during the run by a directory holding files ({}): "
+          "not this run's; refusing to write there. Move it away, then continue with --resume",
+          run_dir_, entry);
+    }
+  }
+  log_warn(
+      "the run directory {} was removed or replaced during the run (its lock file is gone), and "
+      "this session's trace.csv with it. Taking it again {}: config.toml is written again now "
+      "and metrics.jsonl from memory at the end",
+      run_dir_, before);
+  run_lock_.reset();
+  ensure_writable_dir(run_dir_, "run directory (run.out_dir/run.name)");
+  run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased(),
+                                           cfg_.reservation.id);
+  write_file_atomic(run_dir_ + "/config.toml", config_to_toml(cfg_));
+  return true;
+}
+
 void Trainer::relock_checkpoint_dir_if_gone(int64_t step) {
   // A checkpoint.dir removed (rm -rf) or replaced (mv) during the run was made again by the next
   // save without a word: the checkpoints saved there were gone and its lock with them, so a run
   // of another name could then save into it, and one did, mixing the two runs' checkpoints. It is
-  // said, and the directory taken again (refused, failing this save, if another run holds it now).
-  // So is a run directory removed or replaced: what was written in it so far went with it.
-  bool taken_again = false;
-  if (run_lock_ && !run_lock_->in_place()) {
-    taken_again = true;
-    log_warn(
-        "the run directory {} was removed or replaced during the run (its lock file is gone), "
-        "and this session's trace.csv with it. Taking it again before step {}'s checkpoint: "
-        "config.toml is written again now and metrics.jsonl from memory at the end",
-        run_dir_, step);
-    run_lock_.reset();
-    ensure_writable_dir(run_dir_, "run directory (run.out_dir/run.name)");
-    run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased(),
-                                             cfg_.reservation.id);
-    write_file_atomic(run_dir_ + "/config.toml", config_to_toml(cfg_));
-  }
-  bool replaced = false;  // checkpoint.dir is another directory now (not its lock file alone)
+  // said, and the directory taken again (refused, failing this save, if another run holds it
+  // now). One replaced by a directory holding anything (another run's checkpoints: keep_last
+  // would prune them, --resume auto take the newest) is refused before anything is written.
+  bool taken_again = relock_run_dir_if_gone(fmt::format("before step {}'s checkpoint", step));
   if (ckpt_lock_ && !ckpt_lock_->in_place()) {
     taken_again = true;
-    replaced = !ckpt_lock_->same_directory();
-    if (replaced) {
-      log_warn(
-          "checkpoint.dir {} was removed or replaced during the run (its lock file is gone): the "
-          "checkpoints saved there before step {} are not in it any more (moved or deleted). "
-          "Taking it again to save step {} there",
-          checkpoint_dir_, step, step);
-    } else {
+    if (ckpt_lock_->same_directory()) {
       log_warn("checkpoint.dir {}: its lock file was removed during the run; taking it again",
                checkpoint_dir_);
+    } else {
+      if (const std::string entry = first_entry(checkpoint_dir_); !entry.empty()) {
+        BERTH_FAIL(
+            "checkpoint.dir {} was replaced during the run by a directory holding files ({}): "
+            "not this run's; refusing to save (and prune) there. Move it away, or give "
+            "checkpoint.dir another path, then continue with --resume",
+            checkpoint_dir_, entry);
+      }
+      log_warn(
+          "checkpoint.dir {} was removed or replaced during the run (its lock file is gone): "
+          "the checkpoints this run saved there are not in it any more (moved or deleted). "
+          "Taking it again to save step {} there",
+          checkpoint_dir_, step);
     }
     ckpt_lock_.reset();
     ensure_writable_dir(checkpoint_dir_, "checkpoint directory (checkpoint.dir)");
     lock_checkpoint_dir();
-  }
-  // A directory moved into its place that holds checkpoints (another run's, or this run's moved
-  // back) is not saved into: keep_last would prune them, and --resume auto take the newest.
-  if (replaced) {
-    if (const std::optional<std::string> newest = latest_checkpoint(checkpoint_dir_)) {
-      BERTH_FAIL(
-          "checkpoint.dir {} was replaced during the run by a directory holding checkpoints "
-          "({} the newest): refusing to save (and prune) there. Move that directory away, or "
-          "give checkpoint.dir another path, then continue with --resume",
-          checkpoint_dir_, *newest);
-    }
   }
   // checkpoint.dir's FENCE may have gone too: this lease's token goes in again before the save
   if (taken_again && fencing_token_) claim_checkpoint_fence(checkpoint_dir_, *fencing_token_);
@@ -1474,10 +1498,13 @@ std::vector<StepStats> Trainer::run() {
         BERTH_FAIL(
             "stopping before step {}: {} received, and the checkpoint it saves failed: {}. {}",
             step + 1, StopSignals::name(sig), e.what(),
-            latest_checkpoint(checkpoint_dir_)
-                ? fmt::format("`--resume auto` continues from {} once that is fixed",
-                              *latest_checkpoint(checkpoint_dir_))
-                : std::string("No complete checkpoint is left: a new launch starts at step 0"));
+            saved_at > 0 ? fmt::format("This session's newest checkpoint is {}/{}: continue with "
+                                       "--resume once that is fixed",
+                                       checkpoint_dir_, checkpoint_dir_name(saved_at))
+            : start_step_ > 0
+                ? fmt::format("This session saved no checkpoint; it resumed from step {}",
+                              start_step_)
+                : std::string("This session saved no checkpoint"));
       }
       outcome_ = Outcome::kSignalled;
       outcome_reason_ = fmt::format("{} received", StopSignals::name(sig));
@@ -1616,6 +1643,8 @@ std::vector<StepStats> Trainer::run() {
       }
     }
   } else {
+    // (a run directory removed after the last save: made again before its files are committed)
+    if (writer) relock_run_dir_if_gone("to commit its files");
     progress.finish();
     lease.release();
     if (writer) {

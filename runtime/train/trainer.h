@@ -164,6 +164,9 @@ class Trainer {
   void lock_checkpoint_dir();              // rank 0; once
   // Rank 0, before a save: takes checkpoint.dir (its lock) again when it was removed or replaced.
   void relock_checkpoint_dir_if_gone(int64_t step);
+  // Rank 0: takes the run directory (its lock, config.toml) again when it was removed; true if
+  // so. `before`: what for, in the warning.
+  bool relock_run_dir_if_gone(const std::string& before);
   // Rank 0, when metrics.jsonl (all of `metrics`) could not be committed (`why`): writes the
   // records beside the checkpoints, else into the temporary directory, and throws saying where.
   [[noreturn]] void rescue_metrics(const std::string& metrics, const std::string& why) const;
