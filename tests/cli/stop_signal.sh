@@ -125,9 +125,9 @@ if [ "$(id -u)" -eq 0 ] && mkdir -p "$tmp/full" && mount -t tmpfs -o size=64k tm
   rc=$?
   pid=""
   umount "$tmp/full"
-  # (checkpoint.interval = 0: no checkpoint before it, so the error says a launch starts over)
+  # (checkpoint.interval = 0: no checkpoint before it, and the error says so)
   [ $rc -eq 1 ] && grep -q "SIGTERM received, and the checkpoint it saves failed: .*No space left" \
-    "$tmp/full.log" && grep -q "No complete checkpoint is left: a new launch starts at step 0" "$tmp/full.log"
+    "$tmp/full.log" && grep -q "This session saved no checkpoint" "$tmp/full.log"
   check "a signal whose checkpoint fails on a full disk names the signal (rc $rc)" $?
 else
   echo "skip: a signal whose checkpoint fails on a full disk (needs root and mount -t tmpfs)"
