@@ -1,8 +1,16 @@
-// `berth data import --format text|llmc INPUTS... --out D.h5 [--val-out V.h5 --val-fraction F]`
+// `berth data import --format text|llmc [INPUTS...] [--files-from LIST] --out D.h5
+//      [--val-out V.h5 --val-fraction F]`
 // `berth data info D.h5 [--seq-len T]` (with T: BFD vs padded packing statistics)
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
 
 #include "launcher/commands.h"
 #include "packing/packers.h"
@@ -20,11 +28,47 @@ namespace {
 struct ImportArgs {
   std::string format = "text";
   std::vector<std::string> inputs;
+  std::string files_from;  // a list of inputs, one path a line ("-": standard input)
   std::string out, val_out;
   double val_fraction = 0.0;
 };
 
-void run_import(const ImportArgs& a) {
+// The inputs a --files-from list names, one path a line (blank lines skipped, a CRLF's \r
+// dropped): a corpus of many files passed on the command line went past the system's argument
+// limit (ARG_MAX) before berth saw it. Each must be a readable regular file.
+std::vector<std::string> read_file_list(const std::string& list) {
+  std::ifstream file;
+  if (list != "-") {
+    file.open(list);
+    BERTH_CHECK(file.good(), "--files-from '{}': cannot read it: {}", list, std::strerror(errno));
+  }
+  std::istream& in = list == "-" ? std::cin : file;
+  std::vector<std::string> paths;
+  int64_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    std::error_code ec;
+    BERTH_CHECK(std::filesystem::is_regular_file(line, ec),
+                "--files-from {} line {}: '{}' {}; fix the list (one file path a line)",
+                list == "-" ? std::string("(standard input)") : "'" + list + "'", line_no, line,
+                std::filesystem::exists(line, ec) ? "is not a regular file" : "does not exist");
+    paths.push_back(line);
+  }
+  BERTH_CHECK(!paths.empty(), "--files-from {} names no file",
+              list == "-" ? std::string("(standard input)") : "'" + list + "'");
+  return paths;
+}
+
+void run_import(ImportArgs a) {
+  BERTH_CHECK(!a.inputs.empty() || !a.files_from.empty(),
+              "berth data import needs its inputs: files on the command line, or --files-from "
+              "LIST (one path a line; - reads them from standard input)");
+  if (!a.files_from.empty()) {
+    const std::vector<std::string> listed = read_file_list(a.files_from);
+    a.inputs.insert(a.inputs.end(), listed.begin(), listed.end());
+  }
   BERTH_CHECK(a.val_out.empty() == (a.val_fraction == 0.0),
               "--val-out and --val-fraction go together: give both, the fraction above 0 (e.g. "
               "--val-out val.h5 --val-fraction 0.1), or neither");
@@ -112,8 +156,11 @@ void register_data_commands(CLI::App& app) {
       ->check(CLI::IsMember({"text", "llmc"}))
       ->capture_default_str();
   import->add_option("inputs", imp->inputs, "Input files (text: one document per file)")
-      ->required()
       ->check(CLI::ExistingFile);
+  import
+      ->add_option("--files-from", imp->files_from,
+                   "A file listing more inputs, one path a line (- reads standard input)")
+      ->check(non_empty("give a file, or - for standard input", "LIST"));
   import->add_option("--out", imp->out, "Output dataset (.h5)")->required();
   import->add_option("--val-out", imp->val_out, "Validation dataset (.h5), split off the end");
   import

@@ -804,6 +804,17 @@ for i in $(seq 9000); do echo "document $i" >"$tmp/many/a_file_with_a_long_name_
   >"$log" 2>&1
 rc=$?
 report "data_import_9000_files" "$([ $rc -eq 0 ] && grep -q "9000 documents" "$log" || echo " rc $rc")"
+# More files than any command line takes (ARG_MAX): a list of them, from a file or standard input.
+find "$tmp/many" -name '*.txt' | "$BERTH" data import --format text --files-from - \
+  --out "$tmp/many_listed.h5" >"$log" 2>&1
+rc=$?
+report "data_import_files_from_stdin" "$([ $rc -eq 0 ] && grep -q "9000 documents" "$log" || echo " rc $rc")"
+printf '%s\n' "$tmp/many/a_file_with_a_long_name_1.txt" "" "$tmp/many/missing.txt" >"$tmp/list.txt"
+expect_error "data_import_files_from_names_the_missing_line" \
+  "--files-from '$tmp/list.txt' line 3: '$tmp/many/missing.txt' does not exist" "$tmp/listed.h5" \
+  "$BERTH" data import --format text --files-from "$tmp/list.txt" --out "$tmp/listed.h5"
+expect_error "data_import_without_inputs" "needs its inputs: files on the command line, or --files-from" \
+  "$tmp/none.h5" "$BERTH" data import --format text --out "$tmp/none.h5"
 rm -rf "$tmp/many" "$tmp/many.h5"
 
 # ---- summary -------------------------------------------------------------------------------------
