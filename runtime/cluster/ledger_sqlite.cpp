@@ -192,6 +192,24 @@ class WriteTxn {
   bool done_ = false;
 };
 
+// BEGIN ... COMMIT of reads that must see one state of the file, unless a transaction is open
+// already (then they are in it).
+class ReadTxn {
+ public:
+  explicit ReadTxn(sqlite3* db) : db_(db), own_(sqlite3_get_autocommit(db) != 0) {
+    if (own_) exec(db, "BEGIN");
+  }
+  ~ReadTxn() {
+    if (own_) sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr);
+  }
+  ReadTxn(const ReadTxn&) = delete;
+  ReadTxn& operator=(const ReadTxn&) = delete;
+
+ private:
+  sqlite3* db_;
+  bool own_;
+};
+
 // ---- schema ------------------------------------------------------------------------------------
 
 // Migration N brings the schema from version N-1 to N (PRAGMA user_version).
@@ -823,6 +841,9 @@ class SqliteLedger : public LedgerStore {
   // The ledger's schema version, refusing a file that is no berth ledger (or none yet, unless
   // this open may create one). Reads only.
   int require_berth_schema() {
+    // One read: a version read before another process's first migration committed and a table
+    // count read after it took a new ledger for a foreign database (1 of 10 racing registrations).
+    const ReadTxn snapshot(db_);
     const int v = schema_version();
     // A negative version indexed before the migrations (garbage run as SQL, or a crash).
     BERTH_CHECK(v >= 0,
