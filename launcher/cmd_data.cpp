@@ -35,8 +35,9 @@ struct ImportArgs {
 
 // The inputs a --files-from list names, one path a line (blank lines skipped, a CRLF's \r
 // dropped): a corpus of many files passed on the command line went past the system's argument
-// limit (ARG_MAX) before berth saw it. Each must be a readable regular file.
+// limit (ARG_MAX) before berth saw it. Each must be a regular file.
 std::vector<std::string> read_file_list(const std::string& list) {
+  const std::string named = list == "-" ? std::string("(standard input)") : "'" + list + "'";
   std::ifstream file;
   if (list != "-") {
     file.open(list);
@@ -51,13 +52,12 @@ std::vector<std::string> read_file_list(const std::string& list) {
     if (line.empty()) continue;
     std::error_code ec;
     BERTH_CHECK(std::filesystem::is_regular_file(line, ec),
-                "--files-from {} line {}: '{}' {}; fix the list (one file path a line)",
-                list == "-" ? std::string("(standard input)") : "'" + list + "'", line_no, line,
+                "--files-from {} line {}: '{}' {}; fix the list (one file path a line)", named,
+                line_no, line,
                 std::filesystem::exists(line, ec) ? "is not a regular file" : "does not exist");
     paths.push_back(line);
   }
-  BERTH_CHECK(!paths.empty(), "--files-from {} names no file",
-              list == "-" ? std::string("(standard input)") : "'" + list + "'");
+  BERTH_CHECK(!paths.empty(), "--files-from {} names no file", named);
   return paths;
 }
 

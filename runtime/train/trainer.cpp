@@ -371,10 +371,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
   run_dir_ = (std::filesystem::path(cfg_.run.out_dir) / cfg_.run.name).string();
   checkpoint_dir_ = cfg_.checkpoint.dir.empty() ? run_dir_ + "/checkpoints" : cfg_.checkpoint.dir;
   std::error_code dir_ec;
-  if (world_.rank() == 0 && std::filesystem::is_directory(run_dir_, dir_ec)) {
-    run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased(),
-                                             cfg_.reservation.id);
-  }
+  if (world_.rank() == 0 && std::filesystem::is_directory(run_dir_, dir_ec)) lock_run_dir();
   // So is a launch on the checkpoint.dir of another live run (another run.name pointed at it):
   // before a resume reads it and before run() weighs what it holds.
   if (world_.rank() == 0 && std::filesystem::is_directory(checkpoint_dir_, dir_ec)) {
@@ -1061,6 +1058,11 @@ double Trainer::evaluate() {
   return grid_->dp_cp().all_reduce_value(sum, ReduceOp::SUM) / double(eval_targets_);
 }
 
+void Trainer::lock_run_dir() {
+  run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased(),
+                                           cfg_.reservation.id);
+}
+
 void Trainer::lock_checkpoint_dir() {
   // Another run saving into this run's checkpoint.dir (its own, or this run's checkpoints/ that
   // another run.name was pointed at) failed a save on the other's step directory, or mixed the two
@@ -1133,8 +1135,7 @@ bool Trainer::relock_run_dir_if_gone(const std::string& before) {
       run_dir_, before);
   run_lock_.reset();
   ensure_writable_dir(run_dir_, "run directory (run.out_dir/run.name)");
-  run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased(),
-                                           cfg_.reservation.id);
+  lock_run_dir();
   write_file_atomic(run_dir_ + "/config.toml", config_to_toml(cfg_));
   return true;
 }
@@ -1275,10 +1276,7 @@ std::vector<StepStats> Trainer::run() {
       ensure_writable_dir(checkpoint_dir_, "checkpoint directory (checkpoint.dir)");
       // Before anything in the run directory is written or cleaned (a live run's checkpoint
       // temporaries, its FENCE); taken in the constructor already where the directories existed.
-      if (!run_lock_) {
-        run_lock_ = std::make_unique<RunDirLock>(run_dir_, "run directory", run_dir_, leased(),
-                                                 cfg_.reservation.id);
-      }
+      if (!run_lock_) lock_run_dir();
       lock_checkpoint_dir();
     } catch (const Error&) {
       // What this launch made, and only that, is taken back (left empty but for its own lock).

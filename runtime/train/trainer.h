@@ -161,6 +161,7 @@ class Trainer {
   std::string run_dir_, checkpoint_dir_;
   std::unique_ptr<RunDirLock> run_lock_;   // rank 0, until run() ends
   std::unique_ptr<RunDirLock> ckpt_lock_;  // the same, of checkpoint.dir (lock_checkpoint_dir)
+  void lock_run_dir();                     // rank 0: takes run_lock_ (the directory exists)
   void lock_checkpoint_dir();              // rank 0; once
   // Rank 0, before a save: takes checkpoint.dir (its lock) again when it was removed or replaced.
   void relock_checkpoint_dir_if_gone(int64_t step);
