@@ -120,5 +120,18 @@ TEST_F(PlanMemoryTest, PredictedPerRankMemoryIsWithinTenPercentOfWhatTheTrainerH
   RecordProperty("worst_relative_error", std::to_string(worst));
 }
 
+// (A pure function: every rank count runs it alike.)
+TEST(Plan, CalibratingOnABusyHostIsWarnedOf) {
+  EXPECT_EQ(busy_host_warning(0.3, 2), "");   // idle
+  EXPECT_EQ(busy_host_warning(0.9, 2), "");   // under one busy core
+  EXPECT_EQ(busy_host_warning(3.5, 16), "");  // under a quarter of the cores
+  EXPECT_EQ(busy_host_warning(2.0, 0), "");   // cores unknown
+  const std::string w = busy_host_warning(1.5, 2);
+  EXPECT_NE(w.find("load average over the last minute is 1.50 on 2 core(s)"), std::string::npos)
+      << w;
+  EXPECT_NE(w.find("calibrate when the host is idle"), std::string::npos) << w;
+  EXPECT_NE(busy_host_warning(4.0, 16), "");
+}
+
 }  // namespace
 }  // namespace berth

@@ -232,6 +232,15 @@ HardwareProfile resolve_hardware_profile(const std::string& spec) {
   return read_hardware_profile(spec);
 }
 
+std::string busy_host_warning(double load1, int cores) {
+  if (cores <= 0 || load1 < 1.0 || load1 < 0.25 * cores) return "";
+  return fmt::format(
+      "this host's load average over the last minute is {:.2f} on {} core(s): other work is "
+      "running, and the calibration measures only the share it leaves (plans from this profile "
+      "would predict slower steps than an idle host runs); calibrate when the host is idle",
+      load1, cores);
+}
+
 HardwareProfile calibrate_profile(Communicator& world) {
   HardwareProfile h;
   h.cpu = true;
@@ -239,8 +248,13 @@ HardwareProfile calibrate_profile(Communicator& world) {
   const int threads = omp_get_max_threads();
   h.source = fmt::format("berth plan --calibrate on {} at {} ({} rank(s), {} OpenMP thread(s) each)",
                          host_name(), format_utc_minute(unix_now()), world.size(), threads);
-  warn_if_threads_oversubscribed(mpi_local_rank(),
-                                 "this profile's figures would carry that slowdown");
+  const LocalRank local = mpi_local_rank();
+  warn_if_threads_oversubscribed(local, "this profile's figures would carry that slowdown");
+  double load[1] = {0};
+  if (local.rank == 0 && getloadavg(load, 1) == 1) {
+    const std::string busy = busy_host_warning(load[0], cpu::online_cores());
+    if (!busy.empty()) log_warn("{}", busy);
+  }
   // berth's own kernels, timed as they run in a step (every rank at once, the slowest rank).
   auto slowest_s = [&](auto&& body, int reps) {
     body();  // warm-up
@@ -381,7 +395,6 @@ HardwareProfile calibrate_profile(Communicator& world) {
     h.latency_s = 1e-6;
   }
   h.inter_bandwidth = h.intra_bandwidth;  // measured on this host only
-  const LocalRank local = mpi_local_rank();
   h.devices_per_node = local.size;
   h.mem_capacity = host_capacity_gib_per_rank(local.size) * 1024.0 * 1024.0 * 1024.0;
   return h;

@@ -50,6 +50,12 @@ HardwareProfile profile_for_planned_devices(const HardwareProfile& hw, int64_t d
 // bandwidth (a triad over 64 MiB), and the all-reduce bus bandwidth and latency between the ranks
 // (with one rank: a memory copy). Collective; rank 0's return value holds the slowest rank's
 // figures.
+// Before measuring, the host's local rank 0 warns (busy_host_warning) when other work is running.
 HardwareProfile calibrate_profile(Communicator& world);
+
+// "" on an idle host; else a warning that a calibration would measure only the share of the host
+// that other work leaves: the 1-minute load average `load1` is at least 1 and at least a quarter
+// of the `cores` (the calibrating ranks have only just started and add little to it).
+std::string busy_host_warning(double load1, int cores);
 
 }  // namespace berth

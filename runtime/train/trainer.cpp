@@ -1318,6 +1318,12 @@ std::vector<StepStats> Trainer::run() {
         "(those take head sizes 32, 64, 80, 96 and 128 where the GPU's shared memory holds their "
         "blocks); the GEMMs stay bf16",
         gcfg_.C / gcfg_.NH);
+  if (backend_->kind() == DeviceKind::kCuda &&
+      backend_->matmul_precision() == MatmulPrecision::kFp32 && world_.rank() == 0)
+    log_info(
+        "note: run.precision = \"fp32\" on a GPU runs the GEMMs and attention in fp32 without "
+        "TF32 (the CPU reference's numbers, far below the tensor cores' speed); set "
+        "run.precision = \"bf16\" to train at speed");
   log_info("data: {} tokens in {} documents | {}", train_ds_.n_tokens(), train_ds_.n_docs(),
            data_summary_);
   const GridShape& shape = grid_->shape();
