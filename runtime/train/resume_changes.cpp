@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <vector>
 
 #include "runtime/train/lr_schedule.h"
@@ -30,6 +31,22 @@ double lr_of(const RunConfig& c, int64_t step) {
                parse_lr_schedule(c.train.lr_schedule));
 }
 
+// The same file: the same path, or one that resolves to the same place from here ("data/a.h5"
+// and "/work/data/a.h5" run from /work, "./data//a.h5").
+bool same_path(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  // (absolute first: weakly_canonical leaves a relative path relative when it does not exist)
+  std::error_code ea, eb;
+  const std::filesystem::path ca =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(a, ea), ea);
+  const std::filesystem::path cb =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(b, eb), eb);
+  if (ea || eb)
+    return std::filesystem::path(a).lexically_normal() ==
+           std::filesystem::path(b).lexically_normal();
+  return ca == cb;
+}
+
 }  // namespace
 
 std::string describe_resume_changes(const RunConfig& saved, int64_t saved_rows_per_step,
@@ -37,9 +54,19 @@ std::string describe_resume_changes(const RunConfig& saved, int64_t saved_rows_p
                                     int64_t rows_consumed, const std::string& saved_data,
                                     const std::string& now_data) {
   std::vector<std::string> data;
-  add(&data, "data.train", saved.data.train, now.data.train);
-  if (saved.data.train == now.data.train && !saved_data.empty() && !now_data.empty())
-    add(&data, "the contents of data.train", "(" + saved_data + ")", "(" + now_data + ")");
+  // The data file: the same contents are the same data wherever they are now (a relative path
+  // made absolute, a copy on another file system); without both fingerprints (an older
+  // checkpoint), the same file by its path.
+  if (!saved_data.empty() && !now_data.empty()) {
+    if (saved_data != now_data) {
+      if (same_path(saved.data.train, now.data.train))
+        add(&data, "the contents of data.train", "(" + saved_data + ")", "(" + now_data + ")");
+      else
+        add(&data, "data.train", saved.data.train, now.data.train);
+    }
+  } else if (!same_path(saved.data.train, now.data.train)) {
+    add(&data, "data.train", saved.data.train, now.data.train);
+  }
   add(&data, "data.mode", saved.data.mode, now.data.mode);
   add(&data, "data.seq_len", saved.data.seq_len, now.data.seq_len);
   add(&data, "data.shuffle", saved.data.shuffle, now.data.shuffle);
@@ -63,10 +90,6 @@ std::string describe_resume_changes(const RunConfig& saved, int64_t saved_rows_p
                           : std::string()));
     }
   }
-  if (saved_rows_per_step > 0 && now_rows_per_step > 0) {
-    add(&data, "rows per step (dp × micro_batch_size × microbatches)", saved_rows_per_step,
-        now_rows_per_step);
-  }
 
   std::vector<std::string> parts;
   if (!data.empty()) {
@@ -75,19 +98,44 @@ std::string describe_resume_changes(const RunConfig& saved, int64_t saved_rows_p
                     "{} now points at other rows than it would have)",
                     joined(data), rows_consumed));
   }
-  // The schedule: only when it gives the next step another learning rate.
-  const double lr_saved = lr_of(saved, step), lr_now = lr_of(now, step);
-  if (std::fabs(lr_now - lr_saved) > 1e-9 * std::max(std::fabs(lr_saved), 1e-30)) {
+  // The global batch: the loaders read one sequence of rows whatever its grouping into steps, so
+  // the data goes on at the same row; the steps take more or fewer of them.
+  if (saved_rows_per_step > 0 && now_rows_per_step > 0 && saved_rows_per_step != now_rows_per_step)
+    parts.push_back(fmt::format(
+        "the global batch is {} rows a step where the saved run's was {} (dp × micro_batch_size "
+        "× microbatches; the data goes on at the same row, in steps of another size)",
+        now_rows_per_step, saved_rows_per_step));
+  // The schedule: where it gives a step that both runs train another learning rate. The next
+  // step first; else the first of the steps up to the shorter run's end that differs (every step
+  // of up to 4096, else 4096 evenly spread), so a change that shows only after a warm-up is
+  // named too.
+  const int64_t last = std::min(saved.train.steps, now.train.steps);  // 0-based steps < last
+  auto differs = [&](int64_t s) {
+    const double a = lr_of(saved, s), b = lr_of(now, s);
+    return std::fabs(b - a) > 1e-9 * std::max(std::fabs(a), 1e-30);
+  };
+  int64_t at = -1;
+  constexpr int64_t kSamples = 4096;
+  const int64_t span = last - step;
+  if (span > 0) {
+    for (int64_t k = 0; k < std::min(span, kSamples) && at < 0; ++k) {
+      const int64_t s = span <= kSamples ? step + k : step + k * (span - 1) / (kSamples - 1);
+      if (differs(s)) at = s;
+    }
+  }
+  if (at >= 0) {
     std::vector<std::string> sched;
     add(&sched, "train.steps", saved.train.steps, now.train.steps);
     add(&sched, "train.lr", saved.train.lr, now.train.lr);
     add(&sched, "train.lr_schedule", saved.train.lr_schedule, now.train.lr_schedule);
     add(&sched, "train.warmup_steps", saved.train.warmup_steps, now.train.warmup_steps);
     add(&sched, "train.min_lr", saved.train.min_lr, now.train.min_lr);
-    parts.push_back(
-        fmt::format("the learning rate of step {} is {:.3g} where the saved run's "
-                    "schedule gives {:.3g} ({})",
-                    step + 1, lr_now, lr_saved, joined(sched)));
+    parts.push_back(fmt::format(
+        "the learning rate of step {} is {:.3g} where the saved run's schedule gives {:.3g}{} ({})",
+        at + 1, lr_of(now, at), lr_of(saved, at),
+        at > step && span <= kSamples ? fmt::format(" (steps {}..{} are the same)", step + 1, at)
+                                      : std::string(),
+        joined(sched)));
   }
   return fmt::format("{}", fmt::join(parts, "; "));
 }
