@@ -13,7 +13,8 @@
 #      output's end sees them);
 #   5. with BERTH_GPU_CHECK_HOST_TESTS=1 only, the host runs of the same test binaries (ctest -L
 #      cpu), last: CI runs them, and a lent GPU's minutes are better kept for a second run.
-# Everything lands in OUTDIR (up to eight files); the exit status is the GPU tests' (also written
+# Everything lands in OUTDIR (up to eight files); the exit status is the GPU tests' (3 when a GPU
+# is visible and a GPU test skipped anyway: it checked nothing; also written
 # to OUTDIR/gpu_tests_rc as soon as they end, should the box's own limit stop the script later).
 # Every phase is capped by one deadline, BERTH_GPU_CHECK_BUDGET_S (default 300 s) from the start;
 # give the command a limit of the budget + 60 s. A test that hangs (the tiled kernels' barriers
@@ -131,8 +132,10 @@ else
   fi
 fi
 nccl_lib=$(grep -o 'NCCL_LIBRARY:FILEPATH=.*' "$build/CMakeCache.txt" | cut -d= -f2)
+nccl_found=1
 if [ -z "$nccl_lib" ] || [ "${nccl_lib%NOTFOUND}" != "$nccl_lib" ]; then
   log "NCCL: not found (set NCCL_ROOT): the gpu.single.Nccl tests skip"
+  nccl_found=0
 else
   log "NCCL: $nccl_lib"
 fi
@@ -143,9 +146,25 @@ log "GPU tests"
 timeout "$(cap 150 100)" ctest --test-dir "$build" -L gpu --timeout 45 --output-on-failure \
   > "$out/tests.txt" 2>&1
 tests_rc=$?
-echo "$tests_rc" > "$out/gpu_tests_rc"
 grep -E "tests passed|tests failed|Skipped|\*\*\*Failed|Timeout|Not Run" "$out/tests.txt" |
   tee -a "$out/gpu_check.log"
+# A GPU test that skipped on a box with a GPU checked nothing (a CUDA backend that cannot start, a
+# driver too old for the toolkit): ctest counts it as passed, the check fails (status 3) and says
+# why, from gtest's skip messages in ctest's log. Only the NCCL tests may skip, when the build
+# found no NCCL (said above).
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  skipped=$(grep -E '^[[:space:]]*[0-9]+ - .* \(Skipped\)$' "$out/tests.txt" |
+    sed -E 's/^[[:space:]]*[0-9]+ - (.*) \(Skipped\)$/\1/')
+  [ "$nccl_found" = 0 ] && skipped=$(echo "$skipped" | grep -v '\.Nccl\.')
+  if [ -n "$skipped" ]; then
+    log "a GPU is visible, yet $(echo "$skipped" | wc -l) GPU test(s) skipped: $(echo $skipped)"
+    log "why (the first skip messages): $(grep -A1 -E ': Skipped$' \
+      "$build/Testing/Temporary/LastTest.log" 2>/dev/null | grep -v -E ': Skipped$|^--$' |
+      sort -u | head -3 | tr '\n' ' ')"
+    [ "$tests_rc" -eq 0 ] && tests_rc=3
+  fi
+fi
+echo "$tests_rc" > "$out/gpu_tests_rc"
 # The measured CUDA-vs-CPU error of every op, unless the tests hung (it runs the same kernels).
 if [ "$tests_rc" -ne 124 ] && ! grep -q "Timeout" "$out/tests.txt"; then
   BERTH_TOL_REPORT=1 timeout "$(cap 40 90)" "$build/tests/test_backend_gpu" \
