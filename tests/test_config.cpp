@@ -95,6 +95,9 @@ void expect_same(const RunConfig& a, const RunConfig& b) {
   EXPECT_EQ(a.train.log_interval, b.train.log_interval);
   EXPECT_EQ(a.eval.interval, b.eval.interval);
   EXPECT_EQ(a.eval.batches, b.eval.batches);
+  // and every key of every section (config_differences walks the one list of keys)
+  const std::vector<std::string> d = config_differences(a, b);
+  EXPECT_TRUE(d.empty()) << fmt::format("{}", fmt::join(d, "; "));
 }
 
 const char* kFullFile = R"(
@@ -582,6 +585,49 @@ TEST(Config, RoundTripNonDefaults) {
   cfg.train.log_interval = 3;
   cfg.eval.interval = 50;
   cfg.eval.batches = 2;
+  // every other section off its defaults too: a key that wrote or read back wrong at another
+  // value than its default would pass at its default
+  cfg.run.device = "auto";
+  cfg.run.precision = "bf16";
+  cfg.model.init_from = "ckpt/step-00000010";
+  cfg.data.mode = "packed";
+  cfg.data.pack_algorithm = "next_fit";
+  cfg.data.pack_window = 500;
+  cfg.data.pack_align = 8;
+  cfg.data.long_docs = "drop";
+  cfg.data.pack_plan = "d/plan.h5";
+  cfg.parallel.tp = 2;
+  cfg.parallel.pp = 3;
+  cfg.parallel.cp = 2;
+  cfg.parallel.dp = 5;
+  cfg.parallel.zero = 1;
+  cfg.parallel.microbatches = 4;
+  cfg.parallel.schedule = "afab";
+  cfg.parallel.comm_timeout_s = 120.5;
+  cfg.checkpoint.dir = "/scratch/ckpt";
+  cfg.checkpoint.interval = 500;
+  cfg.checkpoint.keep_last = 3;
+  cfg.checkpoint.final = false;
+  cfg.progress.interval = 25;
+  cfg.progress.warmup_steps = 10;
+  cfg.progress.peak_tflops = 312.5;
+  cfg.progress.mem_capacity_gib = 40.25;
+  cfg.progress.window_end = "2026-12-03T20:00:00Z";
+  cfg.reservation.id = 42;
+  cfg.reservation.ledger = "/scratch/ledger.db";
+  cfg.reservation.lease_ttl_s = 90;
+  cfg.reservation.stop_margin_s = 45;
+  cfg.reservation.checkpoint_estimate_s = 120;
+  cfg.reservation.on_demand_s = 1800;
+  cfg.debug.fail_rank = 1;
+  cfg.debug.fail_step = 7;
+  cfg.debug.checkpoint_pause_s = 0.5;
+  cfg.debug.data_delay_s = 0.25;
+  cfg.debug.slow_rank = 1;
+  cfg.debug.slow_rank_s = 0.125;
+  cfg.debug.leak_mib_per_step = 2;
+  cfg.debug.stall_step = 9;
+  cfg.debug.stall_s = 1.5;
   cfg.source = "roundtrip.toml";
 
   const std::string text = config_to_toml(cfg);

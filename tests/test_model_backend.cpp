@@ -94,6 +94,8 @@ TEST(ModelOnBackend, TrainsOnTheGpuLikeOnTheCpu) {
   }
   const std::vector<double> cpu = train(cpu_backend());
   const std::vector<double> gpu = train(*be);
+  ASSERT_EQ(cpu.size(), gpu.size());
+  EXPECT_LT(cpu.back(), cpu.front() * 0.9) << "the run must learn for the comparison to mean much";
   test::expect_close(gpu.data(), cpu.data(), int64_t(cpu.size()), test::kBackendLoss,
                      "losses, CUDA vs CPU backend");
 }

@@ -34,14 +34,14 @@ report() {
   fi
 }
 
-# Appends to the global `why` the *.tmp.* temporaries left under $tmp, and removes them so the
-# next check starts clean.
+# Appends to the global `why` the temporaries left under $tmp (files *.tmp.*, checkpoint
+# directories step-N.tmp-PID), and removes them so the next check starts clean.
 check_no_temporaries() {
   local left
-  left=$(find "$tmp" -name '*.tmp.*' -print)
+  left=$(find "$tmp" \( -name '*.tmp.*' -o -name '*.tmp-*' \) -print)
   if [ -n "$left" ]; then
     why+=" left temporaries: $(echo "$left" | tr '\n' ' ')"
-    find "$tmp" -name '*.tmp.*' -exec rm -rf {} +
+    find "$tmp" \( -name '*.tmp.*' -o -name '*.tmp-*' \) -prune -exec rm -rf {} +
   fi
 }
 
@@ -131,7 +131,9 @@ report "data_info" "$why"
 # 1, 5 are; the evaluations are after steps 3 and 6).
 train_tiny evallog --set train.steps=6 --set eval.interval=3 --set train.log_interval=4 \
   --set "data.val=$tmp/d.h5" --set eval.batches=1 >"$log" 2>&1
+rc=$?
 why=""
+[ $rc -eq 0 ] || why+=" exit $rc"
 grep -Eq 'step +3/6 .*\| val loss [0-9.]+$' "$log" || why+=" no step 3 line with its val loss"
 grep -Eq 'step +5/6 ' "$log" || why+=" no step 5 line (log_interval)"
 [ "$(grep -Ec 'val loss (before training )?[0-9]' "$log")" -eq 3 ] ||
@@ -220,8 +222,10 @@ report "train_from_saved_config" "$why"
 
 # ---- config errors -------------------------------------------------------------------------------
 
-expect_error "config_missing" "config file '$tmp/nope.toml' not found" "$tmp/runs/run" \
-  "$BERTH" train "$tmp/nope.toml"
+# (from a directory of its own: a run's default out_dir is runs/ under the working directory)
+mkdir -p "$tmp/nocfg"
+expect_error "config_missing" "config file '$tmp/nope.toml' not found" "$tmp/nocfg/runs" \
+  in_dir "$tmp/nocfg" "$BERTH" train "$tmp/nope.toml"
 
 printf '[run]\nname = "unknown_key"\nout_dir = "%s/runs"\n[train]\nlrr = 3e-4\n' "$tmp" \
   >"$tmp/unknown_key.toml"
@@ -433,7 +437,9 @@ printf '{"step":1,"stale":true}\n' >"$tmp/runs/staleresume/metrics.jsonl.partial
 train_tiny staleresume >"$log" 2>&1
 rc=$?
 train_tiny staleresume --set train.steps=5 --resume auto >"$log" 2>&1
+rc2=$?
 report "train_from_step_0_drops_an_earlier_runs_resume_file" "$([ $rc -eq 0 ] || echo " rc $rc"
+  [ $rc2 -eq 0 ] || echo " resume rc $rc2"
   [ ! -e "$tmp/runs/staleresume/metrics.jsonl.partial.resume" ] || echo " .resume left"
   grep -q stale "$tmp/runs/staleresume/metrics.jsonl" && echo " stale steps in metrics.jsonl"
   [ "$(wc -l <"$tmp/runs/staleresume/metrics.jsonl")" -eq 5 ] || echo " not 5 step lines")"
@@ -769,7 +775,10 @@ sed '2s/^1,0,/1,1e-320,/' "$tmp/z.csv" >"$tmp/denormal.csv"
 "$BERTH" eta replay "$tmp/denormal.csv" --meta "$tmp/z.json" >"$log" 2>&1
 rc=$?
 report "eta_replay_denormal_time" "$([ $rc -eq 0 ] || echo " refused (rc $rc)"
-  grep -q '^1,1e-320,' "$tmp/denormal.csv" || echo " the trace has no denormal")"
+  grep -q '^1,1e-320,' "$tmp/denormal.csv" || echo " the trace has no denormal"
+  grep -Eq '^predicted_total_s=[0-9.e+-]+ predicted_remaining_s=[0-9.e+-]+ low_s=[0-9.e+-]+ high_s=[0-9.e+-]+$' "$log" ||
+    echo " no prediction line of finite numbers"
+  grep -qi nan "$log" && echo " NaN")"
 echo "{\"max_steps\": 200, ${facts/\"start_step\": 0/\"start_step\": 50}}" >"$tmp/later.json"
 expect_error "eta_replay_other_session" "z.csv begins at step 1, but the session $tmp/later.json describes begins at global step 51" "" \
   "$BERTH" eta replay "$tmp/z.csv" --meta "$tmp/later.json"
@@ -793,7 +802,8 @@ expect_error "srun_tasks_not_wired_up" "srun started 2 tasks (SLURM_STEP_NUM_TAS
   "${TINY_SETS[@]}" --set "data.train=$tmp/d.h5" --set run.name=srun_alone
 # A batch script's shell (no srun step) and `srun -n 1` run as they are.
 SLURM_NTASKS=2 SLURM_STEP_NUM_TASKS=1 train_tiny srun_one >"$log" 2>&1
-report "srun_one_task_trains" "$([ $? -eq 0 ] || echo " exit $? for one srun task")"
+rc=$?
+report "srun_one_task_trains" "$([ $rc -eq 0 ] || echo " exit $rc for one srun task")"
 
 # Thousands of files on one command line (over 128 KiB of arguments): Open MPI's singleton
 # start-up failed on them ("Argument list too long") before berth said anything; data commands
