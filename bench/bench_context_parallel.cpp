@@ -10,6 +10,7 @@
 // time that the overlapped run no longer waits for.
 #include <mpi.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,10 +24,17 @@
 #include "runtime/model/gpt.h"
 
 int main(int argc, char** argv) {
+  int T = 4096;
+  CLI::App app{"Activation memory and ring-attention time of one sequence versus cp (1, 2, 4)"};
+  app.add_option("T", T, "Tokens in the sequence (a multiple of 2·4 = 8, the largest cp's chunks)")
+      ->check(CLI::Range(8, 1 << 20))
+      ->check([](const std::string& v) {
+        return std::stol(v) % 8 == 0 ? std::string() : std::string("T must be a multiple of 8");
+      });
+  CLI11_PARSE(app, argc, argv);
   MPI_Init(&argc, &argv);
   using namespace berth;
   std::unique_ptr<Communicator> world = make_mpi_world();
-  const int T = argc > 1 ? std::atoi(argv[1]) : 4096;
   const int L = 4, NH = 4, C = 128;
   const GPTConfig g = make_gpt_config(L, NH, C, 257, T);
   if (world->rank() == 0) {

@@ -9,8 +9,10 @@
 // rows only the time is measured; "bus GB/s" = theory bytes ÷ time (nccl-tests' convention).
 //
 //   mpirun -np N bench_grad_sync [--reps R]
+#include <fmt/format.h>
 #include <mpi.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,8 +21,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "parallel/data_parallel.h"
 #include "runtime/comm/communicator.h"
@@ -44,11 +44,11 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
   int reps = 5;
-  for (int i = 1; i < argc; i++) {
-    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-  }
+  CLI::App app{"Gradient synchronization bytes and time per step over the MPI ranks"};
+  app.add_option("--reps", reps, "Repetitions (the median is printed)")->check(CLI::Range(1, 1000));
+  CLI11_PARSE(app, argc, argv);
+  MPI_Init(&argc, &argv);
   {
     std::unique_ptr<berth::Communicator> world = berth::make_mpi_world();
     const int n = world->size(), rank = world->rank();
@@ -94,8 +94,9 @@ int main(int argc, char** argv) {
               m == 2 ? fmt::format("{:13.0f}", double(world->stats().send_bytes) / reps)
                      : fmt::format("{:>13}", "n/a");
           const std::string ratio =
-              m == 2 ? fmt::format("{:6.3f}", double(world->stats().send_bytes) / reps / theory)
-                     : fmt::format("{:>6}", "");
+              m == 2 && theory > 0  // (one rank sends nothing, and should not)
+                  ? fmt::format("{:6.3f}", double(world->stats().send_bytes) / reps / theory)
+                  : fmt::format("{:>6}", m == 2 ? "-" : "");
           std::printf("%-26s %8.2fM %10s | %s %13.0f %s | %9.2f %9.2f\n", s.name,
                       double(total) / 1e6, methods[m], sent.c_str(), theory, ratio.c_str(),
                       t * 1e3, theory / t / 1e9);

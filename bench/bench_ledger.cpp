@@ -5,8 +5,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +18,6 @@
 
 #include "runtime/cluster/ledger.h"
 #include "runtime/core/check.h"
-#include <cmath>
 
 namespace {
 
@@ -45,13 +46,14 @@ std::vector<Device> slots(int hosts, int per_host) {
 int main(int argc, char** argv) {
   int clients = 32, bookings = 20, reservations = 10000;
   std::string dir = "/tmp";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--clients") clients = std::atoi(argv[i + 1]);
-    else if (a == "--bookings") bookings = std::atoi(argv[i + 1]);
-    else if (a == "--reservations") reservations = std::atoi(argv[i + 1]);
-    else if (a == "--dir") dir = argv[i + 1];
-  }
+  CLI::App app{"Ledger booking latency under concurrent clients, and earliest-start query time"};
+  app.add_option("--clients", clients, "Processes booking at once")->check(CLI::Range(1, 256));
+  app.add_option("--bookings", bookings, "Bookings per client")->check(CLI::Range(1, 10000));
+  app.add_option("--reservations", reservations, "Reservations in the query benchmark's ledger")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--dir", dir, "Where the ledgers are made (removed at the end)")
+      ->check(CLI::ExistingDirectory);
+  CLI11_PARSE(app, argc, argv);
   const std::string base = dir + "/berth_bench_ledger_" + std::to_string(getpid());
   std::filesystem::create_directories(base);
   const double now = std::floor(berth::system_clock()() / 3600) * 3600 + 3600;

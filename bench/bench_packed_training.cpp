@@ -3,6 +3,7 @@
 // ≈ T/8, a tail beyond T).
 //
 //   bench_packed_training [--steps N]
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -84,9 +85,9 @@ Figures run(const berth::TokenDataset& ds, berth::PackAlgorithm algorithm, int s
 
 int main(int argc, char** argv) {
   int steps = 10;
-  for (int i = 1; i < argc; i++) {
-    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
-  }
+  CLI::App app{"Real-content training tokens/s, packed rows vs one document a padded row"};
+  app.add_option("--steps", steps, "Timed training steps of each")->check(CLI::Range(1, 100000));
+  CLI11_PARSE(app, argc, argv);
   const berth::TokenDataset ds = skewed_documents(20000);
   std::printf("bench_packed_training: %lld documents, %lld tokens, T=%d, B=%d, model L4 C256 NH4 "
               "V257, %d steps, %d threads\n",

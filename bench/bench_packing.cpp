@@ -2,6 +2,7 @@
 //
 // Lengths are log-normal with median T/8 (T = 1024) and sigma 1, so about 2% of documents are
 // longer than T (split into T-token chunks); capped at 8·T. Usage: bench_packing [n_docs] [window]
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,8 +31,14 @@ std::vector<int64_t> lognormal_lengths(size_t n, int64_t T, uint64_t seed) {
 
 int main(int argc, char** argv) {
   using namespace berth;
-  const size_t n = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 10'000'000;
-  const int64_t window = argc > 2 ? std::strtoll(argv[2], nullptr, 10) : 1000;
+  size_t n = 10'000'000;
+  int64_t window = 1000;
+  CLI::App app{"Packing time and efficiency of each algorithm on log-normal document lengths"};
+  app.add_option("documents", n, "Documents to pack")
+      ->check(CLI::Range(size_t(1), size_t(1) << 32));
+  app.add_option("window", window, "BFD window, in document pieces")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 32));
+  CLI11_PARSE(app, argc, argv);
   constexpr int64_t T = 1024;
   const std::vector<int64_t> lengths = lognormal_lengths(n, T, 42);
   std::vector<int64_t> sorted = lengths;

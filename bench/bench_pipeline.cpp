@@ -9,6 +9,7 @@
 // slots the stage would hold).
 #include <mpi.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -45,11 +46,18 @@ class SleepStage final : public berth::PipelineStage {
 }  // namespace
 
 int main(int argc, char** argv) {
+  double forward_ms = 20.0;
+  size_t floats = size_t(1) << 16;
+  CLI::App app{"Pipeline bubble of 1F1B and AFAB against (pp − 1)/(M + pp − 1), one stage a rank"};
+  app.add_option("forward_ms", forward_ms, "A stage's forward per micro-batch (backward: twice it)")
+      ->check(CLI::Range(0.1, 10000.0));
+  app.add_option("floats", floats, "Activation floats sent between stages")
+      ->check(CLI::Range(size_t(1), size_t(1) << 30));
+  CLI11_PARSE(app, argc, argv);
   MPI_Init(&argc, &argv);
   using namespace berth;
   std::unique_ptr<Communicator> pp = make_mpi_world();
-  const double t = (argc > 1 ? std::atof(argv[1]) : 20.0) / 1e3;
-  const size_t floats = argc > 2 ? size_t(std::atol(argv[2])) : size_t(1) << 16;
+  const double t = forward_ms / 1e3;
   const int P = pp->size(), stage = pp->rank();
   if (stage == 0) {
     std::printf("pp = %d stages, forward %.0f ms + backward %.0f ms per micro-batch and stage, "

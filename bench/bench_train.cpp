@@ -10,6 +10,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -98,16 +99,12 @@ Result bench_model(const char* name, int L, int C, int NH, int V, int T, int B, 
 int main(int argc, char** argv) {
   int steps = 10, warmup = 2;
   std::string only;
-  for (int i = 1; i < argc; i++) {
-    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: bench_train [--steps N] [--warmup N] [--only a|b]\n");
-      return 2;
-    }
-  }
-  if (steps < 1) steps = 1;
+  CLI::App app{"Training throughput and MFU of the CPU reference path on two model shapes"};
+  app.add_option("--steps", steps, "Timed steps of shape (a); shape (b) runs half as many")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", warmup, "Untimed steps first")->check(CLI::Range(0, 1000));
+  app.add_option("--only", only, "One shape only")->check(CLI::IsMember({"a", "b"}));
+  CLI11_PARSE(app, argc, argv);
   std::printf("bench_train: %d OpenMP threads, %s\n", omp_get_max_threads(),
               openblas_get_config());
   // sgemm before and after the models; MFU uses the higher of the two (the conservative ratio).
