@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <fmt/ranges.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -23,6 +22,7 @@
 #include "runtime/core/check.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/log.h"
+#include "runtime/core/process.h"
 #include "runtime/io/hdf5_util.h"
 
 namespace berth {
@@ -746,7 +746,7 @@ int clean_partial_checkpoints(const std::string& checkpoint_dir) {
     // A save still in progress by a live process of this host is left alone (a paused holder's
     // late commit is then refused by the fence, not by a vanished directory).
     const long pid = std::strtol(name.c_str() + tmp + std::strlen(kTmpMarker), nullptr, 10);
-    if (pid > 0 && pid != long(::getpid()) && (::kill(pid_t(pid), 0) == 0 || errno == EPERM)) {
+    if (pid > 0 && pid != long(::getpid()) && process_running(pid)) {
       log_warn("checkpoint: {} belongs to running process {}; leaving it", e.path().string(), pid);
       continue;
     }

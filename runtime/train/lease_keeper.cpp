@@ -7,11 +7,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <thread>
 
 #include "runtime/config/cluster_files.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/host_memory.h"
 #include "runtime/core/log.h"
+#include "runtime/core/process.h"
 #include "runtime/train/step_metrics.h"
 
 namespace berth {
@@ -132,8 +135,29 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
       // The lease first: whether the booking is active, its window open and nobody else holds
       // it is the answer a user needs before where the ranks run (a cancelled booking is refused
       // as cancelled, whatever the launch). The placement checks below give it back if they fail.
-      const LeaseResult l =
+      LeaseResult l =
           ledger_->acquire_lease(reservation_, current_user(), host, getpid(), rc.lease_ttl_s);
+      // A holder of this host whose process is gone (the OOM killer, SIGKILL: it could not give
+      // the lease back) holds it only until its TTL runs out: a relaunch (a requeued job) waits
+      // for that and takes it, instead of failing. Only when the process is gone here: one alive,
+      // or on another host, renews (a second launch is refused at once), and one that merely
+      // shares the host name from another PID namespace renews while this waits, so the retry
+      // is refused as before.
+      if (!l.ok) {
+        const std::optional<Lease> held = ledger_->lease(reservation_);
+        const double wait = held ? held->expires - unix_now() + 0.5 : 0;
+        const double most = std::min(600.0, 0.5 * cfg.parallel.comm_timeout_s);
+        if (held && !held->released && held->host == host && held->pid != getpid() &&
+            !process_running(held->pid) && wait > 0 && wait <= most) {
+          log_warn(
+              "lease: reservation {} is held by pid {} of this host ({}), which is no longer "
+              "running (killed before it could give the lease back): waiting {} for its lease "
+              "to lapse",
+              reservation_, held->pid, host, format_duration(wait));
+          std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+          l = ledger_->acquire_lease(reservation_, current_user(), host, getpid(), rc.lease_ttl_s);
+        }
+      }
       if (!l.ok) throw LeaseRefused("cannot take the lease: " + l.reason);
       const Reservation r = ledger_->reservation(reservation_);
       try {
