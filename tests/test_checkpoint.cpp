@@ -175,6 +175,15 @@ TEST(ResumeChanges, DataOrderAndScheduleChangesAreNamed) {
     EXPECT_NE(d.find("the learning rate of step 12 is"), std::string::npos) << d;
     EXPECT_NE(d.find("(steps 6..11 are the same)"), std::string::npos) << d;
     EXPECT_NE(d.find("train.lr_schedule cosine → constant"), std::string::npos) << d;
+    // A finished run extended: its last rate had decayed to min_lr; the next one is far above.
+    RunConfig done = saved, longer = saved;
+    done.train.lr_schedule = longer.train.lr_schedule = "cosine";
+    done.train.min_lr = longer.train.min_lr = 3e-5;
+    longer.train.steps = 40;
+    d = describe_resume_changes(done, 8, longer, 8, 20, 160);
+    EXPECT_NE(d.find("the learning rate of step 21 is"), std::string::npos) << d;
+    EXPECT_NE(d.find("where the saved run's schedule gives 3e-05"), std::string::npos) << d;
+    EXPECT_NE(d.find("train.steps 20 → 40"), std::string::npos) << d;
     // (a constant schedule over more steps gives the shared ones the same rate)
     cosine.train.lr_schedule = "constant", warm.train.lr_schedule = "constant";
     EXPECT_EQ(describe_resume_changes(warm, 8, cosine, 8, 5, 40), "");

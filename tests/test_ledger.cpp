@@ -811,6 +811,10 @@ TEST_F(LedgerTest, LeaseTokensOnlyGrow) {
   const LeaseResult second = l->acquire_lease(1, "alice", "n2", 11, 60);
   EXPECT_FALSE(second.ok);
   EXPECT_NE(second.reason.find("already held by pid 10 on n1"), std::string::npos) << second.reason;
+  // the holder, for a relaunch that may wait for a dead one's lease to lapse (lease_keeper.cpp)
+  ASSERT_TRUE(second.held_by.has_value());
+  EXPECT_EQ(second.held_by->pid, 10);
+  EXPECT_EQ(second.held_by->host, "n1");
   now_ += 30;
   EXPECT_TRUE(l->renew_lease(1, a.lease.token, 60).ok);
   now_ += 61;  // the holder stops renewing: the lease lapses, the booking survives

@@ -120,15 +120,24 @@ TEST_F(PlanMemoryTest, PredictedPerRankMemoryIsWithinTenPercentOfWhatTheTrainerH
   RecordProperty("worst_relative_error", std::to_string(worst));
 }
 
-// (A pure function: every rank count runs it alike.)
+// (Pure functions: every rank count runs them alike.)
 TEST(Plan, CalibratingOnABusyHostIsWarnedOf) {
-  EXPECT_EQ(busy_host_warning(0.3, 2), "");   // idle
-  EXPECT_EQ(busy_host_warning(0.9, 2), "");   // under one busy core
+  // /proc/stat's first line: user nice system idle iowait irq softirq steal guest guest_nice
+  const std::string t0 = "cpu  1000 0 500 8000 100 0 0 0 0 0";
+  // 100 jiffies later on 2 cores (200 in all): 150 busy, 50 idle
+  EXPECT_DOUBLE_EQ(busy_cores_between(t0, "cpu  1100 0 550 8040 110 0 0 0 0 0", 2), 1.5);
+  EXPECT_DOUBLE_EQ(busy_cores_between(t0, "cpu  1000 0 500 8200 100 0 0 0 0 0", 2), 0.0);
+  EXPECT_EQ(busy_cores_between(t0, t0, 2), -1);  // no time passed
+  EXPECT_EQ(busy_cores_between("", t0, 2), -1);
+  EXPECT_EQ(busy_cores_between("cpu0 1 2 3 4", t0, 2), -1);  // a core's line, not the host's
+  EXPECT_EQ(busy_cores_between(t0, "cpu  1100 0 550 8040 110 0 0 0 0 0", 0), -1);
+
+  EXPECT_EQ(busy_host_warning(0.1, 2), "");   // quiet
+  EXPECT_EQ(busy_host_warning(0.4, 2), "");   // under half a core
   EXPECT_EQ(busy_host_warning(3.5, 16), "");  // under a quarter of the cores
-  EXPECT_EQ(busy_host_warning(2.0, 0), "");   // cores unknown
+  EXPECT_EQ(busy_host_warning(-1, 2), "");    // unreadable
   const std::string w = busy_host_warning(1.5, 2);
-  EXPECT_NE(w.find("load average over the last minute is 1.50 on 2 core(s)"), std::string::npos)
-      << w;
+  EXPECT_NE(w.find("other work kept 1.5 of this host's 2 core(s) busy"), std::string::npos) << w;
   EXPECT_NE(w.find("calibrate when the host is idle"), std::string::npos) << w;
   EXPECT_NE(busy_host_warning(4.0, 16), "");
 }

@@ -103,6 +103,8 @@ struct LeaseResult {
   // booking active, and nobody can take a lease after its window, so the holder may still end
   // its run (stop checkpoint, files, release) under it.
   bool window_over = false;
+  // An acquisition refused only because another live lease holds the reservation: that lease.
+  std::optional<Lease> held_by;
 };
 
 // Throws Error for a device no ledger keeps (no host, an unknown kind, an index past 4095, a model

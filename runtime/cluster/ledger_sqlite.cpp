@@ -729,6 +729,7 @@ class SqliteLedger : public LedgerStore {
       out.reason = fmt::format("reservation {} is already held by pid {} on {} (token {}, until "
                                "{} unless renewed); a second launch cannot share it",
                                id, l->pid, l->host, l->token, format_utc_iso(l->expires));
+      out.held_by = *l;
       return out;
     }
     // A device another booking's job runs on is never leased twice, whatever that booking's

@@ -16,6 +16,7 @@
 #include "runtime/core/log.h"
 #include "runtime/core/process.h"
 #include "runtime/train/step_metrics.h"
+#include "runtime/train/stop_signals.h"
 
 namespace berth {
 namespace {
@@ -139,22 +140,33 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
           ledger_->acquire_lease(reservation_, current_user(), host, getpid(), rc.lease_ttl_s);
       // A holder of this host whose process is gone (the OOM killer, SIGKILL: it could not give
       // the lease back) holds it only until its TTL runs out: a relaunch (a requeued job) waits
-      // for that and takes it, instead of failing. Only when the process is gone here: one alive,
-      // or on another host, renews (a second launch is refused at once), and one that merely
-      // shares the host name from another PID namespace renews while this waits, so the retry
-      // is refused as before.
-      if (!l.ok) {
-        const std::optional<Lease> held = ledger_->lease(reservation_);
-        const double wait = held ? held->expires - unix_now() + 0.5 : 0;
-        const double most = std::min(600.0, 0.5 * cfg.parallel.comm_timeout_s);
-        if (held && !held->released && held->host == host && held->pid != getpid() &&
-            !process_running(held->pid) && wait > 0 && wait <= most) {
+      // for that and takes it, instead of failing. Only when that live lease is all that stands
+      // in the way and its process is gone here (this process, not holding it yet, is a dead
+      // predecessor's pid reused: a container's requeue). A holder alive, or on another host,
+      // renews: a second launch is refused at once; one that merely shares the host name from
+      // another PID namespace renews while this waits, so the retry is refused as before.
+      if (!l.ok && l.held_by && l.held_by->host == host &&
+          (l.held_by->pid == getpid() || !process_running(l.held_by->pid))) {
+        const Lease& held = *l.held_by;
+        // (the other ranks wait in the broadcast below: within their watchdog's limit)
+        const double timeout = cfg.parallel.comm_timeout_s;
+        const double most = timeout > 0 ? std::min(600.0, 0.5 * timeout) : 600.0;
+        const double wait = std::max(0.0, held.expires - unix_now() + 0.5);
+        if (wait <= most) {
           log_warn(
               "lease: reservation {} is held by pid {} of this host ({}), which is no longer "
               "running (killed before it could give the lease back): waiting {} for its lease "
               "to lapse",
-              reservation_, held->pid, host, format_duration(wait));
-          std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+              reservation_, held.pid, host, format_duration(wait));
+          // in slices, so that a stop signal (scancel) ends the wait, taking nothing
+          const double until = unix_now() + wait;
+          while (unix_now() < until && StopSignals::received() == 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          if (const int sig = StopSignals::received()) {
+            throw LeaseRefused(fmt::format(
+                "{} received while waiting for the lease of reservation {} to lapse: not taken",
+                StopSignals::name(sig), reservation_));
+          }
           l = ledger_->acquire_lease(reservation_, current_user(), host, getpid(), rc.lease_ttl_s);
         }
       }

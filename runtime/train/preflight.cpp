@@ -7,8 +7,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
+#include <sstream>
+#include <thread>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
@@ -232,13 +235,33 @@ HardwareProfile resolve_hardware_profile(const std::string& spec) {
   return read_hardware_profile(spec);
 }
 
-std::string busy_host_warning(double load1, int cores) {
-  if (cores <= 0 || load1 < 1.0 || load1 < 0.25 * cores) return "";
+double busy_cores_between(const std::string& stat_before, const std::string& stat_after,
+                          int cores) {
+  auto times = [](const std::string& line, double* busy, double* total) {
+    std::istringstream in(line);
+    std::string label;
+    if (!(in >> label) || label != "cpu") return false;
+    std::vector<double> t;
+    for (double x; in >> x;) t.push_back(x);
+    if (t.size() < 4) return false;
+    *total = 0;
+    for (double x : t) *total += x;
+    *busy = *total - t[3] - (t.size() > 4 ? t[4] : 0.0);  // less idle and iowait
+    return true;
+  };
+  double b0 = 0, t0 = 0, b1 = 0, t1 = 0;
+  if (cores <= 0 || !times(stat_before, &b0, &t0) || !times(stat_after, &b1, &t1) || t1 <= t0)
+    return -1;
+  return std::max(0.0, (b1 - b0) / (t1 - t0)) * cores;
+}
+
+std::string busy_host_warning(double busy_cores, int cores) {
+  if (cores <= 0 || busy_cores < 0.5 || busy_cores < 0.25 * cores) return "";
   return fmt::format(
-      "this host's load average over the last minute is {:.2f} on {} core(s): other work is "
-      "running, and the calibration measures only the share it leaves (plans from this profile "
-      "would predict slower steps than an idle host runs); calibrate when the host is idle",
-      load1, cores);
+      "other work kept {:.1f} of this host's {} core(s) busy while the ranks waited: the "
+      "calibration measures only the share it leaves (plans from this profile would predict "
+      "slower steps than an idle host runs); calibrate when the host is idle",
+      busy_cores, cores);
 }
 
 HardwareProfile calibrate_profile(Communicator& world) {
@@ -250,10 +273,21 @@ HardwareProfile calibrate_profile(Communicator& world) {
                          host_name(), format_utc_minute(unix_now()), world.size(), threads);
   const LocalRank local = mpi_local_rank();
   warn_if_threads_oversubscribed(local, "this profile's figures would carry that slowdown");
-  double load[1] = {0};
-  if (local.rank == 0 && getloadavg(load, 1) == 1) {
-    const std::string busy = busy_host_warning(load[0], cpu::online_cores());
-    if (!busy.empty()) log_warn("{}", busy);
+  {  // other work on the host, over half a second in which every rank sleeps (a barrier spins)
+    world.barrier();
+    auto first_line = []() {
+      std::ifstream in("/proc/stat");
+      std::string line;
+      std::getline(in, line);
+      return line;
+    };
+    const std::string before = local.rank == 0 ? first_line() : std::string();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (local.rank == 0) {
+      const std::string busy = busy_host_warning(
+          busy_cores_between(before, first_line(), cpu::online_cores()), cpu::online_cores());
+      if (!busy.empty()) log_warn("{}", busy);
+    }
   }
   // berth's own kernels, timed as they run in a step (every rank at once, the slowest rank).
   auto slowest_s = [&](auto&& body, int reps) {

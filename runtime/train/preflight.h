@@ -50,12 +50,16 @@ HardwareProfile profile_for_planned_devices(const HardwareProfile& hw, int64_t d
 // bandwidth (a triad over 64 MiB), and the all-reduce bus bandwidth and latency between the ranks
 // (with one rank: a memory copy). Collective; rank 0's return value holds the slowest rank's
 // figures.
-// Before measuring, the host's local rank 0 warns (busy_host_warning) when other work is running.
+// Before measuring, the host's local rank 0 warns (busy_host_warning) when other work is running:
+// it reads /proc/stat across half a second in which every rank sleeps.
 HardwareProfile calibrate_profile(Communicator& world);
 
-// "" on an idle host; else a warning that a calibration would measure only the share of the host
-// that other work leaves: the 1-minute load average `load1` is at least 1 and at least a quarter
-// of the `cores` (the calibrating ranks have only just started and add little to it).
-std::string busy_host_warning(double load1, int cores);
+// Cores kept busy between two readings of /proc/stat's first line ("cpu user nice system idle
+// iowait irq softirq steal ..."; busy is all but idle and iowait), on a host of `cores` cores;
+// -1 when either line is not such a line or no time passed.
+double busy_cores_between(const std::string& stat_before, const std::string& stat_after, int cores);
+// "" on a quiet host; else a warning that a calibration would measure only the share of the host
+// that other work leaves: it kept at least half a core and a quarter of the `cores` busy.
+std::string busy_host_warning(double busy_cores, int cores);
 
 }  // namespace berth

@@ -105,21 +105,23 @@ std::string describe_resume_changes(const RunConfig& saved, int64_t saved_rows_p
         "the global batch is {} rows a step where the saved run's was {} (dp × micro_batch_size "
         "× microbatches; the data goes on at the same row, in steps of another size)",
         now_rows_per_step, saved_rows_per_step));
-  // The schedule: where it gives a step that both runs train another learning rate. The next
-  // step first; else the first of the steps up to the shorter run's end that differs (every step
-  // of up to 4096, else 4096 evenly spread), so a change that shows only after a warm-up is
-  // named too.
-  const int64_t last = std::min(saved.train.steps, now.train.steps);  // 0-based steps < last
+  // The schedule: the next step's learning rate (also past the saved run's end: a finished run
+  // extended, whose saved schedule had decayed to its last rate); else the first of the later
+  // steps both runs train whose rate differs (every one of up to 4096, else the first of 4096
+  // evenly spread), so a change that shows only after a shared warm-up is named too.
   auto differs = [&](int64_t s) {
     const double a = lr_of(saved, s), b = lr_of(now, s);
     return std::fabs(b - a) > 1e-9 * std::max(std::fabs(a), 1e-30);
   };
   int64_t at = -1;
   constexpr int64_t kSamples = 4096;
-  const int64_t span = last - step;
-  if (span > 0) {
+  const int64_t last = std::min(saved.train.steps, now.train.steps);  // 0-based steps < last
+  const int64_t span = last - (step + 1);                             // the later shared steps
+  if (step < now.train.steps && differs(step)) {
+    at = step;
+  } else {
     for (int64_t k = 0; k < std::min(span, kSamples) && at < 0; ++k) {
-      const int64_t s = span <= kSamples ? step + k : step + k * (span - 1) / (kSamples - 1);
+      const int64_t s = step + 1 + (span <= kSamples ? k : k * (span - 1) / (kSamples - 1));
       if (differs(s)) at = s;
     }
   }
@@ -133,8 +135,12 @@ std::string describe_resume_changes(const RunConfig& saved, int64_t saved_rows_p
     parts.push_back(fmt::format(
         "the learning rate of step {} is {:.3g} where the saved run's schedule gives {:.3g}{} ({})",
         at + 1, lr_of(now, at), lr_of(saved, at),
-        at > step && span <= kSamples ? fmt::format(" (steps {}..{} are the same)", step + 1, at)
-                                      : std::string(),
+        at == step + 1 ? fmt::format(" (step {} is the same)", step + 1)
+        : at > step + 1 && span <= kSamples
+            ? fmt::format(" (steps {}..{} are the same)", step + 1, at)
+        : at > step ? fmt::format(" (the first of {} steps sampled from {} on that differs)",
+                                  kSamples, step + 1)
+                    : std::string(),
         joined(sched)));
   }
   return fmt::format("{}", fmt::join(parts, "; "));

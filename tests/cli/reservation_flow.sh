@@ -190,7 +190,9 @@ check "a CPU slot without the booked free memory is refused at start, the lease 
 
 # ---- double start; SIGKILLed holder -------------------------------------------------------------
 id3=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
-one=(train "$cfg" "${small[@]}" --set train.steps=100000 --reservation "$id3")
+# (a TTL of 10 s here: the relaunch below must reach its lease before the killed holder's lapses)
+one=(train "$cfg" "${small[@]}" --set train.steps=100000 --reservation "$id3"
+     --set reservation.lease_ttl_s=10)
 "$berth" "${one[@]}" --set "run.out_dir=$tmp/k1" > "$tmp/k1.log" 2>&1 &
 holder=$!; pids+=("$holder")
 for _ in $(seq 100); do grep -q "fencing token" "$tmp/k1.log" && break; sleep 0.1; done
@@ -201,7 +203,7 @@ check "a second launch fails fast naming the holder's pid and host (rc $rc)" $?
 kill -9 "$holder"; wait "$holder" 2>/dev/null
 token1=$(sed -n 's/.*fencing token \([0-9]*\).*/\1/p' "$tmp/k1.log" | head -1)
 # (at once, as a requeued job relaunches: the holder's process is gone from this host, so the
-# relaunch waits for its lease to lapse, at most lease_ttl_s = 3 s, instead of failing)
+# relaunch waits for its lease to lapse, at most its lease_ttl_s = 10 s, instead of failing)
 start=$(date +%s)
 timeout 60 "$berth" train "$cfg" "${small[@]}" --set train.steps=20 --reservation "$id3" \
     --set "run.out_dir=$tmp/k3" > "$tmp/k3.log" 2>&1

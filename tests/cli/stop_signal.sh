@@ -170,7 +170,8 @@ saving=$?
 kill -TERM "$pid"
 # (the save pauses 3 s: it is still a temporary when the second signal has been sent)
 compgen -G "$tmp/runs/twice/checkpoints/step-*.tmp-*" > /dev/null
-[ $saving -eq 0 ] && [ $? -eq 0 ]
+still=$?
+[ $saving -eq 0 ] && [ $still -eq 0 ]
 check "the second SIGTERM came while the first one's save was in progress" $?
 wait "$pid"
 rc=$?
