@@ -504,6 +504,10 @@ TEST_F(LedgerTest, ACancelledBookingsRunningJobStillHoldsItsDevice) {
   ASSERT_FALSE(second.ok);
   EXPECT_NE(second.reason.find("still runs reservation 1's job (pid 100 on n1)"), std::string::npos)
       << second.reason;
+  ASSERT_TRUE(second.held_by.has_value());  // the lease in the way, for a relaunch that may wait
+  EXPECT_EQ(second.held_by->reservation, 1);
+  EXPECT_EQ(second.held_by->pid, 100);
+  EXPECT_EQ(second.held_by->host, "n1");
   l->release_lease(1, 1);  // the job saw the cancellation at its renewal and stopped
   EXPECT_TRUE(l->acquire_lease(2, "nobody", "n2", 200, 60).ok);
 }

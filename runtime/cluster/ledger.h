@@ -103,7 +103,8 @@ struct LeaseResult {
   // booking active, and nobody can take a lease after its window, so the holder may still end
   // its run (stop checkpoint, files, release) under it.
   bool window_over = false;
-  // An acquisition refused only because another live lease holds the reservation: that lease.
+  // An acquisition refused only because a live lease stands in the way (of this reservation, or
+  // of another booking's job on one of its devices): that lease (token 0 for another booking's).
   std::optional<Lease> held_by;
 };
 

@@ -750,6 +750,10 @@ class SqliteLedger : public LedgerStore {
           "is leased to one job at a time; launch again once that job has stopped (its lease "
           "lapses at {} unless renewed)",
           id, device_name(*dev), q.i64(0), q.i64(1), q.text(2), format_utc_iso(q.f64(3)));
+      Lease other;
+      other.reservation = q.i64(0), other.pid = q.i64(1), other.host = q.text(2);
+      other.expires = q.f64(3);
+      out.held_by = other;
       return out;
     }
     // Before this window opens (start_slack_s), another booking's window on its devices between

@@ -154,10 +154,13 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
         const double wait = std::max(0.0, held.expires - unix_now() + 0.5);
         if (wait <= most) {
           log_warn(
-              "lease: reservation {} is held by pid {} of this host ({}), which is no longer "
-              "running (killed before it could give the lease back): waiting {} for its lease "
-              "to lapse",
-              reservation_, held.pid, host, format_duration(wait));
+              "lease: {} held by pid {} of this host ({}), which is no longer running (killed "
+              "before it could give the lease back): waiting {} for its lease to lapse",
+              held.reservation == reservation_
+                  ? fmt::format("reservation {} is", reservation_)
+                  : fmt::format("reservation {}'s devices are still in reservation {}'s lease,",
+                                reservation_, held.reservation),
+              held.pid, host, format_duration(wait));
           // in slices, so that a stop signal (scancel) ends the wait, taking nothing
           const double until = unix_now() + wait;
           while (unix_now() < until && StopSignals::received() == 0)
