@@ -3,15 +3,34 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <fstream>
 #include <limits>
+#include <string>
 
 namespace berth {
+
+char process_state(const std::string& proc_stat) {
+  // "PID (COMM) S ...": COMM may hold spaces and parentheses, so the state follows the last ')'
+  const size_t close = proc_stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= proc_stat.size() || proc_stat[close + 1] != ' ')
+    return '\0';
+  return proc_stat[close + 2];
+}
 
 bool process_running(int64_t pid) {
   if (pid <= 0) return false;
   // (beyond pid_t's range a pid cast would turn negative and ask about a process group)
   if (pid > std::numeric_limits<pid_t>::max()) return true;
-  return ::kill(pid_t(pid), 0) == 0 || errno != ESRCH;  // EPERM: another user's
+  if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) return false;  // EPERM: another user's
+  // Killed but not yet reaped (a zombie: its parent, or an init that does not reap, has not
+  // waited for it), or being torn down: it runs no more and will not renew anything.
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (in && std::getline(in, line)) {
+    const char state = process_state(line);
+    if (state == 'Z' || state == 'X' || state == 'x') return false;
+  }
+  return true;
 }
 
 }  // namespace berth

@@ -58,6 +58,70 @@ void check_placement(const Reservation& r, const std::vector<RankPlace>& places)
   }
 }
 
+// Sleeps `seconds` in slices; false when a stop signal came first (scancel during a wait).
+bool sleep_unless_stopped(double seconds) {
+  const double until = unix_now() + seconds;
+  while (unix_now() < until && StopSignals::received() == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  return StopSignals::received() == 0;
+}
+
+[[noreturn]] void refuse_on_signal(int64_t reservation) {
+  throw LeaseRefused(
+      fmt::format("{} received while waiting for the lease of reservation {}: not "
+                  "taken",
+                  StopSignals::name(StopSignals::received()), reservation));
+}
+
+// Acquires the lease of `reservation` for this process. A holder of this host whose process is
+// gone (the OOM killer, SIGKILL: it could not give the lease back) holds it only until its TTL
+// runs out: a relaunch (a requeued job) waits for that and takes it, instead of failing, for as
+// many such leases as stand in the way (its own booking's, another booking's job still on one of
+// its devices) within `most_wait_s` in all. Gone: no such process here, a zombie, or this
+// process's own pid (it holds nothing yet: a dead predecessor's pid reused, a container's
+// requeue). A holder of this host still alive gets a few seconds to end (a rank orphaned when
+// its mpirun was killed runs on for a moment); one that lives on, or one on another host, is
+// refused (a second launch); one that merely shares the host name from another PID namespace
+// renews while this waits, so the retry is refused as before.
+LeaseResult take_lease(LedgerStore& ledger, int64_t reservation, const std::string& host,
+                       double ttl_s, double most_wait_s) {
+  constexpr double kGraceS = 5;
+  const double give_up = unix_now() + most_wait_s;
+  for (bool graced = false;;) {
+    LeaseResult l = ledger.acquire_lease(reservation, current_user(), host, getpid(), ttl_s);
+    if (l.ok || !l.held_by || l.held_by->host != host) return l;
+    const Lease held = *l.held_by;
+    auto gone = [&] { return held.pid == getpid() || !process_running(held.pid); };
+    if (!gone()) {
+      if (graced) return l;
+      graced = true;
+      const double until = unix_now() + kGraceS;
+      while (!gone() && unix_now() < until)
+        if (!sleep_unless_stopped(0.2)) refuse_on_signal(reservation);
+      if (!gone()) return l;
+    }
+    const std::string whose =
+        held.reservation == reservation
+            ? fmt::format("reservation {} is", reservation)
+            : fmt::format("reservation {}'s devices are still in reservation {}'s lease,",
+                          reservation, held.reservation);
+    const double now = unix_now(), wait = std::max(0.0, held.expires - now + 0.5);
+    if (now + wait > give_up) {
+      l.reason = fmt::format(
+          "{} held by pid {} of this host ({}), which is no longer running; its lease lapses at "
+          "{}, in {}, later than a launch waits ({}): launch again after it",
+          whose, held.pid, host, format_utc_iso(held.expires), format_duration(wait),
+          format_duration(most_wait_s));
+      return l;
+    }
+    log_warn(
+        "lease: {} held by pid {} of this host ({}), which is no longer running (killed before "
+        "it could give the lease back): waiting {} for its lease to lapse",
+        whose, held.pid, host, format_duration(wait));
+    if (!sleep_unless_stopped(wait)) refuse_on_signal(reservation);
+  }
+}
+
 }  // namespace
 
 LedgerOptions ledger_options_for(const std::string& path) {
@@ -136,43 +200,12 @@ LeaseKeeper::LeaseKeeper(const RunConfig& cfg, Communicator& world) : cfg_(cfg),
       // The lease first: whether the booking is active, its window open and nobody else holds
       // it is the answer a user needs before where the ranks run (a cancelled booking is refused
       // as cancelled, whatever the launch). The placement checks below give it back if they fail.
-      LeaseResult l =
-          ledger_->acquire_lease(reservation_, current_user(), host, getpid(), rc.lease_ttl_s);
-      // A holder of this host whose process is gone (the OOM killer, SIGKILL: it could not give
-      // the lease back) holds it only until its TTL runs out: a relaunch (a requeued job) waits
-      // for that and takes it, instead of failing. Only when that live lease is all that stands
-      // in the way and its process is gone here (this process, not holding it yet, is a dead
-      // predecessor's pid reused: a container's requeue). A holder alive, or on another host,
-      // renews: a second launch is refused at once; one that merely shares the host name from
-      // another PID namespace renews while this waits, so the retry is refused as before.
-      if (!l.ok && l.held_by && l.held_by->host == host &&
-          (l.held_by->pid == getpid() || !process_running(l.held_by->pid))) {
-        const Lease& held = *l.held_by;
-        // (the other ranks wait in the broadcast below: within their watchdog's limit)
-        const double timeout = cfg.parallel.comm_timeout_s;
-        const double most = timeout > 0 ? std::min(600.0, 0.5 * timeout) : 600.0;
-        const double wait = std::max(0.0, held.expires - unix_now() + 0.5);
-        if (wait <= most) {
-          log_warn(
-              "lease: {} held by pid {} of this host ({}), which is no longer running (killed "
-              "before it could give the lease back): waiting {} for its lease to lapse",
-              held.reservation == reservation_
-                  ? fmt::format("reservation {} is", reservation_)
-                  : fmt::format("reservation {}'s devices are still in reservation {}'s lease,",
-                                reservation_, held.reservation),
-              held.pid, host, format_duration(wait));
-          // in slices, so that a stop signal (scancel) ends the wait, taking nothing
-          const double until = unix_now() + wait;
-          while (unix_now() < until && StopSignals::received() == 0)
-            std::this_thread::sleep_for(std::chrono::milliseconds(200));
-          if (const int sig = StopSignals::received()) {
-            throw LeaseRefused(fmt::format(
-                "{} received while waiting for the lease of reservation {} to lapse: not taken",
-                StopSignals::name(sig), reservation_));
-          }
-          l = ledger_->acquire_lease(reservation_, current_user(), host, getpid(), rc.lease_ttl_s);
-        }
-      }
+      // (a wait for a dead holder's lease: the other ranks wait in the broadcast below, within
+      // their watchdog's limit)
+      const double timeout = cfg.parallel.comm_timeout_s;
+      const LeaseResult l =
+          take_lease(*ledger_, reservation_, host, rc.lease_ttl_s,
+                     world.size() > 1 && timeout > 0 ? std::min(600.0, 0.5 * timeout) : 600.0);
       if (!l.ok) throw LeaseRefused("cannot take the lease: " + l.reason);
       const Reservation r = ledger_->reservation(reservation_);
       try {

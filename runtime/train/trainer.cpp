@@ -1181,6 +1181,48 @@ bool Trainer::saves_at(int64_t step) const {
          (cfg_.checkpoint.final && step == cfg_.train.steps);
 }
 
+void Trainer::commit_metrics_of_a_killed_run() const {
+  // The run was killed after its last save and before it committed metrics.jsonl: the records it
+  // streamed to metrics.jsonl.partial (from step 1: a resumed session's starts with the earlier
+  // ones) become metrics.jsonl now, whole lines only, and the steps they lack are named. Not when
+  // a resume's copy (.partial.resume) is there too: which of the two is whole is not known.
+  const std::string metrics = run_dir_ + "/metrics.jsonl", partial = metrics + ".partial";
+  std::error_code ec;
+  if (!std::filesystem::exists(partial, ec) || std::filesystem::exists(partial + ".resume", ec)) {
+    log_warn("{} was never committed (the run ended after its last save and before that){}",
+             metrics,
+             std::filesystem::exists(partial, ec)
+                 ? ": its step records are in metrics.jsonl.partial and .partial.resume"
+                 : ", and no metrics.jsonl.partial holds its step records");
+    return;
+  }
+  std::istringstream in(read_text_file(partial));
+  std::string line, kept;
+  std::vector<int64_t> steps;
+  while (std::getline(in, line)) {
+    if (const std::optional<int64_t> step = record_step(line)) {
+      steps.push_back(*step);
+      kept += line + "\n";
+    }
+  }
+  write_file_atomic(metrics, kept);
+  std::filesystem::remove(partial, ec);
+  std::vector<std::string> lost;
+  if (steps.empty() || *std::min_element(steps.begin(), steps.end()) > 1) {
+    const int64_t first =
+        steps.empty() ? start_step_ + 1 : *std::min_element(steps.begin(), steps.end());
+    lost.push_back(first - 1 > 1 ? fmt::format("1..{}", first - 1) : std::string("1"));
+  }
+  if (const std::string gaps = missing_steps(steps, start_step_); !gaps.empty())
+    lost.push_back(gaps);
+  log_warn(
+      "{} was never committed (the run was killed after its last save and before that): "
+      "committed it now from metrics.jsonl.partial, {} step record(s){}",
+      metrics, steps.size(),
+      lost.empty() ? std::string()
+                   : fmt::format("; the records of steps {} are lost", fmt::join(lost, ", ")));
+}
+
 std::vector<StepStats> Trainer::run() {
   if (start_step_ == cfg_.train.steps) {  // resumed (auto) from the run's last step
     log_info(
@@ -1188,12 +1230,8 @@ std::vector<StepStats> Trainer::run() {
         "train.steps to train further",
         resumed_from_, start_step_);
     std::error_code ec;
-    if (world_.rank() == 0 && !std::filesystem::exists(run_dir_ + "/metrics.jsonl", ec)) {
-      log_warn(
-          "{}/metrics.jsonl was never committed (the run ended after its last save and before "
-          "that): its step records are in metrics.jsonl.partial, if it is there",
-          run_dir_);
-    }
+    if (world_.rank() == 0 && !std::filesystem::exists(run_dir_ + "/metrics.jsonl", ec))
+      commit_metrics_of_a_killed_run();
     return {};
   }
   // A new run must not collide with an earlier run's checkpoints: its first save would fail after
