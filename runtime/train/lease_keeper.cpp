@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <optional>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "runtime/config/cluster_files.h"
 #include "runtime/core/clock.h"
@@ -87,10 +89,16 @@ LeaseResult take_lease(LedgerStore& ledger, int64_t reservation, const std::stri
                        double ttl_s, double most_wait_s) {
   constexpr double kGraceS = 5;
   const double give_up = unix_now() + most_wait_s;
+  std::vector<std::pair<int64_t, int64_t>> waited;  // (reservation, pid) of the leases waited for
   for (bool graced = false;;) {
     LeaseResult l = ledger.acquire_lease(reservation, current_user(), host, getpid(), ttl_s);
     if (l.ok || !l.held_by || l.held_by->host != host) return l;
     const Lease held = *l.held_by;
+    // Still there after its expiry: it renewed, so it lives (in another PID namespace under the
+    // same host name): a second launch after all.
+    if (std::find(waited.begin(), waited.end(), std::make_pair(held.reservation, held.pid)) !=
+        waited.end())
+      return l;
     auto gone = [&] { return held.pid == getpid() || !process_running(held.pid); };
     if (!gone()) {
       if (graced) return l;
@@ -119,6 +127,7 @@ LeaseResult take_lease(LedgerStore& ledger, int64_t reservation, const std::stri
         "it could give the lease back): waiting {} for its lease to lapse",
         whose, held.pid, host, format_duration(wait));
     if (!sleep_unless_stopped(wait)) refuse_on_signal(reservation);
+    waited.emplace_back(held.reservation, held.pid);
   }
 }
 
