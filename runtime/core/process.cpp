@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -24,13 +25,12 @@ bool process_running(int64_t pid) {
   if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) return false;  // EPERM: another user's
   // Killed but not yet reaped (a zombie: its parent, or an init that does not reap, has not
   // waited for it), or being torn down: it runs no more and will not renew anything.
+  // (The whole file: a name may hold a newline. A process whose main thread ended while others
+  // run reads as a zombie too; berth's do not do that.)
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (in && std::getline(in, line)) {
-    const char state = process_state(line);
-    if (state == 'Z' || state == 'X' || state == 'x') return false;
-  }
-  return true;
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const char state = process_state(stat);
+  return state != 'Z' && state != 'X' && state != 'x';
 }
 
 }  // namespace berth

@@ -97,16 +97,22 @@ LeaseResult take_lease(LedgerStore& ledger, int64_t reservation, const std::stri
     // Still there after its expiry: it renewed, so it lives (in another PID namespace under the
     // same host name): a second launch after all.
     if (std::find(waited.begin(), waited.end(), std::make_pair(held.reservation, held.pid)) !=
-        waited.end())
+        waited.end()) {
+      l.reason += fmt::format(
+          " (pid {} renewed after its lease's expiry, so it runs, though not where this process "
+          "can see it: another PID namespace under the same host name)",
+          held.pid);
       return l;
+    }
     auto gone = [&] { return held.pid == getpid() || !process_running(held.pid); };
     if (!gone()) {
       if (graced) return l;
       graced = true;
-      const double until = unix_now() + kGraceS;
+      const double until = std::min(unix_now() + kGraceS, give_up);
       while (!gone() && unix_now() < until)
         if (!sleep_unless_stopped(0.2)) refuse_on_signal(reservation);
       if (!gone()) return l;
+      continue;  // it ended: ask the ledger again (it may have given the lease back, or renewed)
     }
     const std::string whose =
         held.reservation == reservation

@@ -171,9 +171,9 @@ class Trainer {
   // Rank 0, when metrics.jsonl (all of `metrics`) could not be committed (`why`): writes the
   // records beside the checkpoints, else into the temporary directory, and throws saying where.
   [[noreturn]] void rescue_metrics(const std::string& metrics, const std::string& why) const;
-  // At a relaunch that finds the run complete without metrics.jsonl (killed after its last save):
-  // metrics.jsonl from metrics.jsonl.partial, naming the steps it lacks (rank 0).
-  void commit_metrics_of_a_killed_run() const;
+  // At a relaunch that finds the run complete but metrics.jsonl short of its last step (killed
+  // after its last save): says which file holds the records and which are lost (rank 0).
+  void warn_uncommitted_metrics() const;
   // Whether this launch trains under a lease (a reservation, or one booked on demand).
   bool leased() const { return cfg_.reservation.id > 0 || cfg_.reservation.without == "on-demand"; }
   int64_t start_step_ = 0;

@@ -81,15 +81,20 @@ rc=$?
   cmp -s "$run/metrics.jsonl" "$tmp/metrics.before"
 check "a requeue of the finished run has nothing to train: exit 0, its files kept (rc $rc)" $?
 # Killed after its last save and before it committed metrics.jsonl (as a SIGKILL there leaves
-# it: the records streamed to metrics.jsonl.partial, the last step's not yet): the requeue that
-# finds the run complete commits them, naming the step whose record is lost.
-head -n -1 "$tmp/metrics.before" > "$run/metrics.jsonl.partial" && rm "$run/metrics.jsonl"
+# it: the earlier session's metrics.jsonl, this one's records in metrics.jsonl.partial, the last
+# step's not yet): the requeue that finds the run complete says where the records are and which
+# one is lost, and changes nothing.
+head -n -1 "$tmp/metrics.before" > "$run/metrics.jsonl.partial"
+head -n "$saved" "$tmp/metrics.before" > "$run/metrics.jsonl"
+cp "$run/metrics.jsonl" "$tmp/metrics.earlier"
 "$berth" "${args[@]}" --set train.steps=$((saved + 2)) --resume auto > "$tmp/requeue2.log" 2>&1
 rc=$?
-[ $rc -eq 0 ] && [ "$(wc -l < "$run/metrics.jsonl")" -eq $((saved + 1)) ] &&
-  [ ! -e "$run/metrics.jsonl.partial" ] &&
-  grep -q "committed it now from metrics.jsonl.partial, $((saved + 1)) step record(s); the records of steps $((saved + 2)) are lost" "$tmp/requeue2.log"
-check "a requeue of a run killed before its metrics commit commits metrics.jsonl.partial (rc $rc)" $?
+[ $rc -eq 0 ] && cmp -s "$run/metrics.jsonl" "$tmp/metrics.earlier" &&
+  [ -e "$run/metrics.jsonl.partial" ] &&
+  grep -q "metrics.jsonl ends at step $saved (the run was killed after its last save, step $((saved + 2))" "$tmp/requeue2.log" &&
+  grep -q "metrics.jsonl.partial holds the records up to step $((saved + 1)) (steps $((saved + 2)) are lost); copy its lines up to step $((saved + 2))" "$tmp/requeue2.log"
+check "a requeue of a run killed before its metrics commit says where its records are (rc $rc)" $?
+rm "$run/metrics.jsonl.partial"
 cp "$tmp/metrics.before" "$run/metrics.jsonl"
 last_ckpt=$(ls -d "$run"/checkpoints/step-* | tail -n 1)
 "$berth" "${args[@]}" --set train.steps=$((saved + 2)) --resume "$last_ckpt" > "$tmp/reuse.log" 2>&1
