@@ -1226,7 +1226,13 @@ std::vector<StepStats> Trainer::run() {
         "nothing to train: the run is complete ({} is at step {} = train.steps); raise "
         "train.steps to train further",
         resumed_from_, start_step_);
-    if (world_.rank() == 0) warn_uncommitted_metrics();
+    if (world_.rank() == 0) {
+      try {  // a warning: the run is complete whatever these files hold
+        warn_uncommitted_metrics();
+      } catch (const std::exception& e) {
+        log_warn("cannot read {}/metrics.jsonl or its .partial: {}", run_dir_, e.what());
+      }
+    }
     return {};
   }
   // A new run must not collide with an earlier run's checkpoints: its first save would fail after
