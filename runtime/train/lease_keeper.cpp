@@ -75,6 +75,8 @@ bool sleep_unless_stopped(double seconds) {
                   StopSignals::name(StopSignals::received()), reservation));
 }
 
+}  // namespace
+
 // Acquires the lease of `reservation` for this process. A holder of this host whose process is
 // gone (the OOM killer, SIGKILL: it could not give the lease back) holds it only until its TTL
 // runs out: a relaunch (a requeued job) waits for that and takes it, instead of failing, for as
@@ -136,8 +138,6 @@ LeaseResult take_lease(LedgerStore& ledger, int64_t reservation, const std::stri
     waited.emplace_back(held.reservation, held.pid);
   }
 }
-
-}  // namespace
 
 LedgerOptions ledger_options_for(const std::string& path) {
   LedgerOptions o;

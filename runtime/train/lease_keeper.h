@@ -33,6 +33,14 @@ struct LeaseRefused : Error {
 // Ledger options for the ledger at `path`: the policy from <path>.policy.toml when it exists.
 LedgerOptions ledger_options_for(const std::string& path);
 
+// Acquires the lease of `reservation` for this process on `host` (rank 0 of `berth train`).
+// Leases of this host whose process is gone (killed: a zombie, no such pid, or this process's own
+// pid reused) that stand in the way are waited for until they lapse, up to `most_wait_s` in all;
+// a live holder of this host gets 5 s to end first; a holder on another host, or one that renews
+// past the expiry waited for, is refused. A stop signal during a wait throws LeaseRefused.
+LeaseResult take_lease(LedgerStore& ledger, int64_t reservation, const std::string& host,
+                       double ttl_s, double most_wait_s);
+
 class LeaseKeeper {
  public:
   enum Decision : int32_t { kContinue = 0, kStopWindow = 1, kLost = 2 };
