@@ -62,16 +62,17 @@ void check_placement(const Reservation& r, const std::vector<RankPlace>& places)
 
 // Sleeps `seconds` in slices; false when a stop signal came first (scancel during a wait).
 bool sleep_unless_stopped(double seconds) {
-  const double until = unix_now() + seconds;
-  while (unix_now() < until && StopSignals::received() == 0)
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(0.0, seconds));
+  while (std::chrono::steady_clock::now() < until && StopSignals::received() == 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   return StopSignals::received() == 0;
 }
 
 [[noreturn]] void refuse_on_signal(int64_t reservation) {
   throw LeaseRefused(
-      fmt::format("{} received while waiting for the lease of reservation {}: not "
-                  "taken",
+      fmt::format("{} received while waiting for the lease of reservation {}: "
+                  "not taken",
                   StopSignals::name(StopSignals::received()), reservation));
 }
 

@@ -132,16 +132,18 @@ std::string describe_resume_changes(const RunConfig& saved, int64_t saved_rows_p
     add(&sched, "train.lr_schedule", saved.train.lr_schedule, now.train.lr_schedule);
     add(&sched, "train.warmup_steps", saved.train.warmup_steps, now.train.warmup_steps);
     add(&sched, "train.min_lr", saved.train.min_lr, now.train.min_lr);
+    // (1-based: the next step is step + 1; the steps before `at` + 1 have the saved rates)
+    std::string before;
+    if (at == step + 1)
+      before = fmt::format(" (step {} is the same)", step + 1);
+    else if (at > step + 1 && span <= kSamples)
+      before = fmt::format(" (steps {}..{} are the same)", step + 1, at);
+    else if (at > step)
+      before = fmt::format(" (the first of {} steps sampled from {} on that differs)", kSamples,
+                           step + 1);
     parts.push_back(fmt::format(
         "the learning rate of step {} is {:.3g} where the saved run's schedule gives {:.3g}{} ({})",
-        at + 1, lr_of(now, at), lr_of(saved, at),
-        at == step + 1 ? fmt::format(" (step {} is the same)", step + 1)
-        : at > step + 1 && span <= kSamples
-            ? fmt::format(" (steps {}..{} are the same)", step + 1, at)
-        : at > step ? fmt::format(" (the first of {} steps sampled from {} on that differs)",
-                                  kSamples, step + 1)
-                    : std::string(),
-        joined(sched)));
+        at + 1, lr_of(now, at), lr_of(saved, at), before, joined(sched)));
   }
   return fmt::format("{}", fmt::join(parts, "; "));
 }

@@ -1358,7 +1358,7 @@ std::vector<StepStats> Trainer::run() {
         "blocks); the GEMMs stay bf16",
         gcfg_.C / gcfg_.NH);
   if (backend_->kind() == DeviceKind::kCuda &&
-      backend_->matmul_precision() == MatmulPrecision::kFp32 && world_.rank() == 0)
+      backend_->matmul_precision() == MatmulPrecision::kFp32)
     log_info(
         "note: run.precision = \"fp32\" on a GPU runs the GEMMs and attention in fp32 without "
         "TF32 (the CPU reference's numbers, far below the tensor cores' speed); set "
