@@ -35,6 +35,7 @@ struct Synth {
   double noise_rel = 0.0;     // gaussian, relative
   double first_extra_s = 15;  // first step (startup / compile) overhead
   int64_t warmup_steps = 0;   // decaying transient after the first step
+  double warmup_tau = 0;      // or instead an exponential one: 1 + 2·exp(-k/tau) times the step
   double ckpt_s = 0, eval_s = 0;
   int64_t spike_step = -1;
   double spike_s = 0;
@@ -61,9 +62,12 @@ std::vector<StepRecord> synth_trace(const RunFacts& f, const Synth& s) {
                (1.0 + s.noise_rel * nd(rng));
     d *= 1.0 + s.drift_rel * static_cast<double>(k) / static_cast<double>(f.session_steps);
     if (s.shift_step >= 0 && r.step >= s.shift_step) d *= 1.0 + s.shift_rel;
+    if (s.warmup_tau > 0) d *= 1.0 + 2.0 * std::exp(-static_cast<double>(k - 1) / s.warmup_tau);
     if (k == 1) {
       d += s.first_extra_s;
-      r.event = s.warmup_steps > 0 ? "compile" : (f.start_step > 0 ? "resume" : "first_step");
+      r.event = s.warmup_steps > 0 || s.warmup_tau > 0
+                    ? "compile"
+                    : (f.start_step > 0 ? "resume" : "first_step");
     } else if (k - 1 <= s.warmup_steps) {
       d *= 1.0 + 2.0 * (1.0 - static_cast<double>(k - 1) / static_cast<double>(s.warmup_steps));
     }
@@ -388,6 +392,63 @@ TEST(Progress, LevelShiftIsNotExtrapolatedAsATrend) {
   for (double p : {0.65, 0.75, 0.9}) {
     const auto pr = predict_at(f, rows, p);
     EXPECT_LT(ape(pr.total_s, truth), 0.015) << p << " " << pr.total_s << " " << truth;
+  }
+}
+
+TEST(Progress, ALargeSpeedUpIsFollowedAsTheWindowGrowsOverIt) {
+  // A new packing halves the step time at 40 %. Once the rate has followed (a quarter window
+  // later), it keeps following: a window that grows back over the shift would average the two
+  // levels, and the steps before it, each 2× the new median, are no stalls to repeat.
+  const auto f = steady_facts(4000);
+  Synth s;
+  s.noise_rel = 0.02;
+  s.shift_step = 1600;
+  s.shift_rel = -0.5;
+  const auto rows = synth_trace(f, s);
+  const double truth = total_of(rows);
+  for (int64_t at = 1750; at < 4000; at += 50) {
+    const auto pr = predict_at(f, rows, static_cast<double>(at) / 4000.0);
+    EXPECT_LT(ape(pr.total_s, truth), 0.01) << at << " " << pr.total_s << " " << truth;
+  }
+}
+
+TEST(Progress, TheTailOfASlowWarmupIsNoDrift) {
+  // A compile warm-up that decays over ~150 steps (τ = 40): past the point where steps are within
+  // 15 % of the steady rate its tail still falls, fast at first, then slowly. A line through it
+  // would extrapolate a speed-up over the whole run (capped at 25 %).
+  const auto f = steady_facts(4000);
+  Synth s;
+  s.noise_rel = 0.01;
+  s.warmup_tau = 40;
+  s.first_extra_s = 200;
+  const auto rows = synth_trace(f, s);
+  const double truth = total_of(rows);
+  for (int64_t at = 200; at <= 600; at += 20) {
+    const auto pr = predict_at(f, rows, static_cast<double>(at) / 4000.0);
+    EXPECT_LT(ape(pr.total_s, truth), 0.03) << at << " " << pr.total_s << " " << truth;
+  }
+}
+
+TEST(Progress, ALateEpochDataWaitIsNotANewLevel) {
+  // Epochs of 1000 steps whose last 300 wait for data longer and longer (up to 0.6 s on 1 s
+  // steps). Before the first boundary is seen, the ramp is no new level to extrapolate over the
+  // rest of the run: the pipeline recovers at the boundary. (Seen from inside the first ramp the
+  // later ones cannot be known: the prediction stays a little short, not far over.)
+  const auto f = steady_facts(4000);
+  Synth s;
+  s.noise_rel = 0.02;
+  auto rows = synth_trace(f, s);
+  for (auto& r : rows) {
+    const int64_t pos = (r.step - 1) % 1000;
+    r.data_wait_s = 0.01;
+    if (pos >= 700) r.data_wait_s += 0.6 * static_cast<double>(pos - 700) / 300.0;
+    r.duration_s += r.data_wait_s;
+  }
+  const double truth = total_of(rows);
+  for (int64_t at = 750; at < 1000; at += 25) {
+    const auto pr = predict_at(f, rows, static_cast<double>(at) / 4000.0);
+    EXPECT_LT(pr.total_s, truth * 1.01) << at;
+    EXPECT_GT(pr.total_s, truth * 0.9) << at;  // the ramps are ~8 % of the run
   }
 }
 

@@ -19,6 +19,7 @@ constexpr double kWarmupTolerance =
     1.15;  // transient ends at the first step within 15 % of the steady rate
 constexpr double kClipMads = 4.0;  // winsorize window rates at median ± 4 MAD
 constexpr double kStallFactor = 1.5;
+constexpr double kWaitExcessShare = 0.02;   // a data wait 2 % of a step above its usual level
 constexpr double kExcessPriorSteps = 50.0;  // unplanned overhead rate shrunk toward 0 by 50 steps
 // Priors for the extra cost of a checkpoint / eval step before one was seen, in median step times.
 constexpr double kCkptPriorSteps = 100.0;
@@ -26,6 +27,7 @@ constexpr double kCkptPriorSteps = 100.0;
 // kDriftHalfT over each half.
 constexpr double kDriftT = 4.0;
 constexpr double kDriftHalfT = 1.5;
+constexpr double kDriftHalfRatio = 0.5;  // ... and the halves' slopes within a factor of 2
 constexpr double kEvalPriorSteps = 50.0;
 
 bool is_warmup_event(const std::string& e) {
@@ -205,6 +207,32 @@ Prediction ProgressPredictor::predict() const {
            rate[begin] > kWarmupTolerance * steady)
       ++begin;
   }
+  // Data waits above their usual level (the median since the warm-up) are not the step's rate:
+  // an input pipeline that slows down (late in an epoch, a shuffle buffer draining, a slow file)
+  // recovers, where a change of the model's or the batch's cost (compute, communication) stays.
+  // Such a step's excess wait is taken out of its rate, so that neither the level-shift nor the
+  // drift detection follows it, and is counted with the unplanned overhead instead (or, once a
+  // whole data epoch has been seen, with that epoch's profile). Only a clear excess counts: more
+  // than kClipMads MADs of the wait and 2 % of the step.
+  std::vector<double> wait_excess(records_.size(), 0.0);
+  {
+    std::vector<double> waits, durations;
+    for (size_t k = begin; k < rate.size(); ++k) {
+      waits.push_back(records_[normal[k]].data_wait_s);
+      durations.push_back(records_[normal[k]].duration_s);
+    }
+    const double wait_ref = median_of(waits);
+    for (double& w : waits) w = std::fabs(w - wait_ref);
+    const double floor =
+        std::max(kClipMads * 1.4826 * median_of(waits), kWaitExcessShare * median_of(durations));
+    for (size_t k = begin; k < rate.size(); ++k) {
+      const auto& r = records_[normal[k]];
+      const double excess = std::min(r.data_wait_s - wait_ref, r.duration_s);
+      if (excess <= floor) continue;
+      wait_excess[normal[k]] = excess;
+      rate[k] = std::max(0.0, rate[k] - excess / cost[k]);
+    }
+  }
   const int64_t n_post = static_cast<int64_t>(rate.size() - begin);
   const int64_t window = std::clamp<int64_t>(n_post / 2, kMinWindow, kMaxWindow);
   size_t wbegin =
@@ -217,16 +245,31 @@ Prediction ProgressPredictor::predict() const {
   };
   double med = 0, mad = 0;
   median_mad(wbegin, &med, &mad);
-  // Level shift (an unannounced speed change): when the newest quarter of the window sits well off
-  // the window's median, the window restarts there so the rate follows within ~window/4 steps.
+  // Level shift (an unannounced speed change, e.g. a new packing): the window restarts at the split
+  // point where the steps after it sit well off those before (by 4 standard errors of their
+  // median and 3 %), so the rate follows within ~window/4 steps and, as the window grows back over
+  // the shift, keeps following it (a window half before and half after it would average two
+  // levels). Each side holds at least a quarter window; split points are tried every 1/10 of that.
   {
     const size_t ws = static_cast<size_t>(std::max<int64_t>(kMinWindow, window / 4));
-    if (rate.size() - wbegin >= 2 * ws) {
+    const size_t stride = std::max<size_t>(1, ws / 10);
+    auto range_median = [&](size_t lo, size_t hi) {
+      return median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(lo),
+                                           rate.begin() + static_cast<std::ptrdiff_t>(hi)));
+    };
+    size_t split = 0;
+    double best = 0.0;
+    for (size_t c = wbegin + ws; c + ws <= rate.size(); c += stride) {
+      const double d = std::fabs(range_median(c, rate.size()) - range_median(wbegin, c));
+      if (d > best) best = d, split = c;
+    }
+    if (split > 0) {
       double ms = 0, ds = 0;
-      median_mad(rate.size() - ws, &ms, &ds);
-      const double se = 1.25 * std::max(mad, 0.002 * med) / std::sqrt(static_cast<double>(ws));
-      if (std::fabs(ms - med) > 4 * se && std::fabs(ms - med) > 0.03 * med) {
-        wbegin = rate.size() - ws;
+      median_mad(split, &ms, &ds);
+      const double n = static_cast<double>(std::min(split - wbegin, rate.size() - split));
+      const double se = 1.25 * std::max(ds, 0.002 * ms) / std::sqrt(n);
+      if (best > 4 * se && best > 0.03 * ms) {
+        wbegin = split;
         med = ms, mad = ds;
       }
     }
@@ -273,6 +316,17 @@ Prediction ProgressPredictor::predict() const {
   // everything else after warm-up (spikes, epoch boundaries, normal steps above the clip) feeds
   // the unplanned-overhead rate.
   const size_t first_post_record = normal[begin];
+  // Medians of consecutive blocks of kMinWindow normal steps, and each normal step's block.
+  std::vector<double> block_median;
+  std::vector<int64_t> block_of(records_.size(), -1);
+  for (size_t k = 0; k < rate.size(); k += kMinWindow) {
+    const size_t hi = std::min(rate.size(), k + kMinWindow);
+    block_median.push_back(
+        median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(k),
+                                      rate.begin() + static_cast<std::ptrdiff_t>(hi))));
+    for (size_t j = k; j < hi; ++j)
+      block_of[normal[j]] = static_cast<int64_t>(block_median.size() - 1);
+  }
   double ckpt_sum = 0, eval_sum = 0, both_sum = 0, unplanned = 0, unplanned_max = 0;
   int unplanned_n = 0;
   int ckpt_n = 0, eval_n = 0, both_n = 0;
@@ -293,10 +347,16 @@ Prediction ProgressPredictor::predict() const {
     } else if (ev) {
       eval_sum += excess, ++eval_n;
     } else {
-      // a stall is > 1.5× the current median step: a level that changed earlier is not a stall
-      // (a step the runtime labelled, e.g. a spike or an epoch boundary, counts in full)
-      const double x = std::max(
-          0.0, r.duration_s - (r.event.empty() ? std::max(clip_hi, kStallFactor * med) : base) * c);
+      // a stall is > 1.5× the current median step and the median of its own block of steps: a
+      // level that changed earlier (an unannounced speed-up) is not a stall (a step the runtime
+      // labelled, e.g. a spike or an epoch boundary, counts in full, and so does an excess data
+      // wait, taken out of the rate above)
+      const double wait = wait_excess[i];
+      const double level = std::max(
+          {clip_hi, kStallFactor * med,
+           block_of[i] >= 0 ? kStallFactor * block_median[static_cast<size_t>(block_of[i])] : 0.0});
+      const double x =
+          wait + std::max(0.0, r.duration_s - wait - (r.event.empty() ? level : base) * c);
       unplanned += x;
       unplanned_max = std::max(unplanned_max, x);
       unplanned_n += x > 0;
@@ -337,19 +397,20 @@ Prediction ProgressPredictor::predict() const {
   // extrapolated rate is capped at ±25 %.
   double slope = 0.0, center = static_cast<double>(last_step);
   {
-    auto fit = [&](size_t lo, size_t hi, double* se) {  // OLS slope of clipped rate on step
+    // OLS slope of the rate, clipped to [clip_a, clip_b], on the step
+    auto fit = [&](size_t lo, size_t hi, double clip_a, double clip_b, double* se) {
       const double n = static_cast<double>(hi - lo);
       double sx = 0, sy = 0;
       for (size_t k = lo; k < hi; ++k) {
         sx += static_cast<double>(records_[normal[k]].step);
-        sy += std::clamp(rate[k], clip_lo, clip_hi);
+        sy += std::clamp(rate[k], clip_a, clip_b);
       }
       const double mx = sx / n, my = sy / n;
       double sxx = 0, sxy = 0;
       for (size_t k = lo; k < hi; ++k) {
         const double dx = static_cast<double>(records_[normal[k]].step) - mx;
         sxx += dx * dx;
-        sxy += dx * (std::clamp(rate[k], clip_lo, clip_hi) - my);
+        sxy += dx * (std::clamp(rate[k], clip_a, clip_b) - my);
       }
       if (sxx <= 0 || n < 3) {
         *se = 0;
@@ -358,7 +419,7 @@ Prediction ProgressPredictor::predict() const {
       const double b = sxy / sxx;
       double rss = 0;
       for (size_t k = lo; k < hi; ++k) {
-        const double e = std::clamp(rate[k], clip_lo, clip_hi) - my -
+        const double e = std::clamp(rate[k], clip_a, clip_b) - my -
                          b * (static_cast<double>(records_[normal[k]].step) - mx);
         rss += e * e;
       }
@@ -368,10 +429,21 @@ Prediction ProgressPredictor::predict() const {
     if (rate.size() - from >= static_cast<size_t>(4 * kMinWindow)) {
       const size_t mid = from + (rate.size() - from) / 2;
       double se = 0, se1 = 0, se2 = 0;
-      const double sl = fit(from, rate.size(), &se);
-      const double s1 = fit(from, mid, &se1), s2 = fit(mid, rate.size(), &se2);
+      const double sl = fit(from, rate.size(), clip_lo, clip_hi, &se);
+      const double s1 = fit(from, mid, clip_lo, clip_hi, &se1);
+      const double s2 = fit(mid, rate.size(), clip_lo, clip_hi, &se2);
+      // ... and the two halves slope alike (a line, not the tail of a decaying warm-up transient,
+      // whose first half falls much faster than its second: extrapolated as a line it would
+      // predict a speed-up for the rest of the run). Compared on rates clipped only at a stall
+      // (1.5× the median): the window's clip would flatten the steep start of such a tail.
+      double ue1 = 0, ue2 = 0;
+      const double u1 = fit(from, mid, clip_lo, kStallFactor * med, &ue1);
+      const double u2 = fit(mid, rate.size(), clip_lo, kStallFactor * med, &ue2);
+      const bool alike = std::min(std::fabs(u1), std::fabs(u2)) >=
+                             kDriftHalfRatio * std::max(std::fabs(u1), std::fabs(u2)) ||
+                         std::fabs(u1 - u2) <= 3.0 * std::hypot(ue1, ue2);
       if (std::fabs(sl) > kDriftT * se && s1 * sl > 0 && s2 * sl > 0 &&
-          std::fabs(s1) > kDriftHalfT * se1 && std::fabs(s2) > kDriftHalfT * se2)
+          std::fabs(s1) > kDriftHalfT * se1 && std::fabs(s2) > kDriftHalfT * se2 && alike)
         slope = sl;
     }
     // the base (winsorized window mean) sits at the middle of its window
