@@ -223,6 +223,10 @@ TEST(ValidateDataset, RejectsEachBrokenInvariant) {
     TokenDataset ds = small_dataset(50257, false);
     ds.doc_offsets = {0, 5, 4, 8};
     expect_error([&] { validate_dataset(ds, "d.h5"); }, {"doc_offsets[2] = 4", "non-decreasing"});
+    // a negative offset of a signed file type (read with its sign) is shown as negative
+    ds.doc_offsets = {0, 5, static_cast<uint64_t>(int64_t{-3}), 8};
+    expect_error([&] { validate_dataset(ds, "d.h5"); },
+                 {"doc_offsets[2] is -3 (negative); offsets are token positions"});
   }
   {
     TokenDataset ds = small_dataset(50257, false);

@@ -287,6 +287,15 @@ TokenDataset read_hdf5(const std::string& path, Read what, TokenDatasetShape* sh
 
 // ---- validation ---------------------------------------------------------------------------------
 
+namespace {
+// A doc_offset as the file holds it: a negative one of a signed file type, read with its sign into
+// uint64, is shown as the negative number it is, not wrapped to 2^64 - n.
+std::string offset_text(uint64_t v) {
+  if (v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::to_string(v);
+  return std::to_string(static_cast<int64_t>(v)) + " (negative)";
+}
+}  // namespace
+
 void validate_dataset(const TokenDataset& ds, const std::string& what) {
   if (ds.vocab_size <= 0 || ds.vocab_size > (int64_t{1} << 32)) {
     BERTH_FAIL("'{}': vocab_size {} must be in [1, 2^32]", what, ds.vocab_size);
@@ -300,18 +309,23 @@ void validate_dataset(const TokenDataset& ds, const std::string& what) {
     BERTH_FAIL("'{}': doc_offsets is empty; it needs n_docs + 1 entries starting at 0", what);
   }
   if (off.front() != 0) {
-    BERTH_FAIL("'{}': doc_offsets[0] is {}, expected 0", what, off.front());
+    BERTH_FAIL("'{}': doc_offsets[0] is {}, expected 0", what, offset_text(off.front()));
   }
   for (size_t i = 1; i < off.size(); ++i) {
+    if (off[i] > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      BERTH_FAIL("'{}': doc_offsets[{}] is {}; offsets are token positions and cannot be negative",
+                 what, i, offset_text(off[i]));
+    }
     if (off[i] < off[i - 1]) {
-      BERTH_FAIL("'{}': doc_offsets[{}] = {} is less than doc_offsets[{}] = {}; offsets must be "
-                 "non-decreasing",
-                 what, i, off[i], i - 1, off[i - 1]);
+      BERTH_FAIL(
+          "'{}': doc_offsets[{}] = {} is less than doc_offsets[{}] = {}; offsets must be "
+          "non-decreasing",
+          what, i, offset_text(off[i]), i - 1, offset_text(off[i - 1]));
     }
   }
   if (off.back() != ds.tokens.size()) {
     BERTH_FAIL("'{}': the last doc_offset is {} but there are {} tokens; they must be equal", what,
-               off.back(), ds.tokens.size());
+               offset_text(off.back()), ds.tokens.size());
   }
   const uint64_t vocab = static_cast<uint64_t>(ds.vocab_size);
   for (size_t i = 0; i < ds.tokens.size(); ++i) {
