@@ -59,7 +59,7 @@ class Run:
         self.late_peak = 0.0                   # data wait at an epoch's end, in step times
         self.epoch_stall = 0.0                 # seconds
         self.shift_at = -1                     # unannounced level shift (packing change)
-        self.shift_time = 1.0
+        self.shift_time = 1.0                  # ... the step's time changes by this factor
         self.shift_tokens = 1.0
         self.drift = 0.0                       # relative step-time growth over the session
         self.spike_p = 0.0
@@ -84,8 +84,8 @@ class Run:
             step = self.start + i + 1
             _, seq_len, tokens = self.entry(step)
             time_factor = 1.0
-            if 0 <= self.shift_at <= i:
-                time_factor *= self.shift_time
+            if 0 <= self.shift_at <= i:  # the step's time changes by shift_time in all
+                time_factor *= self.shift_time / self.shift_tokens
                 tokens = int(tokens * self.shift_tokens)
             if self.varlen:
                 tokens = int(tokens * min(1.0, rng.lognormvariate(-0.25, 0.12)))

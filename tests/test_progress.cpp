@@ -452,6 +452,54 @@ TEST(Progress, ALateEpochDataWaitIsNotANewLevel) {
   }
 }
 
+TEST(Progress, ADataWaitThatRisesAndStaysIsANewLevel) {
+  // From step 1200 every step waits 0.4 s for data (a slower file system): no ramp, so the
+  // rate follows it as a level, as it would a slower compute.
+  const auto f = steady_facts(4000);
+  Synth s;
+  s.noise_rel = 0.02;
+  auto rows = synth_trace(f, s);
+  for (auto& r : rows) {
+    r.data_wait_s = 0.01 + (r.step >= 1200 ? 0.4 : 0.0);
+    r.duration_s += r.data_wait_s;
+  }
+  const double truth = total_of(rows);
+  for (int64_t at = 1400; at <= 3000; at += 100) {
+    const auto pr = predict_at(f, rows, static_cast<double>(at) / 4000.0);
+    EXPECT_LT(ape(pr.total_s, truth), 0.015) << at << " " << pr.total_s << " " << truth;
+  }
+}
+
+TEST(Progress, RecurringSlowSpellsCountAsStalls) {
+  // 20 unlabelled steps at 3× every 300 steps (~13 % of the run): a spell fills most of a
+  // 30-step block, but is no level of its own; its steps are stalls that recur.
+  const auto f = steady_facts(4000);
+  Synth s;
+  s.noise_rel = 0.02;
+  auto rows = synth_trace(f, s);
+  for (auto& r : rows)
+    if (r.step > 100 && (r.step - 1) % 300 < 20) r.duration_s *= 3;
+  const double truth = total_of(rows);
+  for (double p : {0.25, 0.5}) {
+    const auto pr = predict_at(f, rows, p);
+    EXPECT_LT(ape(pr.total_s, truth), 0.04) << p << " " << pr.total_s << " " << truth;
+  }
+}
+
+TEST(Progress, ADriftThatStartsLateIsFollowed) {
+  // Flat for 30 % of the run, then the step time grows by 30 % to the end: the second half of
+  // the span is the steeper one, unlike a warm-up's tail.
+  const auto f = steady_facts(4000);
+  Synth s;
+  s.noise_rel = 0.03;
+  auto rows = synth_trace(f, s);
+  for (auto& r : rows)
+    r.duration_s *= 1.0 + 0.3 * std::max(0.0, (static_cast<double>(r.step) / 4000.0 - 0.3) / 0.7);
+  const double truth = total_of(rows);
+  const auto pr = predict_at(f, rows, 0.75);
+  EXPECT_LT(ape(pr.total_s, truth), 0.012) << pr.total_s << " " << truth;
+}
+
 TEST(Progress, BandContainsTheTruthOnANoisySteadyRun) {
   const auto f = steady_facts(3000);
   for (uint32_t seed = 1; seed <= 5; ++seed) {

@@ -1,6 +1,7 @@
 #include "runtime/cluster/progress.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,9 @@ constexpr double kWarmupTolerance =
     1.15;  // transient ends at the first step within 15 % of the steady rate
 constexpr double kClipMads = 4.0;  // winsorize window rates at median ± 4 MAD
 constexpr double kStallFactor = 1.5;
+// A level shift: the best split point's medians differ by this many standard errors (about 20
+// split points are tried, so one lone test's 4 would let noise through) and 3 %.
+constexpr double kShiftSe = 5.0;
 constexpr double kWaitExcessShare = 0.02;   // a data wait 2 % of a step above its usual level
 constexpr double kExcessPriorSteps = 50.0;  // unplanned overhead rate shrunk toward 0 by 50 steps
 // Priors for the extra cost of a checkpoint / eval step before one was seen, in median step times.
@@ -207,17 +211,24 @@ Prediction ProgressPredictor::predict() const {
            rate[begin] > kWarmupTolerance * steady)
       ++begin;
   }
-  // Data waits above their usual level (the median since the warm-up) are not the step's rate:
-  // an input pipeline that slows down (late in an epoch, a shuffle buffer draining, a slow file)
-  // recovers, where a change of the model's or the batch's cost (compute, communication) stays.
-  // Such a step's excess wait is taken out of its rate, so that neither the level-shift nor the
-  // drift detection follows it, and is counted with the unplanned overhead instead (or, once a
-  // whole data epoch has been seen, with that epoch's profile). Only a clear excess counts: more
-  // than kClipMads MADs of the wait and 2 % of the step.
+  const int64_t n_post = static_cast<int64_t>(rate.size() - begin);
+  const int64_t window = std::clamp<int64_t>(n_post / 2, kMinWindow, kMaxWindow);
+  size_t wbegin =
+      std::max<size_t>(begin, rate.size() - static_cast<size_t>(std::min<int64_t>(window, n_post)));
+  // A growing data wait is no new level. Late in an epoch, or while a shuffle buffer drains, an
+  // input pipeline waits longer and longer, and recovers at the epoch's end; a change of the
+  // model's or the batch's cost (compute, communication) stays, and so does a data wait that rose
+  // once and stays flat (a slower file system). When the window ends in a stretch of waits above
+  // their usual level (the median of the last 2 windows' steps, by more than kClipMads MADs and 2 %
+  // of a step) that keeps growing (its line rises by 3 standard errors and by half its mean excess
+  // across the stretch), the excess is taken out of those steps' rates, so that neither the
+  // level-shift nor the drift detection follows it, and counted with the unplanned overhead (or,
+  // once a whole data epoch has been seen, in its profile). A flat excess stays in the rate.
   std::vector<double> wait_excess(records_.size(), 0.0);
   {
+    const size_t lo = rate.size() - std::min(rate.size() - begin, 2 * static_cast<size_t>(window));
     std::vector<double> waits, durations;
-    for (size_t k = begin; k < rate.size(); ++k) {
+    for (size_t k = lo; k < rate.size(); ++k) {
       waits.push_back(records_[normal[k]].data_wait_s);
       durations.push_back(records_[normal[k]].duration_s);
     }
@@ -225,18 +236,45 @@ Prediction ProgressPredictor::predict() const {
     for (double& w : waits) w = std::fabs(w - wait_ref);
     const double floor =
         std::max(kClipMads * 1.4826 * median_of(waits), kWaitExcessShare * median_of(durations));
-    for (size_t k = begin; k < rate.size(); ++k) {
+    auto excess_of = [&](size_t k) {
       const auto& r = records_[normal[k]];
-      const double excess = std::min(r.data_wait_s - wait_ref, r.duration_s);
-      if (excess <= floor) continue;
-      wait_excess[normal[k]] = excess;
-      rate[k] = std::max(0.0, rate[k] - excess / cost[k]);
+      return std::min(r.data_wait_s - wait_ref, r.duration_s);
+    };
+    size_t k0 = wbegin;  // the stretch: from the window's first step with an excess to its end
+    while (k0 < rate.size() && excess_of(k0) <= floor) ++k0;
+    if (rate.size() - k0 >= static_cast<size_t>(kMinWindow)) {
+      const double n = static_cast<double>(rate.size() - k0);
+      double sx = 0, sy = 0;
+      for (size_t k = k0; k < rate.size(); ++k) {
+        sx += static_cast<double>(records_[normal[k]].step);
+        sy += excess_of(k);
+      }
+      const double mx = sx / n, my = sy / n;
+      double sxx = 0, sxy = 0, rss = 0;
+      for (size_t k = k0; k < rate.size(); ++k) {
+        const double dx = static_cast<double>(records_[normal[k]].step) - mx;
+        sxx += dx * dx;
+        sxy += dx * (excess_of(k) - my);
+      }
+      const double b = sxx > 0 ? sxy / sxx : 0.0;
+      for (size_t k = k0; k < rate.size(); ++k) {
+        const double e =
+            excess_of(k) - my - b * (static_cast<double>(records_[normal[k]].step) - mx);
+        rss += e * e;
+      }
+      const double se = sxx > 0 ? std::sqrt(rss / std::max(1.0, n - 2) / sxx) : 0.0;
+      const double span =
+          static_cast<double>(records_[normal.back()].step - records_[normal[k0]].step);
+      if (b > 3 * se && b * span > 0.5 * my) {
+        for (size_t k = k0; k < rate.size(); ++k) {
+          const double excess = excess_of(k);
+          if (excess <= floor) continue;
+          wait_excess[normal[k]] = excess;
+          rate[k] = std::max(0.0, rate[k] - excess / cost[k]);
+        }
+      }
     }
   }
-  const int64_t n_post = static_cast<int64_t>(rate.size() - begin);
-  const int64_t window = std::clamp<int64_t>(n_post / 2, kMinWindow, kMaxWindow);
-  size_t wbegin =
-      std::max<size_t>(begin, rate.size() - static_cast<size_t>(std::min<int64_t>(window, n_post)));
   auto median_mad = [&](size_t from, double* m, double* d) {
     std::vector<double> v(rate.begin() + static_cast<std::ptrdiff_t>(from), rate.end());
     *m = median_of(v);
@@ -246,10 +284,11 @@ Prediction ProgressPredictor::predict() const {
   double med = 0, mad = 0;
   median_mad(wbegin, &med, &mad);
   // Level shift (an unannounced speed change, e.g. a new packing): the window restarts at the split
-  // point where the steps after it sit well off those before (by 4 standard errors of their
-  // median and 3 %), so the rate follows within ~window/4 steps and, as the window grows back over
-  // the shift, keeps following it (a window half before and half after it would average two
-  // levels). Each side holds at least a quarter window; split points are tried every 1/10 of that.
+  // point where the steps after it sit well off those before (by kShiftSe standard errors of the
+  // difference of their medians and 3 %), so the rate follows within ~window/4 steps and, as the
+  // window grows back over the shift, keeps following it (a window half before and half after it
+  // would average two levels). Each side holds at least a quarter window; split points are tried
+  // every 1/10 of that.
   {
     const size_t ws = static_cast<size_t>(std::max<int64_t>(kMinWindow, window / 4));
     const size_t stride = std::max<size_t>(1, ws / 10);
@@ -266,9 +305,17 @@ Prediction ProgressPredictor::predict() const {
     if (split > 0) {
       double ms = 0, ds = 0;
       median_mad(split, &ms, &ds);
-      const double n = static_cast<double>(std::min(split - wbegin, rate.size() - split));
-      const double se = 1.25 * std::max(ds, 0.002 * ms) / std::sqrt(n);
-      if (best > 4 * se && best > 0.03 * ms) {
+      const double before = range_median(wbegin, split);
+      const double n1 = static_cast<double>(split - wbegin),
+                   n2 = static_cast<double>(rate.size() - split);
+      const double se = 1.25 * std::max(ds, 0.002 * ms) * std::sqrt(1 / n1 + 1 / n2);
+      // ... and both halves of the steps after it sit off the steps before, the same way (speed
+      // that wanders up and down for a while is no new level)
+      const size_t half = split + (rate.size() - split) / 2;
+      const double a1 = range_median(split, half) - before,
+                   a2 = range_median(half, rate.size()) - before;
+      const bool lasting = a1 * a2 > 0 && std::min(std::fabs(a1), std::fabs(a2)) > 0.5 * best;
+      if (best > kShiftSe * se && best > 0.03 * ms && lasting) {
         wbegin = split;
         med = ms, mad = ds;
       }
@@ -327,6 +374,19 @@ Prediction ProgressPredictor::predict() const {
     for (size_t j = k; j < hi; ++j)
       block_of[normal[j]] = static_cast<int64_t>(block_median.size() - 1);
   }
+  // A block's level: the median of its own, its predecessor's and its successor's medians (the
+  // lower of two at the ends), so that a slow spell within one block is no level of its own but
+  // a run of blocks at another level (before a speed-up) is.
+  auto block_level = [&](int64_t b) {
+    const size_t i = static_cast<size_t>(b);
+    const size_t n = block_median.size();
+    if (n == 1) return block_median[0];
+    if (i == 0) return std::min(block_median[0], block_median[1]);
+    if (i + 1 == n) return std::min(block_median[i - 1], block_median[i]);
+    std::array<double, 3> m = {block_median[i - 1], block_median[i], block_median[i + 1]};
+    std::sort(m.begin(), m.end());
+    return m[1];
+  };
   double ckpt_sum = 0, eval_sum = 0, both_sum = 0, unplanned = 0, unplanned_max = 0;
   int unplanned_n = 0;
   int ckpt_n = 0, eval_n = 0, both_n = 0;
@@ -347,14 +407,14 @@ Prediction ProgressPredictor::predict() const {
     } else if (ev) {
       eval_sum += excess, ++eval_n;
     } else {
-      // a stall is > 1.5× the current median step and the median of its own block of steps: a
+      // a stall is > 1.5× the current median step and the level of its own block of steps: a
       // level that changed earlier (an unannounced speed-up) is not a stall (a step the runtime
       // labelled, e.g. a spike or an epoch boundary, counts in full, and so does an excess data
       // wait, taken out of the rate above)
       const double wait = wait_excess[i];
-      const double level = std::max(
-          {clip_hi, kStallFactor * med,
-           block_of[i] >= 0 ? kStallFactor * block_median[static_cast<size_t>(block_of[i])] : 0.0});
+      const double level =
+          std::max({clip_hi, kStallFactor * med,
+                    block_of[i] >= 0 ? kStallFactor * block_level(block_of[i]) : 0.0});
       const double x =
           wait + std::max(0.0, r.duration_s - wait - (r.event.empty() ? level : base) * c);
       unplanned += x;
@@ -426,7 +486,9 @@ Prediction ProgressPredictor::predict() const {
       *se = std::sqrt(rss / (n - 2) / sxx);
       return b;
     };
-    if (rate.size() - from >= static_cast<size_t>(4 * kMinWindow)) {
+    // (after a level shift, a span of a whole window: a shorter one is too little for a line)
+    if (rate.size() - from >= static_cast<size_t>(4 * kMinWindow) &&
+        (from == begin || rate.size() - from >= static_cast<size_t>(window))) {
       const size_t mid = from + (rate.size() - from) / 2;
       double se = 0, se1 = 0, se2 = 0;
       const double sl = fit(from, rate.size(), clip_lo, clip_hi, &se);
@@ -436,11 +498,12 @@ Prediction ProgressPredictor::predict() const {
       // whose first half falls much faster than its second: extrapolated as a line it would
       // predict a speed-up for the rest of the run). Compared on rates clipped only at a stall
       // (1.5× the median): the window's clip would flatten the steep start of such a tail.
+      // A drift that starts late (its second half steeper) is followed.
       double ue1 = 0, ue2 = 0;
-      const double u1 = fit(from, mid, clip_lo, kStallFactor * med, &ue1);
-      const double u2 = fit(mid, rate.size(), clip_lo, kStallFactor * med, &ue2);
-      const bool alike = std::min(std::fabs(u1), std::fabs(u2)) >=
-                             kDriftHalfRatio * std::max(std::fabs(u1), std::fabs(u2)) ||
+      const double stall = std::max(clip_hi, kStallFactor * med);
+      const double u1 = fit(from, mid, clip_lo, stall, &ue1);
+      const double u2 = fit(mid, rate.size(), clip_lo, stall, &ue2);
+      const bool alike = std::fabs(u2) >= kDriftHalfRatio * std::fabs(u1) ||
                          std::fabs(u1 - u2) <= 3.0 * std::hypot(ue1, ue2);
       if (std::fabs(sl) > kDriftT * se && s1 * sl > 0 && s2 * sl > 0 &&
           std::fabs(s1) > kDriftHalfT * se1 && std::fabs(s2) > kDriftHalfT * se2 && alike)
