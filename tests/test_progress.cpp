@@ -470,6 +470,42 @@ TEST(Progress, ADataWaitThatRisesAndStaysIsANewLevel) {
   }
 }
 
+TEST(Progress, ALongDataWaitRampIsNoLevelAndOneThatLevelsOffIs) {
+  // Epochs of 4000 steps whose last 1000 wait longer and longer (to 0.5 s): from inside the first
+  // ramp, no new level; the usual wait is the median since the warm-up, which a ramp of a
+  // quarter of the run does not move.
+  const auto f = steady_facts(12000);
+  Synth s;
+  s.noise_rel = 0.02;
+  auto ramps = synth_trace(f, s);
+  for (auto& r : ramps) {
+    const int64_t pos = (r.step - 1) % 4000;
+    r.data_wait_s = 0.01 + (pos >= 3000 ? 0.5 * static_cast<double>(pos - 3000) / 1000.0 : 0.0);
+    r.duration_s += r.data_wait_s;
+  }
+  const double ramps_truth = total_of(ramps);
+  for (int64_t at = 3300; at < 4000; at += 100) {
+    const auto pr = predict_at(f, ramps, static_cast<double>(at) / 12000.0);
+    EXPECT_LT(pr.total_s, ramps_truth * 1.01) << at;
+    EXPECT_GT(pr.total_s, ramps_truth * 0.93) << at;
+  }
+  // A wait that grows over 400 steps and then stays: followed as a level once its newest 60
+  // steps are flat.
+  const auto g = steady_facts(8000);
+  auto plateau = synth_trace(g, s);
+  for (auto& r : plateau) {
+    r.data_wait_s =
+        0.01 +
+        (r.step >= 2000 ? 0.3 * std::min(1.0, static_cast<double>(r.step - 2000) / 400.0) : 0.0);
+    r.duration_s += r.data_wait_s;
+  }
+  const double plateau_truth = total_of(plateau);
+  for (int64_t at = 2600; at <= 4000; at += 200) {
+    const auto pr = predict_at(g, plateau, static_cast<double>(at) / 8000.0);
+    EXPECT_LT(ape(pr.total_s, plateau_truth), 0.015) << at << " " << pr.total_s;
+  }
+}
+
 TEST(Progress, RecurringSlowSpellsCountAsStalls) {
   // 20 unlabelled steps at 3× every 300 steps (~13 % of the run): a spell fills most of a
   // 30-step block, but is no level of its own; its steps are stalls that recur.
@@ -484,6 +520,13 @@ TEST(Progress, RecurringSlowSpellsCountAsStalls) {
     const auto pr = predict_at(f, rows, p);
     EXPECT_LT(ape(pr.total_s, truth), 0.04) << p << " " << pr.total_s << " " << truth;
   }
+  // and so do spells of 120 steps at 1.6× every 800 (four blocks: still no level)
+  auto longer = synth_trace(f, s);
+  for (auto& r : longer)
+    if (r.step > 100 && (r.step - 1) % 800 < 120) r.duration_s *= 1.6;
+  const double longer_truth = total_of(longer);
+  const auto pr = predict_at(f, longer, 0.5);
+  EXPECT_LT(ape(pr.total_s, longer_truth), 0.03) << pr.total_s << " " << longer_truth;
 }
 
 TEST(Progress, ADriftThatStartsLateIsFollowed) {

@@ -23,6 +23,9 @@ constexpr double kStallFactor = 1.5;
 // A level shift: the best split point's medians differ by this many standard errors (about 20
 // split points are tried, so one lone test's 4 would let noise through) and 3 %.
 constexpr double kShiftSe = 5.0;
+// A stall is judged against the level of its block of kMinWindow steps and kLevelBlocks on each
+// side (the median of their medians).
+constexpr int64_t kLevelBlocks = 6;
 constexpr double kWaitExcessShare = 0.02;   // a data wait 2 % of a step above its usual level
 constexpr double kExcessPriorSteps = 50.0;  // unplanned overhead rate shrunk toward 0 by 50 steps
 // Priors for the extra cost of a checkpoint / eval step before one was seen, in median step times.
@@ -218,17 +221,18 @@ Prediction ProgressPredictor::predict() const {
   // A growing data wait is no new level. Late in an epoch, or while a shuffle buffer drains, an
   // input pipeline waits longer and longer, and recovers at the epoch's end; a change of the
   // model's or the batch's cost (compute, communication) stays, and so does a data wait that rose
-  // once and stays flat (a slower file system). When the window ends in a stretch of waits above
-  // their usual level (the median of the last 2 windows' steps, by more than kClipMads MADs and 2 %
-  // of a step) that keeps growing (its line rises by 3 standard errors and by half its mean excess
-  // across the stretch), the excess is taken out of those steps' rates, so that neither the
-  // level-shift nor the drift detection follows it, and counted with the unplanned overhead (or,
-  // once a whole data epoch has been seen, in its profile). A flat excess stays in the rate.
+  // once and stays flat (a slower file system). When the normal steps end in a stretch of waits
+  // above their usual level (the median since the warm-up, by more than kClipMads MADs and 2 % of a
+  // step; the stretch is the trailing run in which at least half the steps are so) that keeps
+  // growing (its line rises by 3 standard errors and by half its mean excess across the stretch,
+  // and the line of its newest 60 steps by 2 of its own), the excess is taken out of those steps'
+  // rates, so that neither the level-shift nor the drift detection follows it, and counted with the
+  // unplanned overhead (or, once a whole data epoch has been seen, in its profile). A flat excess,
+  // or a ramp that has levelled off, stays in the rate.
   std::vector<double> wait_excess(records_.size(), 0.0);
   {
-    const size_t lo = rate.size() - std::min(rate.size() - begin, 2 * static_cast<size_t>(window));
     std::vector<double> waits, durations;
-    for (size_t k = lo; k < rate.size(); ++k) {
+    for (size_t k = begin; k < rate.size(); ++k) {
       waits.push_back(records_[normal[k]].data_wait_s);
       durations.push_back(records_[normal[k]].duration_s);
     }
@@ -240,32 +244,46 @@ Prediction ProgressPredictor::predict() const {
       const auto& r = records_[normal[k]];
       return std::min(r.data_wait_s - wait_ref, r.duration_s);
     };
-    size_t k0 = wbegin;  // the stretch: from the window's first step with an excess to its end
-    while (k0 < rate.size() && excess_of(k0) <= floor) ++k0;
-    if (rate.size() - k0 >= static_cast<size_t>(kMinWindow)) {
-      const double n = static_cast<double>(rate.size() - k0);
+    // the trailing run: its first step with an excess, as far back as half its steps have one
+    size_t k0 = rate.size();
+    for (size_t k = rate.size(), seen = 0, hits = 0; k > begin && seen <= 2 * hits + kMinWindow;) {
+      --k, ++seen;
+      if (excess_of(k) > floor && 2 * ++hits >= seen) k0 = k;
+    }
+    // least-squares slope of the excess on the step over [lo, hi), its standard error in *se
+    auto line = [&](size_t lo, size_t hi, double* se) {
+      const double n = static_cast<double>(hi - lo);
       double sx = 0, sy = 0;
-      for (size_t k = k0; k < rate.size(); ++k) {
+      for (size_t k = lo; k < hi; ++k) {
         sx += static_cast<double>(records_[normal[k]].step);
         sy += excess_of(k);
       }
       const double mx = sx / n, my = sy / n;
       double sxx = 0, sxy = 0, rss = 0;
-      for (size_t k = k0; k < rate.size(); ++k) {
+      for (size_t k = lo; k < hi; ++k) {
         const double dx = static_cast<double>(records_[normal[k]].step) - mx;
         sxx += dx * dx;
         sxy += dx * (excess_of(k) - my);
       }
-      const double b = sxx > 0 ? sxy / sxx : 0.0;
-      for (size_t k = k0; k < rate.size(); ++k) {
+      const double slope = sxx > 0 ? sxy / sxx : 0.0;
+      for (size_t k = lo; k < hi; ++k) {
         const double e =
-            excess_of(k) - my - b * (static_cast<double>(records_[normal[k]].step) - mx);
+            excess_of(k) - my - slope * (static_cast<double>(records_[normal[k]].step) - mx);
         rss += e * e;
       }
-      const double se = sxx > 0 ? std::sqrt(rss / std::max(1.0, n - 2) / sxx) : 0.0;
+      *se = sxx > 0 ? std::sqrt(rss / std::max(1.0, n - 2) / sxx) : 0.0;
+      return slope;
+    };
+    if (rate.size() - k0 >= static_cast<size_t>(2 * kMinWindow)) {
+      double mean = 0;
+      for (size_t k = k0; k < rate.size(); ++k) mean += excess_of(k);
+      mean /= static_cast<double>(rate.size() - k0);
+      double se = 0, se2 = 0;
+      const double slope = line(k0, rate.size(), &se);
+      const double slope2 = line(rate.size() - 2 * kMinWindow, rate.size(), &se2);
       const double span =
           static_cast<double>(records_[normal.back()].step - records_[normal[k0]].step);
-      if (b > 3 * se && b * span > 0.5 * my) {
+      if (mean > 0 && slope > 3 * se && slope * span > 0.5 * mean && slope2 > 2 * se2) {
         for (size_t k = k0; k < rate.size(); ++k) {
           const double excess = excess_of(k);
           if (excess <= floor) continue;
@@ -283,6 +301,7 @@ Prediction ProgressPredictor::predict() const {
   };
   double med = 0, mad = 0;
   median_mad(wbegin, &med, &mad);
+  bool shifted = false;  // the window restarted at a level shift
   // Level shift (an unannounced speed change, e.g. a new packing): the window restarts at the split
   // point where the steps after it sit well off those before (by kShiftSe standard errors of the
   // difference of their medians and 3 %), so the rate follows within ~window/4 steps and, as the
@@ -317,6 +336,7 @@ Prediction ProgressPredictor::predict() const {
       const bool lasting = a1 * a2 > 0 && std::min(std::fabs(a1), std::fabs(a2)) > 0.5 * best;
       if (best > kShiftSe * se && best > 0.03 * ms && lasting) {
         wbegin = split;
+        shifted = true;
         med = ms, mad = ds;
       }
     }
@@ -340,11 +360,9 @@ Prediction ProgressPredictor::predict() const {
                         ? std::sqrt(sq / static_cast<double>(wrates.size() - 1)) / base
                         : 0.0;
 
-  // The span of steady steps at the current level (where a drift is looked for): since the
-  // warm-up, or the level shift the window restarted at, and within the schedule entry in force.
-  size_t from = wbegin > begin && rate.size() - wbegin < static_cast<size_t>(window)
-                    ? wbegin  // the window restarted at a level shift
-                    : begin;
+  // The span of steady steps (where a drift is looked for, unless the window holds a level
+  // shift): since the warm-up, and within the schedule entry in force.
+  size_t from = begin;
   // a config-announced change of seq_len or batch moves the rate per cost unit a little (the cost
   // model is not exact): the line starts at the entry now in force
   const int64_t entry_from = schedule_at(facts_, last_step).from_step;
@@ -374,19 +392,17 @@ Prediction ProgressPredictor::predict() const {
     for (size_t j = k; j < hi; ++j)
       block_of[normal[j]] = static_cast<int64_t>(block_median.size() - 1);
   }
-  // A block's level: the median of its own, its predecessor's and its successor's medians (the
-  // lower of two at the ends), so that a slow spell within one block is no level of its own but
-  // a run of blocks at another level (before a speed-up) is.
-  auto block_level = [&](int64_t b) {
-    const size_t i = static_cast<size_t>(b);
-    const size_t n = block_median.size();
-    if (n == 1) return block_median[0];
-    if (i == 0) return std::min(block_median[0], block_median[1]);
-    if (i + 1 == n) return std::min(block_median[i - 1], block_median[i]);
-    std::array<double, 3> m = {block_median[i - 1], block_median[i], block_median[i + 1]};
-    std::sort(m.begin(), m.end());
-    return m[1];
-  };
+  // A block's level: the median of the medians of it and up to kLevelBlocks blocks on each side
+  // (the lower middle of an even count, at the ends), so that a slow spell of up to six blocks is
+  // no level of its own, but a longer run of blocks at another level (before a speed-up) is.
+  std::vector<double> block_level(block_median.size());
+  for (int64_t b = 0, n = static_cast<int64_t>(block_median.size()); b < n; ++b) {
+    std::vector<double> m(block_median.begin() + std::max<int64_t>(0, b - kLevelBlocks),
+                          block_median.begin() + std::min(n, b + kLevelBlocks + 1));
+    const size_t mid = (m.size() - 1) / 2;
+    std::nth_element(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(mid), m.end());
+    block_level[static_cast<size_t>(b)] = m[mid];
+  }
   double ckpt_sum = 0, eval_sum = 0, both_sum = 0, unplanned = 0, unplanned_max = 0;
   int unplanned_n = 0;
   int ckpt_n = 0, eval_n = 0, both_n = 0;
@@ -412,9 +428,9 @@ Prediction ProgressPredictor::predict() const {
       // labelled, e.g. a spike or an epoch boundary, counts in full, and so does an excess data
       // wait, taken out of the rate above)
       const double wait = wait_excess[i];
-      const double level =
-          std::max({clip_hi, kStallFactor * med,
-                    block_of[i] >= 0 ? kStallFactor * block_level(block_of[i]) : 0.0});
+      const double level = std::max(
+          {clip_hi, kStallFactor * med,
+           block_of[i] >= 0 ? kStallFactor * block_level[static_cast<size_t>(block_of[i])] : 0.0});
       const double x =
           wait + std::max(0.0, r.duration_s - wait - (r.event.empty() ? level : base) * c);
       unplanned += x;
@@ -450,8 +466,8 @@ Prediction ProgressPredictor::predict() const {
                                 (static_cast<double>(post_steps) + kExcessPriorSteps);
 
   // Slow drift (a rate that creeps, e.g. fragmentation or a warming straggler): a least-squares
-  // line through the winsorized rates of every normal step since the warm-up (or since the level
-  // shift the window restarted at). It is followed only when its slope is far outside its
+  // line through the winsorized rates of every normal step since the warm-up (not while the window
+  // holds a level shift). It is followed only when its slope is far outside its
   // standard error and both halves of that span slope the same way on their own: a single level
   // shift leaves one half flat, a periodic slowdown (late-epoch data waits) does not line up. The
   // extrapolated rate is capped at ±25 %.
@@ -486,9 +502,8 @@ Prediction ProgressPredictor::predict() const {
       *se = std::sqrt(rss / (n - 2) / sxx);
       return b;
     };
-    // (after a level shift, a span of a whole window: a shorter one is too little for a line)
-    if (rate.size() - from >= static_cast<size_t>(4 * kMinWindow) &&
-        (from == begin || rate.size() - from >= static_cast<size_t>(window))) {
+    // (not while the window holds a level shift: the span since it is too short for a line)
+    if (rate.size() - from >= static_cast<size_t>(4 * kMinWindow) && !shifted) {
       const size_t mid = from + (rate.size() - from) / 2;
       double se = 0, se1 = 0, se2 = 0;
       const double sl = fit(from, rate.size(), clip_lo, clip_hi, &se);
