@@ -105,6 +105,44 @@ StepRecord record(int64_t step, double duration_s) {
 
 double ape(double pred, double truth) { return std::fabs(pred - truth) / truth; }
 
+// Each row waits wait(step) seconds for data, which its duration includes.
+template <class F>
+void add_data_wait(std::vector<StepRecord>& rows, F wait) {
+  for (auto& r : rows) {
+    r.data_wait_s = wait(r.step);
+    r.duration_s += r.data_wait_s;
+  }
+}
+
+// A data wait of 0.01 s that, in the last epoch_steps - from steps of every epoch of epoch_steps,
+// grows linearly to 0.01 + peak s (late in an epoch, the input pipeline falls behind).
+auto late_epoch_ramp(int64_t epoch_steps, int64_t from, double peak) {
+  return [=](int64_t step) {
+    const int64_t pos = (step - 1) % epoch_steps;
+    return 0.01 + (pos >= from ? peak * static_cast<double>(pos - from) /
+                                     static_cast<double>(epoch_steps - from)
+                               : 0.0);
+  };
+}
+
+// The prediction after every `stride`-th row of [from, to] lies between lo and hi times the
+// rows' total.
+void expect_between(const RunFacts& f, const std::vector<StepRecord>& rows, int64_t from,
+                    int64_t to, int64_t stride, double lo, double hi) {
+  const double truth = total_of(rows);
+  for (int64_t at = from; at <= to; at += stride) {
+    const auto pr = predict_at(f, rows, static_cast<double>(at) / static_cast<double>(rows.size()));
+    EXPECT_GT(pr.total_s, lo * truth) << at << " " << pr.total_s << " " << truth;
+    EXPECT_LT(pr.total_s, hi * truth) << at << " " << pr.total_s << " " << truth;
+  }
+}
+
+// ... within `tol` of it (APE < tol).
+void expect_within(const RunFacts& f, const std::vector<StepRecord>& rows, int64_t from, int64_t to,
+                   int64_t stride, double tol) {
+  expect_between(f, rows, from, to, stride, 1 - tol, 1 + tol);
+}
+
 TEST(Progress, DataEpochCostsRepeatOnceAnEpochWasSeen) {
   // Epochs of 500 steps: the last 100 steps of each wait 0.4 s for data, and the boundary step
   // stalls 30 s (~20 % of the run in all). After one whole epoch the predictor expects the same
@@ -404,12 +442,7 @@ TEST(Progress, ALargeSpeedUpIsFollowedAsTheWindowGrowsOverIt) {
   s.noise_rel = 0.02;
   s.shift_step = 1600;
   s.shift_rel = -0.5;
-  const auto rows = synth_trace(f, s);
-  const double truth = total_of(rows);
-  for (int64_t at = 1750; at < 4000; at += 50) {
-    const auto pr = predict_at(f, rows, static_cast<double>(at) / 4000.0);
-    EXPECT_LT(ape(pr.total_s, truth), 0.01) << at << " " << pr.total_s << " " << truth;
-  }
+  expect_within(f, synth_trace(f, s), 1750, 3950, 50, 0.01);
 }
 
 TEST(Progress, TheTailOfASlowWarmupIsNoDrift) {
@@ -421,12 +454,7 @@ TEST(Progress, TheTailOfASlowWarmupIsNoDrift) {
   s.noise_rel = 0.01;
   s.warmup_tau = 40;
   s.first_extra_s = 200;
-  const auto rows = synth_trace(f, s);
-  const double truth = total_of(rows);
-  for (int64_t at = 200; at <= 600; at += 20) {
-    const auto pr = predict_at(f, rows, static_cast<double>(at) / 4000.0);
-    EXPECT_LT(ape(pr.total_s, truth), 0.03) << at << " " << pr.total_s << " " << truth;
-  }
+  expect_within(f, synth_trace(f, s), 200, 600, 20, 0.03);
 }
 
 TEST(Progress, ALateEpochDataWaitIsNotANewLevel) {
@@ -438,18 +466,8 @@ TEST(Progress, ALateEpochDataWaitIsNotANewLevel) {
   Synth s;
   s.noise_rel = 0.02;
   auto rows = synth_trace(f, s);
-  for (auto& r : rows) {
-    const int64_t pos = (r.step - 1) % 1000;
-    r.data_wait_s = 0.01;
-    if (pos >= 700) r.data_wait_s += 0.6 * static_cast<double>(pos - 700) / 300.0;
-    r.duration_s += r.data_wait_s;
-  }
-  const double truth = total_of(rows);
-  for (int64_t at = 750; at < 1000; at += 25) {
-    const auto pr = predict_at(f, rows, static_cast<double>(at) / 4000.0);
-    EXPECT_LT(pr.total_s, truth * 1.01) << at;
-    EXPECT_GT(pr.total_s, truth * 0.9) << at;  // the ramps are ~8 % of the run
-  }
+  add_data_wait(rows, late_epoch_ramp(1000, 700, 0.6));
+  expect_between(f, rows, 750, 975, 25, 0.9, 1.01);  // the ramps are ~8 % of the run
 }
 
 TEST(Progress, ADataWaitThatRisesAndStaysIsANewLevel) {
@@ -459,15 +477,8 @@ TEST(Progress, ADataWaitThatRisesAndStaysIsANewLevel) {
   Synth s;
   s.noise_rel = 0.02;
   auto rows = synth_trace(f, s);
-  for (auto& r : rows) {
-    r.data_wait_s = 0.01 + (r.step >= 1200 ? 0.4 : 0.0);
-    r.duration_s += r.data_wait_s;
-  }
-  const double truth = total_of(rows);
-  for (int64_t at = 1400; at <= 3000; at += 100) {
-    const auto pr = predict_at(f, rows, static_cast<double>(at) / 4000.0);
-    EXPECT_LT(ape(pr.total_s, truth), 0.015) << at << " " << pr.total_s << " " << truth;
-  }
+  add_data_wait(rows, [](int64_t step) { return 0.01 + (step >= 1200 ? 0.4 : 0.0); });
+  expect_within(f, rows, 1400, 3000, 100, 0.015);
 }
 
 TEST(Progress, ALongDataWaitRampIsNoLevelAndOneThatLevelsOffIs) {
@@ -478,32 +489,17 @@ TEST(Progress, ALongDataWaitRampIsNoLevelAndOneThatLevelsOffIs) {
   Synth s;
   s.noise_rel = 0.02;
   auto ramps = synth_trace(f, s);
-  for (auto& r : ramps) {
-    const int64_t pos = (r.step - 1) % 4000;
-    r.data_wait_s = 0.01 + (pos >= 3000 ? 0.5 * static_cast<double>(pos - 3000) / 1000.0 : 0.0);
-    r.duration_s += r.data_wait_s;
-  }
-  const double ramps_truth = total_of(ramps);
-  for (int64_t at = 3300; at < 4000; at += 100) {
-    const auto pr = predict_at(f, ramps, static_cast<double>(at) / 12000.0);
-    EXPECT_LT(pr.total_s, ramps_truth * 1.01) << at;
-    EXPECT_GT(pr.total_s, ramps_truth * 0.93) << at;
-  }
+  add_data_wait(ramps, late_epoch_ramp(4000, 3000, 0.5));
+  expect_between(f, ramps, 3300, 3900, 100, 0.93, 1.01);
   // A wait that grows over 400 steps and then stays: followed as a level once its newest 60
   // steps are flat.
   const auto g = steady_facts(8000);
   auto plateau = synth_trace(g, s);
-  for (auto& r : plateau) {
-    r.data_wait_s =
-        0.01 +
-        (r.step >= 2000 ? 0.3 * std::min(1.0, static_cast<double>(r.step - 2000) / 400.0) : 0.0);
-    r.duration_s += r.data_wait_s;
-  }
-  const double plateau_truth = total_of(plateau);
-  for (int64_t at = 2600; at <= 4000; at += 200) {
-    const auto pr = predict_at(g, plateau, static_cast<double>(at) / 8000.0);
-    EXPECT_LT(ape(pr.total_s, plateau_truth), 0.015) << at << " " << pr.total_s;
-  }
+  add_data_wait(plateau, [](int64_t step) {
+    return 0.01 +
+           (step >= 2000 ? 0.3 * std::min(1.0, static_cast<double>(step - 2000) / 400.0) : 0.0);
+  });
+  expect_within(g, plateau, 2600, 4000, 200, 0.015);
 }
 
 TEST(Progress, RecurringSlowSpellsCountAsStalls) {
