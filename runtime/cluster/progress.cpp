@@ -1,7 +1,6 @@
 #include "runtime/cluster/progress.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -34,7 +33,7 @@ constexpr double kCkptPriorSteps = 100.0;
 // kDriftHalfT over each half.
 constexpr double kDriftT = 4.0;
 constexpr double kDriftHalfT = 1.5;
-constexpr double kDriftHalfRatio = 0.5;  // ... and the halves' slopes within a factor of 2
+constexpr double kDriftHalfRatio = 0.5;  // ... and the second half's slope >= half the first's
 constexpr double kEvalPriorSteps = 50.0;
 
 bool is_warmup_event(const std::string& e) {
