@@ -470,6 +470,18 @@ TEST(Progress, ALateEpochDataWaitIsNotANewLevel) {
   expect_between(f, rows, 750, 975, 25, 0.9, 1.01);  // the ramps are ~8 % of the run
 }
 
+TEST(Progress, AWaitThatOverlapsComputeIsNoExcess) {
+  // The loader reports a growing wait late in each 1500-step epoch, but prefetching hides it:
+  // the steps take no longer. Nothing is taken out of their rate.
+  const auto f = steady_facts(6000);
+  Synth s;
+  s.noise_rel = 0.02;
+  auto rows = synth_trace(f, s);
+  const auto wait = late_epoch_ramp(1500, 750, 0.3);
+  for (auto& r : rows) r.data_wait_s = wait(r.step);
+  expect_within(f, rows, 1000, 4500, 250, 0.01);
+}
+
 TEST(Progress, ADataWaitThatRisesAndStaysIsANewLevel) {
   // From step 1200 every step waits 0.4 s for data (a slower file system): no ramp, so the
   // rate follows it as a level, as it would a slower compute.

@@ -226,8 +226,9 @@ Prediction ProgressPredictor::predict() const {
   // growing (its line rises by 3 standard errors and by half its mean excess across the stretch,
   // and the line of its newest 60 steps by 2 of its own), the excess is taken out of those steps'
   // rates, so that neither the level-shift nor the drift detection follows it, and counted with the
-  // unplanned overhead (or, once a whole data epoch has been seen, in its profile). A flat excess,
-  // or a ramp that has levelled off, stays in the rate.
+  // unplanned overhead (or, once a whole data epoch has been seen, in its profile), up to what the
+  // step took above the rate before the stretch. A flat excess, or a ramp that has levelled off,
+  // stays in the rate.
   std::vector<double> wait_excess(records_.size(), 0.0);
   {
     std::vector<double> waits, durations;
@@ -282,9 +283,17 @@ Prediction ProgressPredictor::predict() const {
       const double slope2 = line(rate.size() - 2 * kMinWindow, rate.size(), &se2);
       const double span =
           static_cast<double>(records_[normal.back()].step - records_[normal[k0]].step);
-      if (mean > 0 && slope > 3 * se && slope * span > 0.5 * mean && slope2 > 2 * se2) {
+      // What is taken out of a step is at most what it took above the rate before the stretch:
+      // a wait that overlaps compute (the loader reports it, the step is no slower) is no excess.
+      const size_t pre = k0 - std::min(k0 - begin, static_cast<size_t>(window));
+      const double pre_rate =
+          k0 > pre ? median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(pre),
+                                                   rate.begin() + static_cast<std::ptrdiff_t>(k0)))
+                   : 0.0;
+      if (k0 > pre && mean > 0 && slope > 3 * se && slope * span > 0.5 * mean && slope2 > 2 * se2) {
         for (size_t k = k0; k < rate.size(); ++k) {
-          const double excess = excess_of(k);
+          const double excess = std::min(
+              excess_of(k), std::max(0.0, records_[normal[k]].duration_s - pre_rate * cost[k]));
           if (excess <= floor) continue;
           wait_excess[normal[k]] = excess;
           rate[k] = std::max(0.0, rate[k] - excess / cost[k]);
