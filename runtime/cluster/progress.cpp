@@ -65,6 +65,32 @@ double quantile_of(std::vector<double> v, double q) {
   return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
 }
 
+// Least-squares slope of y(k) on x(k) over k in [lo, hi), its standard error in *se (both 0 with
+// fewer than 3 points or no spread in x).
+template <class X, class Y>
+double ols_slope(size_t lo, size_t hi, X x, Y y, double* se) {
+  const double n = static_cast<double>(hi - lo);
+  *se = 0;
+  if (hi < lo + 3) return 0.0;
+  double sx = 0, sy = 0;
+  for (size_t k = lo; k < hi; ++k) sx += x(k), sy += y(k);
+  const double mx = sx / n, my = sy / n;
+  double sxx = 0, sxy = 0;
+  for (size_t k = lo; k < hi; ++k) {
+    sxx += (x(k) - mx) * (x(k) - mx);
+    sxy += (x(k) - mx) * (y(k) - my);
+  }
+  if (sxx <= 0) return 0.0;
+  const double b = sxy / sxx;
+  double rss = 0;
+  for (size_t k = lo; k < hi; ++k) {
+    const double e = y(k) - my - b * (x(k) - mx);
+    rss += e * e;
+  }
+  *se = std::sqrt(rss / (n - 2) / sxx);
+  return b;
+}
+
 // Number of multiples of `interval` in (a, b].
 int64_t multiples_in(int64_t a, int64_t b, int64_t interval) {
   if (interval <= 0 || b <= a) return 0;
@@ -250,47 +276,24 @@ Prediction ProgressPredictor::predict() const {
       --k, ++seen;
       if (excess_of(k) > floor && 2 * ++hits >= seen) k0 = k;
     }
-    // least-squares slope of the excess on the step over [lo, hi), its standard error in *se
-    auto line = [&](size_t lo, size_t hi, double* se) {
-      const double n = static_cast<double>(hi - lo);
-      double sx = 0, sy = 0;
-      for (size_t k = lo; k < hi; ++k) {
-        sx += static_cast<double>(records_[normal[k]].step);
-        sy += excess_of(k);
-      }
-      const double mx = sx / n, my = sy / n;
-      double sxx = 0, sxy = 0, rss = 0;
-      for (size_t k = lo; k < hi; ++k) {
-        const double dx = static_cast<double>(records_[normal[k]].step) - mx;
-        sxx += dx * dx;
-        sxy += dx * (excess_of(k) - my);
-      }
-      const double slope = sxx > 0 ? sxy / sxx : 0.0;
-      for (size_t k = lo; k < hi; ++k) {
-        const double e =
-            excess_of(k) - my - slope * (static_cast<double>(records_[normal[k]].step) - mx);
-        rss += e * e;
-      }
-      *se = sxx > 0 ? std::sqrt(rss / std::max(1.0, n - 2) / sxx) : 0.0;
-      return slope;
-    };
+    auto step_of = [&](size_t k) { return static_cast<double>(records_[normal[k]].step); };
     if (rate.size() - k0 >= static_cast<size_t>(2 * kMinWindow)) {
       double mean = 0;
       for (size_t k = k0; k < rate.size(); ++k) mean += excess_of(k);
       mean /= static_cast<double>(rate.size() - k0);
       double se = 0, se2 = 0;
-      const double slope = line(k0, rate.size(), &se);
-      const double slope2 = line(rate.size() - 2 * kMinWindow, rate.size(), &se2);
+      const double slope = ols_slope(k0, rate.size(), step_of, excess_of, &se);
+      const double slope2 =
+          ols_slope(rate.size() - 2 * kMinWindow, rate.size(), step_of, excess_of, &se2);
       const double span =
           static_cast<double>(records_[normal.back()].step - records_[normal[k0]].step);
       // What is taken out of a step is at most what it took above the rate before the stretch:
       // a wait that overlaps compute (the loader reports it, the step is no slower) is no excess.
       const size_t pre = k0 - std::min(k0 - begin, static_cast<size_t>(window));
-      const double pre_rate =
-          k0 > pre ? median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(pre),
-                                                   rate.begin() + static_cast<std::ptrdiff_t>(k0)))
-                   : 0.0;
       if (k0 > pre && mean > 0 && slope > 3 * se && slope * span > 0.5 * mean && slope2 > 2 * se2) {
+        const double pre_rate =
+            median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(pre),
+                                          rate.begin() + static_cast<std::ptrdiff_t>(k0)));
         for (size_t k = k0; k < rate.size(); ++k) {
           const double excess = std::min(
               excess_of(k), std::max(0.0, records_[normal[k]].duration_s - pre_rate * cost[k]));
@@ -483,32 +486,9 @@ Prediction ProgressPredictor::predict() const {
   {
     // OLS slope of the rate, clipped to [clip_a, clip_b], on the step
     auto fit = [&](size_t lo, size_t hi, double clip_a, double clip_b, double* se) {
-      const double n = static_cast<double>(hi - lo);
-      double sx = 0, sy = 0;
-      for (size_t k = lo; k < hi; ++k) {
-        sx += static_cast<double>(records_[normal[k]].step);
-        sy += std::clamp(rate[k], clip_a, clip_b);
-      }
-      const double mx = sx / n, my = sy / n;
-      double sxx = 0, sxy = 0;
-      for (size_t k = lo; k < hi; ++k) {
-        const double dx = static_cast<double>(records_[normal[k]].step) - mx;
-        sxx += dx * dx;
-        sxy += dx * (std::clamp(rate[k], clip_a, clip_b) - my);
-      }
-      if (sxx <= 0 || n < 3) {
-        *se = 0;
-        return 0.0;
-      }
-      const double b = sxy / sxx;
-      double rss = 0;
-      for (size_t k = lo; k < hi; ++k) {
-        const double e = std::clamp(rate[k], clip_a, clip_b) - my -
-                         b * (static_cast<double>(records_[normal[k]].step) - mx);
-        rss += e * e;
-      }
-      *se = std::sqrt(rss / (n - 2) / sxx);
-      return b;
+      return ols_slope(
+          lo, hi, [&](size_t k) { return static_cast<double>(records_[normal[k]].step); },
+          [&](size_t k) { return std::clamp(rate[k], clip_a, clip_b); }, se);
     };
     // (not while the window holds a level shift: the span since it is too short for a line)
     if (rate.size() - from >= static_cast<size_t>(4 * kMinWindow) && !shifted) {
