@@ -514,6 +514,83 @@ TEST(Progress, ALongDataWaitRampIsNoLevelAndOneThatLevelsOffIs) {
   expect_within(g, plateau, 2600, 4000, 200, 0.015);
 }
 
+// Multiplies each row's data wait above `base` by lognormal noise (sigma 0.7, mean 1): a loader
+// that falls behind waits for some batches much longer than for others.
+void noisy_waits(std::vector<StepRecord>& rows, double base, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::lognormal_distribution<double> ln(-0.245, 0.7);
+  for (auto& r : rows) {
+    const double extra = std::max(0.0, r.data_wait_s - base) * (ln(rng) - 1.0);
+    r.data_wait_s += extra;
+    r.duration_s += extra;
+  }
+}
+
+TEST(Progress, ANoisyLateEpochRampIsNoLevelBeforeOrAfterItsEpochEnds) {
+  // Epochs of 2000 steps whose last 400 wait longer and longer for data (to 1 s on average on
+  // 1 s steps), each wait drawn from a wide distribution; the runtime labels each epoch's first
+  // step. The newest steps of such a ramp are too noisy to tell it from a level that stays, so
+  // inside the ramp it is no new level, and neither is it once the epoch has ended (its steps
+  // would still be in the window). Before this, +13 % inside the first ramp, +14 % just after it.
+  const auto f = steady_facts(6000);
+  Synth s;
+  s.noise_rel = 0.02;
+  auto rows = synth_trace(f, s);
+  add_data_wait(rows, late_epoch_ramp(2000, 1600, 1.0));
+  noisy_waits(rows, 0.01, 7);
+  for (auto& r : rows)
+    if (r.step > 1 && (r.step - 1) % 2000 == 0) r.event = "epoch_boundary", r.duration_s += 2;
+  expect_between(f, rows, 1700, 2000, 20, 0.9, 1.01);  // the ramps are ~7 % of the run
+  expect_within(f, rows, 2005, 2200, 5, 0.02);
+  expect_within(f, rows, 3700, 4200, 20, 0.02);
+}
+
+TEST(Progress, AWaitThatStepsUpIsALevelAlthoughQuietStepsCameBefore) {
+  // From step 2000 every step waits 0.3 s longer for data and stays so; before, the waits vary
+  // a little (0.005..0.015 s) and every 97th step waits 0.2 s longer (a stray slow batch). Those
+  // do not make the rise a ramp that started long before.
+  const auto f = steady_facts(8000);
+  Synth s;
+  s.noise_rel = 0.02;
+  auto rows = synth_trace(f, s);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> u(0.005, 0.015);
+  add_data_wait(rows, [&](int64_t step) {
+    return u(rng) + (step >= 2000 ? 0.3 : 0.0) + (step % 97 == 0 ? 0.2 : 0.0);
+  });
+  expect_within(f, rows, 2200, 4000, 100, 0.015);
+}
+
+TEST(Progress, AWaitThatFallsBackIsNoLevel) {
+  // Late in each 2000-step epoch the wait grows for 350 steps (to 0.8 s) and then shrinks for
+  // 150 as the loader catches up: a wait whose newest steps fall is no level that stays.
+  const auto f = steady_facts(6000);
+  Synth s;
+  s.noise_rel = 0.02;
+  auto rows = synth_trace(f, s);
+  add_data_wait(rows, [](int64_t step) {
+    const double pos = static_cast<double>((step - 1) % 2000);
+    return 0.01 + (pos < 1500   ? 0.0
+                   : pos < 1850 ? 0.8 * (pos - 1500) / 350
+                                : 0.8 * (2000 - pos) / 150);
+  });
+  expect_between(f, rows, 1900, 1990, 10, 0.9, 1.01);
+}
+
+TEST(Progress, AWaitEpisodeNearTheStartIsAOneOff) {
+  // The data wait grows to 0.5 s over the first 400 steps (a cold cache) and is back to normal
+  // after: once it has ended, it is taken for a one-off, not a cost that the rest of the run
+  // repeats; nor was its rise a level.
+  const auto f = steady_facts(6000);
+  Synth s;
+  s.noise_rel = 0.02;
+  auto rows = synth_trace(f, s);
+  add_data_wait(rows, [](int64_t step) {
+    return 0.01 + (step <= 400 ? 0.5 * static_cast<double>(step) / 400.0 : 0.0);
+  });
+  expect_within(f, rows, 800, 4000, 100, 0.01);
+}
+
 TEST(Progress, RecurringSlowSpellsCountAsStalls) {
   // 20 unlabelled steps at 3× every 300 steps (~13 % of the run): a spell fills most of a
   // 30-step block, but is no level of its own; its steps are stalls that recur.

@@ -27,6 +27,7 @@ constexpr double kShiftSe = 5.0;
 constexpr int64_t kLevelBlocks = 6;
 constexpr double kWaitExcessShare = 0.02;   // a data wait 2 % of a step above its usual level
 constexpr double kExcessPriorSteps = 50.0;  // unplanned overhead rate shrunk toward 0 by 50 steps
+constexpr int64_t kWaitEndSteps = 10;       // an episode of excess waits ended 10 steps ago
 // Priors for the extra cost of a checkpoint / eval step before one was seen, in median step times.
 constexpr double kCkptPriorSteps = 100.0;
 // Drift is followed when its slope is kDriftT standard errors from 0 over the whole span and
@@ -246,16 +247,15 @@ Prediction ProgressPredictor::predict() const {
   // A growing data wait is no new level. Late in an epoch, or while a shuffle buffer drains, an
   // input pipeline waits longer and longer, and recovers at the epoch's end; a change of the
   // model's or the batch's cost (compute, communication) stays, and so does a data wait that rose
-  // once and stays flat (a slower file system). When the normal steps end in a stretch of waits
-  // above their usual level (the median since the warm-up, by more than kClipMads MADs and 2 % of a
-  // step; the stretch is the trailing run in which at least half the steps are so) that keeps
-  // growing (its line rises by 3 standard errors and by half its mean excess across the stretch,
-  // and the line of its newest 60 steps by 2 of its own), the excess is taken out of those steps'
+  // once and stays flat (a slower file system). Waits above their usual level (the median since
+  // the warm-up, by more than kClipMads MADs and 2 % of a step) form episodes; the excess of an
+  // episode that has ended, or of one still on that keeps growing, is taken out of its steps'
   // rates, so that neither the level-shift nor the drift detection follows it, and counted with the
   // unplanned overhead (or, once a whole data epoch has been seen, in its profile), up to what the
-  // step took above the rate before the stretch. A flat excess, or a ramp that has levelled off,
-  // stays in the rate.
+  // step took above the rate before the episode. A flat excess still on, or a ramp that has
+  // levelled off, stays in the rate.
   std::vector<double> wait_excess(records_.size(), 0.0);
+  std::vector<char> wait_repeats(records_.size(), 0);  // ... and is a cost that recurs
   {
     std::vector<double> waits, durations;
     for (size_t k = begin; k < rate.size(); ++k) {
@@ -270,37 +270,79 @@ Prediction ProgressPredictor::predict() const {
       const auto& r = records_[normal[k]];
       return std::min(r.data_wait_s - wait_ref, r.duration_s);
     };
-    // the trailing run: its first step with an excess, as far back as half its steps have one
-    size_t k0 = rate.size();
-    for (size_t k = rate.size(), seen = 0, hits = 0; k > begin && seen <= 2 * hits + kMinWindow;) {
-      --k, ++seen;
-      if (excess_of(k) > floor && 2 * ++hits >= seen) k0 = k;
-    }
     auto step_of = [&](size_t k) { return static_cast<double>(records_[normal[k]].step); };
-    if (rate.size() - k0 >= static_cast<size_t>(2 * kMinWindow)) {
+    // Episodes of excess waits: a run that ends at a step with an excess and reaches back over
+    // blocks of kMinWindow steps of which at least half have one; at least 2 * kMinWindow steps.
+    struct Episode {
+      size_t k0, k1;  // its first step with an excess, one past its last
+    };
+    std::vector<Episode> episodes;  // newest first
+    for (size_t e = rate.size(); e > begin;) {
+      size_t k1 = e;
+      while (k1 > begin && excess_of(k1 - 1) <= floor) --k1;
+      if (k1 == begin) break;
+      size_t k0 = k1;
+      for (size_t hi = k1; hi > begin;) {
+        const size_t lo = hi - std::min(hi - begin, static_cast<size_t>(kMinWindow));
+        size_t hits = 0, first = hi;
+        for (size_t k = lo; k < hi; ++k)
+          if (excess_of(k) > floor) first = std::min(first, k), ++hits;
+        if (2 * hits < hi - lo) break;
+        k0 = first, hi = lo;
+      }
+      e = std::min(k0, k1 - 1);
+      if (k1 - k0 >= static_cast<size_t>(2 * kMinWindow)) episodes.push_back({k0, k1});
+    }
+    for (size_t j = episodes.size(); j-- > 0;) {  // oldest first
+      const auto [k0, k1] = episodes[j];
+      // One that has ended (kWaitEndSteps steps without an excess since, their median below a
+      // quarter of its mean: e.g. the epoch ended) was transient. One still on is transient while
+      // it grows: its line rises by 3 standard errors and by half its mean excess across it, the
+      // line of its newest 60 steps is not clearly flatter (below half its slope, within 2 of its
+      // own standard errors of 0 and 3 below it: a wait that levelled off is a level, however
+      // noisy), and it has lasted no longer than the steady stretch before it (a wait that has
+      // grown since the start is a trend, not the late part of an epoch).
       double mean = 0;
-      for (size_t k = k0; k < rate.size(); ++k) mean += excess_of(k);
-      mean /= static_cast<double>(rate.size() - k0);
-      double se = 0, se2 = 0;
-      const double slope = ols_slope(k0, rate.size(), step_of, excess_of, &se);
-      const double slope2 =
-          ols_slope(rate.size() - 2 * kMinWindow, rate.size(), step_of, excess_of, &se2);
-      const double span =
-          static_cast<double>(records_[normal.back()].step - records_[normal[k0]].step);
-      // What is taken out of a step is at most what it took above the rate before the stretch:
+      for (size_t k = k0; k < k1; ++k) mean += excess_of(k);
+      mean /= static_cast<double>(k1 - k0);
+      std::vector<double> after;
+      for (size_t k = k1; k < rate.size(); ++k) after.push_back(excess_of(k));
+      const bool ended =
+          after.size() >= static_cast<size_t>(kWaitEndSteps) && median_of(after) < 0.25 * mean;
+      bool transient = ended;
+      if (!ended) {
+        double se = 0, se2 = 0;
+        const double slope = ols_slope(k0, k1, step_of, excess_of, &se);
+        const double slope2 = ols_slope(k1 - 2 * kMinWindow, k1, step_of, excess_of, &se2);
+        const double span = step_of(k1 - 1) - step_of(k0);
+        const bool levelled =
+            slope2 < 0.5 * slope && std::fabs(slope2) < 2 * se2 && slope - slope2 > 3 * se2;
+        transient =
+            slope > 3 * se && slope * span > 0.5 * mean && !levelled && k0 - begin >= k1 - k0;
+      }
+      // What is taken out of a step is at most what it took above the rate before the episode:
       // a wait that overlaps compute (the loader reports it, the step is no slower) is no excess.
       const size_t pre = k0 - std::min(k0 - begin, static_cast<size_t>(window));
-      if (k0 > pre && mean > 0 && slope > 3 * se && slope * span > 0.5 * mean && slope2 > 2 * se2) {
-        const double pre_rate =
-            median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(pre),
-                                          rate.begin() + static_cast<std::ptrdiff_t>(k0)));
-        for (size_t k = k0; k < rate.size(); ++k) {
-          const double excess = std::min(
-              excess_of(k), std::max(0.0, records_[normal[k]].duration_s - pre_rate * cost[k]));
-          if (excess <= floor) continue;
-          wait_excess[normal[k]] = excess;
-          rate[k] = std::max(0.0, rate[k] - excess / cost[k]);
-        }
+      if (!transient || k0 == pre || mean <= 0) continue;
+      // Its excess is a cost the rest of the run repeats (a late-epoch slowdown) while it is
+      // still on, when it came after a steady stretch at least as long as itself, when it ended
+      // at an epoch boundary, or when an episode came before it; a lone one near the start that
+      // ended elsewhere (a cold cache, a slow start) is a one-off, already in the elapsed time.
+      bool recurring = !ended || k0 - begin >= k1 - k0 || j + 1 < episodes.size();
+      const size_t tail_end =
+          k1 + kWaitEndSteps < rate.size() ? normal[k1 + kWaitEndSteps] : records_.size();
+      for (size_t i = normal[k0]; i < tail_end && !recurring; ++i)
+        recurring = is_epoch_event(records_[i].event);
+      const double pre_rate =
+          median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(pre),
+                                        rate.begin() + static_cast<std::ptrdiff_t>(k0)));
+      for (size_t k = k0; k < k1; ++k) {
+        const double excess = std::min(
+            excess_of(k), std::max(0.0, records_[normal[k]].duration_s - pre_rate * cost[k]));
+        if (excess <= floor) continue;
+        wait_excess[normal[k]] = excess;
+        wait_repeats[normal[k]] = recurring;
+        rate[k] = std::max(0.0, rate[k] - excess / cost[k]);
       }
     }
   }
@@ -437,13 +479,13 @@ Prediction ProgressPredictor::predict() const {
       // a stall is > 1.5× the current median step and the level of its own block of steps: a
       // level that changed earlier (an unannounced speed-up) is not a stall (a step the runtime
       // labelled, e.g. a spike or an epoch boundary, counts in full, and so does an excess data
-      // wait, taken out of the rate above)
+      // wait taken out of the rate above, unless it was a one-off)
       const double wait = wait_excess[i];
       const double level = std::max(
           {clip_hi, kStallFactor * med,
            block_of[i] >= 0 ? kStallFactor * block_level[static_cast<size_t>(block_of[i])] : 0.0});
-      const double x =
-          wait + std::max(0.0, r.duration_s - wait - (r.event.empty() ? level : base) * c);
+      const double x = (wait_repeats[i] ? wait : 0.0) +
+                       std::max(0.0, r.duration_s - wait - (r.event.empty() ? level : base) * c);
       unplanned += x;
       unplanned_max = std::max(unplanned_max, x);
       unplanned_n += x > 0;
