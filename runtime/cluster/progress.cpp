@@ -272,7 +272,9 @@ Prediction ProgressPredictor::predict() const {
     };
     auto step_of = [&](size_t k) { return static_cast<double>(records_[normal[k]].step); };
     // Episodes of excess waits: a run that ends at a step with an excess and reaches back over
-    // blocks of kMinWindow steps of which at least half have one; at least 2 * kMinWindow steps.
+    // blocks of kMinWindow steps of which at least half have one; two such runs fewer than
+    // 2 * kMinWindow steps apart are one (a cache hit now and then inside a slow spell); at least
+    // 2 * kMinWindow steps.
     struct Episode {
       size_t k0, k1;  // its first step with an excess, one past its last
     };
@@ -290,29 +292,52 @@ Prediction ProgressPredictor::predict() const {
         if (2 * hits < hi - lo) break;
         k0 = first, hi = lo;
       }
+      while (k0 > begin && k0 < k1 && excess_of(k0 - 1) > floor) --k0;  // and the run it starts in
       e = std::min(k0, k1 - 1);
-      if (k1 - k0 >= static_cast<size_t>(2 * kMinWindow)) episodes.push_back({k0, k1});
+      if (k0 == k1) continue;
+      if (!episodes.empty() && episodes.back().k0 - k1 < static_cast<size_t>(2 * kMinWindow))
+        episodes.back().k0 = k0;
+      else
+        episodes.push_back({k0, k1});
     }
+    std::erase_if(episodes, [](const Episode& ep) {
+      return ep.k1 - ep.k0 < static_cast<size_t>(2 * kMinWindow);
+    });
+    bool recurs = false;                          // an earlier episode was transient
     for (size_t j = episodes.size(); j-- > 0;) {  // oldest first
       const auto [k0, k1] = episodes[j];
-      // One that has ended (kWaitEndSteps steps without an excess since, their median below a
-      // quarter of its mean: e.g. the epoch ended) was transient. One still on is transient while
-      // it grows: its line rises by 3 standard errors and by half its mean excess across it, the
-      // line of its newest 60 steps is not clearly flatter (below half its slope, within 2 of its
-      // own standard errors of 0 and 3 below it: a wait that levelled off is a level, however
-      // noisy), and it has lasted no longer than the steady stretch before it (a wait that has
-      // grown since the start is a trend, not the late part of an epoch).
+      // One that has ended was transient: the steps right after it without an excess are at least
+      // kWaitEndSteps and more than its longest quiet stretch, and the steps up to the next
+      // episode have a median excess below a quarter of its mean (the epoch ended, the loader
+      // caught up). So is one still on that repeats an earlier transient one, or that grows: its
+      // line rises by 3 standard errors and by half its mean excess across it, the line of its
+      // newest 60 steps is not clearly flatter (below half its slope, within 2 of its own standard
+      // errors of 0 and 3 below it: a wait that levelled off is a level, however noisy), and it
+      // has lasted no longer than the steady stretch before it (a wait that has grown since the
+      // start is a trend, not the late part of an epoch).
       double mean = 0;
-      for (size_t k = k0; k < k1; ++k) mean += excess_of(k);
+      size_t quiet = 0, longest_quiet = 0;
+      for (size_t k = k0; k < k1; ++k) {
+        mean += excess_of(k);
+        quiet = excess_of(k) > floor ? 0 : quiet + 1;
+        longest_quiet = std::max(longest_quiet, quiet);
+      }
       mean /= static_cast<double>(k1 - k0);
+      const size_t next = j > 0 ? episodes[j - 1].k0 : rate.size();
       std::vector<double> after;
-      for (size_t k = k1; k < rate.size(); ++k) after.push_back(excess_of(k));
+      size_t quiet_after = 0;  // steps without an excess right after it
+      for (size_t k = k1; k < next; ++k) {
+        after.push_back(excess_of(k));
+        quiet_after += quiet_after == after.size() - 1 && after.back() <= floor;
+      }
       const bool ended =
-          after.size() >= static_cast<size_t>(kWaitEndSteps) && median_of(after) < 0.25 * mean;
-      bool transient = ended;
-      if (!ended) {
-        double se = 0, se2 = 0;
-        const double slope = ols_slope(k0, k1, step_of, excess_of, &se);
+          quiet_after > std::max(static_cast<size_t>(kWaitEndSteps) - 1, longest_quiet) &&
+          median_of(after) < 0.25 * mean;
+      bool transient = ended || recurs;
+      double se = 0;
+      const double slope = ols_slope(k0, k1, step_of, excess_of, &se);
+      if (!transient) {
+        double se2 = 0;
         const double slope2 = ols_slope(k1 - 2 * kMinWindow, k1, step_of, excess_of, &se2);
         const double span = step_of(k1 - 1) - step_of(k0);
         const bool levelled =
@@ -320,28 +345,30 @@ Prediction ProgressPredictor::predict() const {
         transient =
             slope > 3 * se && slope * span > 0.5 * mean && !levelled && k0 - begin >= k1 - k0;
       }
-      // What is taken out of a step is at most what it took above the rate before the episode:
-      // a wait that overlaps compute (the loader reports it, the step is no slower) is no excess.
+      // What is taken out of a step is at most what it took above the rate before the episode
+      // (or, when the session began in it, after it): a wait that overlaps compute (the loader
+      // reports it, the step is no slower) is no excess.
       const size_t pre = k0 - std::min(k0 - begin, static_cast<size_t>(window));
       if (!transient || k0 == pre || mean <= 0) continue;
-      // Its excess is a cost the rest of the run repeats (a late-epoch slowdown) while it is
-      // still on, when it came after a steady stretch at least as long as itself, when it ended
-      // at an epoch boundary, or when an episode came before it; a lone one near the start that
-      // ended elsewhere (a cold cache, a slow start) is a one-off, already in the elapsed time.
-      bool recurring = !ended || k0 - begin >= k1 - k0 || j + 1 < episodes.size();
-      const size_t tail_end =
-          k1 + kWaitEndSteps < rate.size() ? normal[k1 + kWaitEndSteps] : records_.size();
-      for (size_t i = normal[k0]; i < tail_end && !recurring; ++i)
-        recurring = is_epoch_event(records_[i].event);
-      const double pre_rate =
+      // Its excess counts with the unplanned overhead, a cost the rest of the run repeats,
+      // unless it ended near the start and fell while it lasted: a cold cache that warms is a
+      // one-off, already in the elapsed time (one that rose or stayed, then ended, is the late
+      // part of a short epoch).
+      const bool one_off = ended && k0 - begin < k1 - k0 && slope < -3 * se;
+      recurs = recurs || !one_off;
+      double pre_rate =
           median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(pre),
                                         rate.begin() + static_cast<std::ptrdiff_t>(k0)));
+      if (ended && after.size() >= static_cast<size_t>(kMinWindow))
+        pre_rate = std::min(pre_rate, median_of(std::vector<double>(
+                                          rate.begin() + static_cast<std::ptrdiff_t>(k1),
+                                          rate.begin() + static_cast<std::ptrdiff_t>(next))));
       for (size_t k = k0; k < k1; ++k) {
         const double excess = std::min(
             excess_of(k), std::max(0.0, records_[normal[k]].duration_s - pre_rate * cost[k]));
         if (excess <= floor) continue;
         wait_excess[normal[k]] = excess;
-        wait_repeats[normal[k]] = recurring;
+        wait_repeats[normal[k]] = !one_off;
         rate[k] = std::max(0.0, rate[k] - excess / cost[k]);
       }
     }
