@@ -83,6 +83,13 @@ std::vector<StepRecord> synth_trace(const RunFacts& f, const Synth& s) {
   return rows;
 }
 
+// A steady run of f's session: 1 s steps at the first schedule entry, 2 % gaussian noise.
+std::vector<StepRecord> noisy_steady(const RunFacts& f) {
+  Synth s;
+  s.noise_rel = 0.02;
+  return synth_trace(f, s);
+}
+
 double total_of(const std::vector<StepRecord>& rows) {
   double t = 0;
   for (const auto& r : rows) t += r.duration_s;
@@ -266,9 +273,7 @@ TEST(Progress, LabelledSpikesCountInFull) {
   // A step the runtime labels (here every 100th, +3 step times) counts in full in the unplanned
   // rate, not only its part above 1.5 × the median step.
   const auto f = steady_facts(4000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto rows = synth_trace(f, s);
+  auto rows = noisy_steady(f);
   for (auto& r : rows)
     if (r.step % 100 == 50) r.duration_s += 3.0, r.event = "spike";
   const double truth = total_of(rows);
@@ -463,9 +468,7 @@ TEST(Progress, ALateEpochDataWaitIsNotANewLevel) {
   // rest of the run: the pipeline recovers at the boundary. (Seen from inside the first ramp the
   // later ones cannot be known: the prediction stays a little short, not far over.)
   const auto f = steady_facts(4000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto rows = synth_trace(f, s);
+  auto rows = noisy_steady(f);
   add_data_wait(rows, late_epoch_ramp(1000, 700, 0.6));
   expect_between(f, rows, 750, 975, 25, 0.9, 1.01);  // the ramps are ~8 % of the run
 }
@@ -474,9 +477,7 @@ TEST(Progress, AWaitThatOverlapsComputeIsNoExcess) {
   // The loader reports a growing wait late in each 1500-step epoch, but prefetching hides it:
   // the steps take no longer. Nothing is taken out of their rate.
   const auto f = steady_facts(6000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto rows = synth_trace(f, s);
+  auto rows = noisy_steady(f);
   const auto wait = late_epoch_ramp(1500, 750, 0.3);
   for (auto& r : rows) r.data_wait_s = wait(r.step);
   expect_within(f, rows, 1000, 4500, 250, 0.01);
@@ -486,9 +487,7 @@ TEST(Progress, ADataWaitThatRisesAndStaysIsANewLevel) {
   // From step 1200 every step waits 0.4 s for data (a slower file system): no ramp, so the
   // rate follows it as a level, as it would a slower compute.
   const auto f = steady_facts(4000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto rows = synth_trace(f, s);
+  auto rows = noisy_steady(f);
   add_data_wait(rows, [](int64_t step) { return 0.01 + (step >= 1200 ? 0.4 : 0.0); });
   expect_within(f, rows, 1400, 3000, 100, 0.015);
 }
@@ -533,9 +532,7 @@ TEST(Progress, ANoisyLateEpochRampIsNoLevelBeforeOrAfterItsEpochEnds) {
   // inside the ramp it is no new level, and neither is it once the epoch has ended (its steps
   // would still be in the window). Before this, +13 % inside the first ramp, +14 % just after it.
   const auto f = steady_facts(6000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto rows = synth_trace(f, s);
+  auto rows = noisy_steady(f);
   add_data_wait(rows, late_epoch_ramp(2000, 1600, 1.0));
   noisy_waits(rows, 0.01, 7);
   for (auto& r : rows)
@@ -583,11 +580,24 @@ TEST(Progress, AWaitThatRecursIsCountedOnceNotAlsoAsALevel) {
   // the same cost recurring (counted once, with the unplanned overhead), not also a new level
   // (it was both: +23 % inside the second spell).
   const auto f = steady_facts(6000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto rows = synth_trace(f, s);
+  auto rows = noisy_steady(f);
   add_data_wait(rows, [](int64_t step) { return 0.01 + ((step - 1) % 2000 >= 1200 ? 0.3 : 0.0); });
   expect_within(f, rows, 3300, 3950, 25, 0.04);
+}
+
+TEST(Progress, ASlowdownThatOutlastsTheSpellBeforeItIsALevel) {
+  // A 250-step spell of growing waits at step 1200 (recovered at its end), then from step 3000
+  // every step waits 0.3 s longer for good. While the slowdown is no longer than the spell before
+  // it, it may be that spell recurring; once it has outlasted it, it is a level (taken for a
+  // recurrence it stayed at -8 %).
+  const auto f = steady_facts(8000);
+  auto rows = noisy_steady(f);
+  add_data_wait(rows, [](int64_t step) {
+    const double spell =
+        step >= 1200 && step < 1450 ? 0.5 * static_cast<double>(step - 1200) / 250.0 : 0.0;
+    return 0.01 + spell + (step >= 3000 ? 0.3 : 0.0);
+  });
+  expect_within(f, rows, 3600, 6000, 100, 0.02);
 }
 
 TEST(Progress, ASlowFileSystemWithCacheHitsIsALevel) {
@@ -595,9 +605,7 @@ TEST(Progress, ASlowFileSystemWithCacheHitsIsALevel) {
   // every 150 steps that hit a cache: the rise stays, and a quiet stretch shorter than those seen
   // inside it does not end it (it did: -13 % after each).
   const auto f = steady_facts(6000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto rows = synth_trace(f, s);
+  auto rows = noisy_steady(f);
   add_data_wait(rows, [](int64_t step) {
     return 0.01 + (step >= 1000 && (step - 1000) % 150 >= 20 ? 0.3 : 0.0);
   });
@@ -611,9 +619,7 @@ TEST(Progress, AWaitSpellLongerThanTheStretchBeforeItStillRecursOnceEnded) {
   // it gave -14 %). Its rate, averaged over the steps seen, is short while the next spell has not
   // begun (-6 % here; linear is within 4 %, as it averages the same way but over every step).
   const auto f = steady_facts(6000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto rows = synth_trace(f, s);
+  auto rows = noisy_steady(f);
   std::mt19937 rng(11);
   std::bernoulli_distribution miss(0.7);
   add_data_wait(rows, [&](int64_t step) {
@@ -628,9 +634,7 @@ TEST(Progress, AColdCacheThatWarmsIsAOneOff) {
   // (Asked from step 900 on: while slow steps are most of those seen, their median is no usual
   // level to measure an excess from.)
   const auto f = steady_facts(6000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto rows = synth_trace(f, s);
+  auto rows = noisy_steady(f);
   add_data_wait(rows, [](int64_t step) {
     return 0.01 + (step >= 250 && step < 600 ? 0.4 * (1.0 - static_cast<double>(step - 250) / 350.0)
                                              : 0.0);

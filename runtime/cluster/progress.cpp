@@ -303,18 +303,20 @@ Prediction ProgressPredictor::predict() const {
     std::erase_if(episodes, [](const Episode& ep) {
       return ep.k1 - ep.k0 < static_cast<size_t>(2 * kMinWindow);
     });
-    bool recurs = false;                          // an earlier episode was transient
+    size_t recurs = 0;  // the longest earlier transient episode that recurs (0: none)
     for (size_t j = episodes.size(); j-- > 0;) {  // oldest first
       const auto [k0, k1] = episodes[j];
       // One that has ended was transient: the steps right after it without an excess are at least
       // kWaitEndSteps and more than its longest quiet stretch, and the steps up to the next
       // episode have a median excess below a quarter of its mean (the epoch ended, the loader
-      // caught up). So is one still on that repeats an earlier transient one, or that grows: its
-      // line rises by 3 standard errors and by half its mean excess across it, the line of its
-      // newest 60 steps is not clearly flatter (below half its slope, within 2 of its own standard
-      // errors of 0 and 3 below it: a wait that levelled off is a level, however noisy), and it
-      // has lasted no longer than the steady stretch before it (a wait that has grown since the
-      // start is a trend, not the late part of an epoch).
+      // caught up). So is the newest one, still on, when it repeats an earlier transient one (at
+      // most 1.25 times as long so far: a slowdown that outlasts every spell before it is a level)
+      // or when it grows: its line rises by 3 standard errors and by half its mean excess across
+      // it, the line of its newest 60 steps is not clearly flatter (below half its slope, within 2
+      // of its own standard errors of 0 and 3 below it: a wait that levelled off is a level,
+      // however noisy), and it has lasted no longer than the steady stretch before it (a wait that
+      // has grown since the start is a trend, not the late part of an epoch). An older one that did
+      // not end (a slow spell broken by a stretch of cache hits) stays in the rate.
       double mean = 0;
       size_t quiet = 0, longest_quiet = 0;
       for (size_t k = k0; k < k1; ++k) {
@@ -333,10 +335,10 @@ Prediction ProgressPredictor::predict() const {
       const bool ended =
           quiet_after > std::max(static_cast<size_t>(kWaitEndSteps) - 1, longest_quiet) &&
           median_of(after) < 0.25 * mean;
-      bool transient = ended || recurs;
+      bool transient = ended || (j == 0 && 4 * (k1 - k0) <= 5 * recurs);
       double se = 0;
       const double slope = ols_slope(k0, k1, step_of, excess_of, &se);
-      if (!transient) {
+      if (!transient && j == 0) {
         double se2 = 0;
         const double slope2 = ols_slope(k1 - 2 * kMinWindow, k1, step_of, excess_of, &se2);
         const double span = step_of(k1 - 1) - step_of(k0);
@@ -355,7 +357,7 @@ Prediction ProgressPredictor::predict() const {
       // one-off, already in the elapsed time (one that rose or stayed, then ended, is the late
       // part of a short epoch).
       const bool one_off = ended && k0 - begin < k1 - k0 && slope < -3 * se;
-      recurs = recurs || !one_off;
+      if (!one_off) recurs = std::max(recurs, k1 - k0);
       double pre_rate =
           median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(pre),
                                         rate.begin() + static_cast<std::ptrdiff_t>(k0)));
