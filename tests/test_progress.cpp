@@ -547,9 +547,7 @@ TEST(Progress, AWaitThatStepsUpIsALevelAlthoughQuietStepsCameBefore) {
   // a little (0.005..0.015 s) and every 97th step waits 0.2 s longer (a stray slow batch). Those
   // do not make the rise a ramp that started long before.
   const auto f = steady_facts(8000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto rows = synth_trace(f, s);
+  auto rows = noisy_steady(f);
   std::mt19937 rng(3);
   std::uniform_real_distribution<double> u(0.005, 0.015);
   add_data_wait(rows, [&](int64_t step) {
@@ -562,9 +560,7 @@ TEST(Progress, AWaitThatFallsBackIsNoLevel) {
   // Late in each 2000-step epoch the wait grows for 350 steps (to 0.8 s) and then shrinks for
   // 150 as the loader catches up: a wait whose newest steps fall is no level that stays.
   const auto f = steady_facts(6000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto rows = synth_trace(f, s);
+  auto rows = noisy_steady(f);
   add_data_wait(rows, [](int64_t step) {
     const double pos = static_cast<double>((step - 1) % 2000);
     return 0.01 + (pos < 1500   ? 0.0
