@@ -497,15 +497,13 @@ TEST(Progress, ALongDataWaitRampIsNoLevelAndOneThatLevelsOffIs) {
   // ramp, no new level; the usual wait is the median since the warm-up, which a ramp of a
   // quarter of the run does not move.
   const auto f = steady_facts(12000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto ramps = synth_trace(f, s);
+  auto ramps = noisy_steady(f);
   add_data_wait(ramps, late_epoch_ramp(4000, 3000, 0.5));
   expect_between(f, ramps, 3300, 3900, 100, 0.93, 1.01);
   // A wait that grows over 400 steps and then stays: followed as a level once its newest 60
   // steps are flat.
   const auto g = steady_facts(8000);
-  auto plateau = synth_trace(g, s);
+  auto plateau = noisy_steady(g);
   add_data_wait(plateau, [](int64_t step) {
     return 0.01 +
            (step >= 2000 ? 0.3 * std::min(1.0, static_cast<double>(step - 2000) / 400.0) : 0.0);
@@ -642,9 +640,7 @@ TEST(Progress, RecurringSlowSpellsCountAsStalls) {
   // 20 unlabelled steps at 3× every 300 steps (~13 % of the run): a spell fills most of a
   // 30-step block, but is no level of its own; its steps are stalls that recur.
   const auto f = steady_facts(4000);
-  Synth s;
-  s.noise_rel = 0.02;
-  auto rows = synth_trace(f, s);
+  auto rows = noisy_steady(f);
   for (auto& r : rows)
     if (r.step > 100 && (r.step - 1) % 300 < 20) r.duration_s *= 3;
   const double truth = total_of(rows);
@@ -653,7 +649,7 @@ TEST(Progress, RecurringSlowSpellsCountAsStalls) {
     EXPECT_LT(ape(pr.total_s, truth), 0.04) << p << " " << pr.total_s << " " << truth;
   }
   // and so do spells of 120 steps at 1.6× every 800 (four blocks: still no level)
-  auto longer = synth_trace(f, s);
+  auto longer = noisy_steady(f);
   for (auto& r : longer)
     if (r.step > 100 && (r.step - 1) % 800 < 120) r.duration_s *= 1.6;
   const double longer_truth = total_of(longer);

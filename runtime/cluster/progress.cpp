@@ -27,7 +27,7 @@ constexpr double kShiftSe = 5.0;
 constexpr int64_t kLevelBlocks = 6;
 constexpr double kWaitExcessShare = 0.02;   // a data wait 2 % of a step above its usual level
 constexpr double kExcessPriorSteps = 50.0;  // unplanned overhead rate shrunk toward 0 by 50 steps
-constexpr int64_t kWaitEndSteps = 10;       // an episode of excess waits ended 10 steps ago
+constexpr int64_t kWaitEndSteps = 10;       // quiet steps, at least, that end an episode of waits
 // Priors for the extra cost of a checkpoint / eval step before one was seen, in median step times.
 constexpr double kCkptPriorSteps = 100.0;
 // Drift is followed when its slope is kDriftT standard errors from 0 over the whole span and
@@ -249,11 +249,11 @@ Prediction ProgressPredictor::predict() const {
   // model's or the batch's cost (compute, communication) stays, and so does a data wait that rose
   // once and stays flat (a slower file system). Waits above their usual level (the median since
   // the warm-up, by more than kClipMads MADs and 2 % of a step) form episodes; the excess of an
-  // episode that has ended, or of one still on that keeps growing, is taken out of its steps'
-  // rates, so that neither the level-shift nor the drift detection follows it, and counted with the
-  // unplanned overhead (or, once a whole data epoch has been seen, in its profile), up to what the
-  // step took above the rate before the episode. A flat excess still on, or a ramp that has
-  // levelled off, stays in the rate.
+  // episode that has ended, or of the newest one still on when it keeps growing or repeats an
+  // earlier one, is taken out of its steps' rates, so that neither the level-shift nor the drift
+  // detection follows it, and counted with the unplanned overhead (or, once a whole data epoch has
+  // been seen, in its profile), up to what the step took above the rate before the episode. A
+  // flat excess still on, or a ramp that has levelled off, stays in the rate.
   std::vector<double> wait_excess(records_.size(), 0.0);
   std::vector<char> wait_repeats(records_.size(), 0);  // ... and is a cost that recurs
   {
