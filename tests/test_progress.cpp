@@ -636,6 +636,21 @@ TEST(Progress, AColdCacheThatWarmsIsAOneOff) {
   expect_within(f, rows, 900, 4000, 50, 0.01);
 }
 
+TEST(Progress, AColdCacheInTheFirstEpochIsNotRepeatedInTheOthers) {
+  // Epochs of 1000 steps, each boundary labelled and stalling 20 s, and a cold cache in the first:
+  // from step 100 the data wait jumps to 0.4 s and falls back over 350 steps. The first epoch's
+  // profile held that one-off, and every later epoch was predicted to repeat it (+5 %).
+  const auto f = steady_facts(6000);
+  auto rows = noisy_steady(f);
+  add_data_wait(rows, [](int64_t step) {
+    return 0.01 + (step >= 100 && step < 450 ? 0.4 * (1.0 - static_cast<double>(step - 100) / 350.0)
+                                             : 0.0);
+  });
+  for (auto& r : rows)
+    if (r.step % 1000 == 0) r.duration_s += 20, r.event = "epoch_boundary";
+  expect_within(f, rows, 1100, 4000, 100, 0.01);
+}
+
 TEST(Progress, RecurringSlowSpellsCountAsStalls) {
   // 20 unlabelled steps at 3× every 300 steps (~13 % of the run): a spell fills most of a
   // 30-step block, but is no level of its own; its steps are stalls that recur.

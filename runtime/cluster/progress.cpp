@@ -636,7 +636,9 @@ Prediction ProgressPredictor::predict() const {
         const double c = step_cost(r.tokens, r.seq_len > 0 ? r.seq_len
                                                              : schedule_at(facts_, r.step).seq_len,
                                    h);
-        profile[static_cast<size_t>(r.step - prev - 1)] = r.duration_s - base * c;
+        // A one-off data wait (a cold cache that warmed) is no cost of every epoch either.
+        const double one_off_wait = wait_repeats[i] ? 0.0 : wait_excess[i];
+        profile[static_cast<size_t>(r.step - prev - 1)] = r.duration_s - one_off_wait - base * c;
         ++seen;
       }
       if (seen > 0) {
