@@ -9,6 +9,10 @@
 
 namespace berth {
 
+// `s` with each control byte but newline and tab (and DEL) written as \xNN. log_line prints
+// every message through it.
+std::string printable_for_terminal(const std::string& s);
+
 void log_line(const char* level, bool all_ranks, const std::string& message);
 
 template <typename... Args>

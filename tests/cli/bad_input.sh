@@ -728,6 +728,12 @@ expect_error "reserve_gpus_leading_zero" "--gpus: 010 is not a whole number" "" 
   "$BERTH" reserve --gpus 010 --duration 1h --ledger "$tmp/l.db"
 expect_error "eta_every_plus_sign" "--every: +5 is not a whole number >= 0" "" \
   "$BERTH" eta replay "$TINY_TOML" --meta "$TINY_TOML" --every +5
+# A file's bytes quoted in an error are shown, not sent to the terminal: an escape sequence in a
+# trace's header (binary junk, a colour code) printed raw.
+printf 'st\001ep,\033[31mduration_s\n1,2\n' >"$tmp/junk.csv"
+expect_error "eta_replay_control_bytes_shown" "header is 'st\x01ep,\x1b[31mduration_s'" "" \
+  "$BERTH" eta replay "$tmp/junk.csv" --meta "$TINY_TOML"
+report "eta_replay_control_bytes_not_printed" "$(grep -q $'\033' "$log" && echo " a raw ESC byte in the output")"
 # A missing trace, facts file or directory is a usage error (105), as for every other command.
 "$BERTH" eta replay "$tmp/none.csv" --meta "$TINY_TOML" >"$log" 2>&1
 rc=$?
