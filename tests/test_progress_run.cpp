@@ -70,7 +70,11 @@ class ProgressRunTest : public ::testing::Test {
     }
     std::vector<nlohmann::json> out;
     std::istringstream in(read_text_file((dir_ / "runs" / c.run.name / "metrics.jsonl").string()));
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+    for (std::string line; std::getline(in, line);) {
+      out.push_back(nlohmann::json::parse(line));
+      // Every block row lists its warnings, [] for none (the key was left out then).
+      EXPECT_EQ(out.back().contains("warnings"), out.back().contains("predicted_total_s")) << line;
+    }
     return out;
   }
 

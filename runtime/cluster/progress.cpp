@@ -497,7 +497,10 @@ Prediction ProgressPredictor::predict() const {
     post_steps += i >= first_post_record;
     const double c =
         step_cost(r.tokens, r.seq_len > 0 ? r.seq_len : schedule_at(facts_, r.step).seq_len, h);
-    const double excess = r.duration_s - base * c;
+    // An event step's cost over a normal step: its measured overhead where the runtime reports
+    // one (the save or the evaluation timed alone; the rest of the step is a normal step, whose
+    // noise would otherwise land in the event's cost), else its time above the base rate.
+    const double excess = (ck || ev) && r.overhead_s > 0 ? r.overhead_s : r.duration_s - base * c;
     if (ck && ev) {
       both_sum += excess, ++both_n;
     } else if (ck) {

@@ -403,10 +403,15 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
     const double left = deadline - (settings_.session_start_unix + r.elapsed_s);
     const int64_t fit =
         steps_that_fit(facts_, r.step, r.end_step, std::max(0.0, left), p, reserved);
-    const std::string id = settings_.reservation.empty() ? "<reservation>" : settings_.reservation;
     // Minutes, unless the times lie within minutes of each other (then seconds tell them apart).
     const bool close = settings_.session_start_unix + p.high_s - last_save - deadline < 600;
     auto at = [&](double t) { return close ? format_utc_iso(t) : format_utc_minute(t); };
+    // The band too, when its ends fall in one minute (it read "band 12:01–12:01").
+    const double band_lo = settings_.session_start_unix + p.low_s - last_save,
+                 band_hi = settings_.session_start_unix + p.high_s - last_save;
+    auto band_at = [&](double t) {
+      return format_utc_minute(band_lo) == format_utc_minute(band_hi) ? format_utc_iso(t) : at(t);
+    };
     // A window a preemption cut cannot be extended (the preemptor holds the devices after it).
     const std::string fix =
         settings_.preempted
@@ -415,8 +420,15 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
                   "before it with a checkpoint; continue under another booking with "
                   "--resume auto, or lower train.steps to about {}",
                   fit)
-            : fmt::format("Extend it: `berth extend {} --by {}`, or lower train.steps to about {}",
-                          id, extension_hint(shortfall + (p.high_s - p.total_s)), fit);
+        : !settings_.reservation.empty()
+            ? fmt::format("Extend it: `berth extend {} --by {}`, or lower train.steps to about {}",
+                          settings_.reservation, extension_hint(shortfall + (p.high_s - p.total_s)),
+                          fit)
+            // progress.window_end, no booking of berth's: the window is the job's allocation
+            : fmt::format(
+                  "Lower train.steps to about {}, or get the job a window {} longer "
+                  "(and move progress.window_end with it)",
+                  fit, extension_hint(shortfall + (p.high_s - p.total_s)));
     const std::string ends =
         settings_.stop_reserve_s > 0
             ? fmt::format(
@@ -428,11 +440,14 @@ std::vector<ProgressWarning> ProgressMonitor::warnings(const ProgressReport& r) 
     out.push_back({WarningKind::Window,
                    fmt::format("window: {}, {} before the predicted {} ({}, band {}–{}). {}", ends,
                                format_duration(shortfall), reserved ? "end of its steps" : "finish",
-                               at(finish), at(settings_.session_start_unix + p.low_s - last_save),
-                               at(settings_.session_start_unix + p.high_s - last_save), fix)});
+                               at(finish), band_at(band_lo), band_at(band_hi), fix)});
   }
   // Only once a checkpoint was measured: before, checkpoint_s is a prior.
+  // And only when the session has a periodic save to space out: a session whose one save is its
+  // last step's (the result) has nothing to change, and was told to set checkpoint.interval = 0,
+  // which saved the same.
   if (facts_.ckpt_interval > 0 && p.total_s > 0 && p.checkpoints_observed > 0 &&
+      events_between(facts_.start_step, r.end_step - 1, facts_.ckpt_interval, -1) > 0 &&
       p.checkpoint_s >= kCheckpointShare * p.total_s) {
     const double share = p.checkpoint_s / p.total_s;
     const int64_t suggest = static_cast<int64_t>(

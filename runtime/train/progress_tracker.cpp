@@ -239,11 +239,10 @@ void ProgressTracker::log_block(int64_t done, nlohmann::json* line) {
   j["predicted_remaining_s"] = p.remaining_s;
   j["predicted_low_s"] = p.low_s;
   j["predicted_high_s"] = p.high_s;
-  if (!rep.warnings.empty()) {
-    nlohmann::json w = nlohmann::json::array();
-    for (const ProgressWarning& x : rep.warnings) w.push_back(warning_name(x.kind));
-    j["warnings"] = w;
-  }
+  // At every block, [] when none is active: a reader can tell "no warning" from "no block".
+  nlohmann::json names = nlohmann::json::array();
+  for (const ProgressWarning& x : rep.warnings) names.push_back(warning_name(x.kind));
+  j["warnings"] = names;
   log_info("{}", format_progress(rep, session_start_unix_, tty_));
   for (const ProgressWarning& w : monitor_->due(rep)) log_warn("[progress] {}", w.message);
   last_block_step_ = done;
