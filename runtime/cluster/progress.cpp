@@ -342,8 +342,11 @@ Prediction ProgressPredictor::predict() const {
         double se2 = 0;
         const double slope2 = ols_slope(k1 - 2 * kMinWindow, k1, step_of, excess_of, &se2);
         const double span = step_of(k1 - 1) - step_of(k0);
-        const bool levelled =
-            slope2 < 0.5 * slope && std::fabs(slope2) < 2 * se2 && slope - slope2 > 3 * se2;
+        // (a wait of one exact value over those steps has se2 = 0 and a slope2 of 0 or rounding:
+        // flat, which "within 2 se of 0" alone refused)
+        const double rounding = 1e-9 * mean / static_cast<double>(2 * kMinWindow);
+        const bool levelled = slope2 < 0.5 * slope && std::fabs(slope2) < 2 * se2 + rounding &&
+                              slope - slope2 > 3 * se2;
         transient =
             slope > 3 * se && slope * span > 0.5 * mean && !levelled && k0 - begin >= k1 - k0;
       }
