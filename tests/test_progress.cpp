@@ -350,6 +350,51 @@ TEST(Progress, EventsDuringTheWarmupAreLearnedAndPriorsComeFromTheFacts) {
   EXPECT_EQ(predict_at(f, rows, 0.15).checkpoints_observed, 0);
 }
 
+TEST(Progress, TheEvalPriorIsFiftyStepTimesOrTheFacts) {
+  // 1000 steps of 1 s with an evaluation every 200: before the first, each of the 5 to come is
+  // priced at eval_prior_steps step times where the facts give it, else 50.
+  auto f = steady_facts(1000);
+  f.eval_interval = 200;
+  Synth s;
+  s.noise_rel = 0.01;
+  s.first_extra_s = 0;
+  s.eval_s = 4;
+  const auto rows = synth_trace(f, s);
+  const double steps_only = predict_at(steady_facts(1000), rows, 0.15).total_s;
+  EXPECT_NEAR(predict_at(f, rows, 0.15).total_s - steps_only, 5 * 50, 5 * 50 * 0.03);
+  f.eval_prior_steps = 4;
+  EXPECT_NEAR(predict_at(f, rows, 0.15).total_s - steps_only, 5 * 4, 5 * 4 * 0.03);
+  EXPECT_LT(ape(predict_at(f, rows, 0.15).total_s, total_of(rows)), 0.01);
+}
+
+TEST(Progress, TheLastStepSavesAndEvaluatesAsTheFactsSay) {
+  // Steps 1..1000: multiples of 300 checkpoint, and the last step is no multiple of it. Whether
+  // it saves too is final_ckpt's to say (berth's checkpoint.final), and likewise final_eval.
+  EXPECT_EQ(events_between(0, 1000, 300, -1), 3);  // the interval decides: 300, 600, 900
+  EXPECT_EQ(events_between(0, 1000, 300, 1), 4);   // ... and the last step
+  EXPECT_EQ(events_between(0, 900, 300, 0), 2);    // the last step would, but does not
+  EXPECT_EQ(events_between(0, 900, 300, 1), 3);    // counted once
+  EXPECT_EQ(events_between(950, 1000, 300, -1), 0);
+  EXPECT_EQ(events_between(950, 1000, 300, 1), 1);
+  EXPECT_EQ(events_between(1000, 1000, 300, 1), 0);  // nothing remains
+  EXPECT_EQ(events_between(0, 1000, 0, 1), 1);       // no interval: the final one alone
+  // The predictor prices a final save and a final evaluation still to come.
+  auto f = steady_facts(1000);
+  f.ckpt_interval = 300;
+  f.eval_interval = 350;  // seen apart by step 500: a save at 300, an evaluation at 350
+  Synth s;
+  s.noise_rel = 0.01;
+  s.ckpt_s = 20;
+  s.eval_s = 5;
+  const auto rows = synth_trace(f, s);
+  const double plain = predict_at(f, rows, 0.5).total_s;
+  f.final_ckpt = 1;
+  const double with_save = predict_at(f, rows, 0.5).total_s;
+  EXPECT_NEAR(with_save - plain, 20, 1);
+  f.final_eval = 1;
+  EXPECT_NEAR(predict_at(f, rows, 0.5).total_s - with_save, 5, 0.5);
+}
+
 TEST(Progress, EvalAndCombinedEventsAreSeparated) {
   auto f = steady_facts(6000);
   f.ckpt_interval = 500;
@@ -652,6 +697,22 @@ TEST(Progress, AColdCacheInTheFirstEpochIsNotRepeatedInTheOthers) {
   for (auto& r : rows)
     if (r.step % 1000 == 0) r.duration_s += 20, r.event = "epoch_boundary";
   expect_within(f, rows, 1100, 4000, 100, 0.01);
+}
+
+TEST(Progress, ASessionThatBeganInsideALateEpochRampCountsIt) {
+  // Resumed at step 720 of epochs of 1000 steps whose last 300 wait longer and longer (to
+  // 0.6 s): the session begins inside a ramp. With no steps before it, the ramp was never taken
+  // out of the rate nor counted as recurring (-6.2 % at every query); what a step took above the
+  // rate after it is the measure instead.
+  auto f = steady_facts(4000);
+  f.start_step = 720;
+  f.max_steps = 4720;
+  auto rows = noisy_steady(f);
+  add_data_wait(rows, [](int64_t step) {
+    const double pos = static_cast<double>((step - 1) % 1000);
+    return 0.01 + (pos >= 700 ? 0.6 * (pos - 700) / 300 : 0.0);
+  });
+  expect_within(f, rows, 700, 1000, 50, 0.035);
 }
 
 TEST(Progress, RecurringSlowSpellsCountAsStalls) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -17,7 +18,7 @@ constexpr int64_t kMinWindow = 30;  // recent window of normal steps: n/2 clampe
 constexpr int64_t kMaxWindow = 400;
 constexpr double kWarmupTolerance =
     1.15;  // transient ends at the first step within 15 % of the steady rate
-constexpr double kClipMads = 4.0;  // winsorize window rates at median ± 4 MAD
+constexpr double kClipMads = 4.0;  // winsorize window rates at median ± 4 MAD (MAD >= 1 % of it)
 constexpr double kStallFactor = 1.5;
 // A level shift: the best split point's medians differ by this many standard errors (about 20
 // split points are tried, so one lone test's 4 would let noise through) and 3 %.
@@ -34,7 +35,9 @@ constexpr double kCkptPriorSteps = 100.0;
 // kDriftHalfT over each half.
 constexpr double kDriftT = 4.0;
 constexpr double kDriftHalfT = 1.5;
-constexpr double kDriftHalfRatio = 0.5;  // ... and the second half's slope >= half the first's
+// ... and the second half's slope >= half the first's, or within 3 standard errors of it (both
+// fitted on rates clipped only at a stall)
+constexpr double kDriftHalfRatio = 0.5;
 constexpr double kEvalPriorSteps = 50.0;
 
 bool is_warmup_event(const std::string& e) {
@@ -216,8 +219,8 @@ Prediction ProgressPredictor::predict() const {
   }
 
   Prediction out;
-  if (normal.empty()) {  // only warm-up rows so far: assume the steady step costs what the rest of
-                         // it did
+  if (normal.empty()) {  // only warm-up or event rows so far: assume the steady step costs what
+                         // the newest row did
     const auto& r = records_.back();
     const double per = r.duration_s;
     const double rem = per * static_cast<double>(end_step - last_step);
@@ -350,11 +353,13 @@ Prediction ProgressPredictor::predict() const {
         transient =
             slope > 3 * se && slope * span > 0.5 * mean && !levelled && k0 - begin >= k1 - k0;
       }
-      // What is taken out of a step is at most what it took above the rate before the episode
-      // (or, when the session began in it, after it): a wait that overlaps compute (the loader
-      // reports it, the step is no slower) is no excess.
+      // What is taken out of a step is at most what it took above the rate before the episode,
+      // or after it where that is lower (an ended one with kMinWindow steps after it) or where
+      // nothing came before (the session began in it): a wait that overlaps compute (the loader
+      // reports it, the step is no slower) is no excess. With neither, nothing is taken out.
       const size_t pre = k0 - std::min(k0 - begin, static_cast<size_t>(window));
-      if (!transient || k0 == pre || mean <= 0) continue;
+      const bool rate_after = ended && after.size() >= static_cast<size_t>(kMinWindow);
+      if (!transient || (k0 == pre && !rate_after) || mean <= 0) continue;
       // Its excess counts with the unplanned overhead, a cost the rest of the run repeats,
       // unless it ended near the start and fell while it lasted: a cold cache that warms is a
       // one-off, already in the elapsed time (one that rose or stayed, then ended, is the late
@@ -362,9 +367,10 @@ Prediction ProgressPredictor::predict() const {
       const bool one_off = ended && k0 - begin < k1 - k0 && slope < -3 * se;
       if (!one_off) recurs = std::max(recurs, k1 - k0);
       double pre_rate =
-          median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(pre),
-                                        rate.begin() + static_cast<std::ptrdiff_t>(k0)));
-      if (ended && after.size() >= static_cast<size_t>(kMinWindow))
+          k0 > pre ? median_of(std::vector<double>(rate.begin() + static_cast<std::ptrdiff_t>(pre),
+                                                   rate.begin() + static_cast<std::ptrdiff_t>(k0)))
+                   : std::numeric_limits<double>::infinity();
+      if (rate_after)
         pre_rate = std::min(pre_rate, median_of(std::vector<double>(
                                           rate.begin() + static_cast<std::ptrdiff_t>(k1),
                                           rate.begin() + static_cast<std::ptrdiff_t>(next))));
@@ -463,8 +469,9 @@ Prediction ProgressPredictor::predict() const {
 
   // Extra cost of steps with events: ckpt / eval learned from their excess over the base rate,
   // from every one seen, those during the warm-up too (a short run may see its only ones there);
-  // everything else after warm-up (spikes, epoch boundaries, normal steps above the clip) feeds
-  // the unplanned-overhead rate.
+  // everything else after warm-up (spikes and epoch boundaries in full, above the base rate;
+  // normal steps above max(clip, 1.5 × median, 1.5 × their block's level); the excess wait of a
+  // recurring data-wait episode) feeds the unplanned-overhead rate.
   const size_t first_post_record = normal[begin];
   // Medians of consecutive blocks of kMinWindow normal steps, and each normal step's block.
   std::vector<double> block_median;

@@ -6,10 +6,12 @@
 //   total = elapsed (observed, exact)
 //         + remaining steps × (robust recent per-cost rate) × (scheduled cost of each future step)
 //         + remaining checkpoint / eval steps × their learned extra cost (prior before the first)
-//         + remaining steps × unplanned-overhead rate (spikes, epoch boundaries), shrunk toward 0
+//         + remaining steps × unplanned-overhead rate (spikes, epoch boundaries, recurring data
+//           waits), shrunk toward 0; once a whole data epoch was seen, its profile of costs above
+//           the rate, repeated over the remaining steps, instead
 // where a step's cost is tokens × (1 + seq_len / (6·hidden_size)) (attention share of the FLOPs).
-// Warm-up rows (first step of the session, compile, resume) and the slow transient after them are
-// excluded from the rate.
+// Warm-up rows (first step of the session, compile, resume, warmup), the configured warm-up steps
+// and the slow transient after them are excluded from the rate.
 #pragma once
 
 #include <cstdint>
