@@ -36,7 +36,7 @@ constexpr double kCkptPriorSteps = 100.0;
 constexpr double kDriftT = 4.0;
 constexpr double kDriftHalfT = 1.5;
 // ... and the second half's slope >= half the first's, or within 3 standard errors of it (both
-// fitted on rates clipped only at a stall)
+// fitted on rates clipped at a stall above and at the window's clip below)
 constexpr double kDriftHalfRatio = 0.5;
 constexpr double kEvalPriorSteps = 50.0;
 
@@ -99,6 +99,23 @@ double ols_slope(size_t lo, size_t hi, X x, Y y, double* se) {
 int64_t multiples_in(int64_t a, int64_t b, int64_t interval) {
   if (interval <= 0 || b <= a) return 0;
   return b / interval - a / interval;
+}
+
+// The '+'-separated parts of a step's event other than checkpoint saves and evaluations
+// ("epoch_boundary" of "ckpt+epoch_boundary").
+std::string other_events(const std::string& event) {
+  std::stringstream ss(event);
+  std::string part, out;
+  while (std::getline(ss, part, '+'))
+    if (!is_ckpt_event(part) && !is_eval_event(part)) out += (out.empty() ? "" : "+") + part;
+  return out;
+}
+
+// What a checkpoint or evaluation step's save and evaluation took as the runtime measured them
+// (overhead_s, at most the step), or -1 where its event names neither or none was measured.
+double event_overhead(const StepRecord& r) {
+  if (!is_ckpt_event(r.event) && !is_eval_event(r.event)) return -1;
+  return r.overhead_s > 0 ? std::min(r.overhead_s, r.duration_s) : -1;
 }
 
 }  // namespace
@@ -508,30 +525,37 @@ Prediction ProgressPredictor::predict() const {
     const double c =
         step_cost(r.tokens, r.seq_len > 0 ? r.seq_len : schedule_at(facts_, r.step).seq_len, h);
     // An event step's cost over a normal step: its measured overhead where the runtime reports
-    // one (the save or the evaluation timed alone; the rest of the step is a normal step, whose
-    // noise would otherwise land in the event's cost), else its time above the base rate.
-    const double excess = (ck || ev) && r.overhead_s > 0 ? r.overhead_s : r.duration_s - base * c;
-    if (ck && ev) {
-      both_sum += excess, ++both_n;
-    } else if (ck) {
-      ckpt_sum += excess, ++ckpt_n;
-    } else if (ev) {
-      eval_sum += excess, ++eval_n;
-    } else {
-      // a stall is > 1.5× the current median step and the level of its own block of steps: a
-      // level that changed earlier (an unannounced speed-up) is not a stall (a step the runtime
-      // labelled, e.g. a spike or an epoch boundary, counts in full, and so does an excess data
-      // wait taken out of the rate above, unless it was a one-off)
-      const double wait = wait_excess[i];
-      const double level = std::max(
-          {clip_hi, kStallFactor * med,
-           block_of[i] >= 0 ? kStallFactor * block_level[static_cast<size_t>(block_of[i])] : 0.0});
-      const double x = (wait_repeats[i] ? wait : 0.0) +
-                       std::max(0.0, r.duration_s - wait - (r.event.empty() ? level : base) * c);
-      unplanned += x;
-      unplanned_max = std::max(unplanned_max, x);
-      unplanned_n += x > 0;
+    // one (the save or the evaluation timed alone), else its time above the base rate. With it
+    // measured, the rest of the step is a step like any other, with whatever else its event
+    // names (an epoch boundary's stall, an evaluation the runtime timed only in part): its noise
+    // is no save time, and a stall in it is not lost.
+    const double overhead = event_overhead(r);
+    if (ck || ev) {
+      const double excess = overhead >= 0 ? overhead : r.duration_s - base * c;
+      if (ck && ev) {
+        both_sum += excess, ++both_n;
+      } else if (ck) {
+        ckpt_sum += excess, ++ckpt_n;
+      } else {
+        eval_sum += excess, ++eval_n;
+      }
+      if (overhead < 0 || i < first_post_record) continue;
     }
+    // a stall is > 1.5× the current median step and the level of its own block of steps: a
+    // level that changed earlier (an unannounced speed-up) is not a stall (a step the runtime
+    // labelled, e.g. a spike or an epoch boundary, counts in full, and so does an excess data
+    // wait taken out of the rate above, unless it was a one-off)
+    const double wait = wait_excess[i];
+    const double level = std::max(
+        {clip_hi, kStallFactor * med,
+         block_of[i] >= 0 ? kStallFactor * block_level[static_cast<size_t>(block_of[i])] : 0.0});
+    const bool labelled = !(ck || ev ? other_events(r.event) : r.event).empty();
+    const double x =
+        (wait_repeats[i] ? wait : 0.0) + std::max(0.0, r.duration_s - std::max(0.0, overhead) -
+                                                           wait - (labelled ? base : level) * c);
+    unplanned += x;
+    unplanned_max = std::max(unplanned_max, x);
+    unplanned_n += x > 0;
   }
   const double med_step = med * step_cost(schedule_at(facts_, last_step).tokens_per_step,
                                           schedule_at(facts_, last_step).seq_len, h);
@@ -583,8 +607,8 @@ Prediction ProgressPredictor::predict() const {
       const double s2 = fit(mid, rate.size(), clip_lo, clip_hi, &se2);
       // ... and the two halves slope alike (a line, not the tail of a decaying warm-up transient,
       // whose first half falls much faster than its second: extrapolated as a line it would
-      // predict a speed-up for the rest of the run). Compared on rates clipped only at a stall
-      // (1.5× the median): the window's clip would flatten the steep start of such a tail.
+      // predict a speed-up for the rest of the run). Compared on rates clipped above only at a
+      // stall (1.5× the median): the window's clip would flatten the steep start of such a tail.
       // A drift that starts late (its second half steeper) is followed.
       double ue1 = 0, ue2 = 0;
       const double stall = std::max(clip_hi, kStallFactor * med);
@@ -645,13 +669,19 @@ Prediction ProgressPredictor::predict() const {
         const auto& r = records_[i];
         if (r.step <= prev || r.step > bounds.back() || r.tokens <= 0) continue;
         if (i < first_post_record && !is_epoch_event(r.event)) continue;
-        if (is_warmup_event(r.event) || is_ckpt_event(r.event) || is_eval_event(r.event)) continue;
+        // A save or evaluation is counted above: a step with one measured is the rest of it,
+        // with none measured it is left out.
+        const double overhead = event_overhead(r);
+        if (is_warmup_event(r.event) ||
+            ((is_ckpt_event(r.event) || is_eval_event(r.event)) && overhead < 0))
+          continue;
         const double c = step_cost(r.tokens, r.seq_len > 0 ? r.seq_len
                                                              : schedule_at(facts_, r.step).seq_len,
                                    h);
         // A one-off data wait (a cold cache that warmed) is no cost of every epoch either.
         const double one_off_wait = wait_repeats[i] ? 0.0 : wait_excess[i];
-        profile[static_cast<size_t>(r.step - prev - 1)] = r.duration_s - one_off_wait - base * c;
+        profile[static_cast<size_t>(r.step - prev - 1)] =
+            r.duration_s - std::max(0.0, overhead) - one_off_wait - base * c;
         ++seen;
       }
       if (seen > 0) {
