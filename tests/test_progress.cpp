@@ -311,6 +311,15 @@ TEST(Progress, SingleSpikeMovesThePredictionLittle) {
       0.5);
 }
 
+// f's session of 1 s steps (1 % noise) whose checkpoints and evaluations add ckpt_s and eval_s.
+std::vector<StepRecord> trace_with_events(const RunFacts& f, double ckpt_s, double eval_s) {
+  Synth s;
+  s.noise_rel = 0.01;
+  s.ckpt_s = ckpt_s;
+  s.eval_s = eval_s;
+  return synth_trace(f, s);
+}
+
 TEST(Progress, PeriodicCheckpointsAreLearnedAndCounted) {
   auto f = steady_facts(5000);
   f.ckpt_interval = 500;
@@ -332,10 +341,7 @@ TEST(Progress, EventsDuringTheWarmupAreLearnedAndPriorsComeFromTheFacts) {
   auto f = steady_facts(200);
   f.ckpt_interval = 40;
   f.warmup_steps = 50;
-  Synth s;
-  s.noise_rel = 0.01;
-  s.ckpt_s = 3;
-  const auto rows = synth_trace(f, s);
+  const auto rows = trace_with_events(f, 3, 0);
   const double truth = total_of(rows);
   for (double at : {0.25, 0.30, 0.35}) {
     const Prediction p = predict_at(f, rows, at);
@@ -355,11 +361,7 @@ TEST(Progress, TheEvalPriorIsFiftyStepTimesOrTheFacts) {
   // priced at eval_prior_steps step times where the facts give it, else 50.
   auto f = steady_facts(1000);
   f.eval_interval = 200;
-  Synth s;
-  s.noise_rel = 0.01;
-  s.first_extra_s = 0;
-  s.eval_s = 4;
-  const auto rows = synth_trace(f, s);
+  const auto rows = trace_with_events(f, 0, 4);
   const double steps_only = predict_at(steady_facts(1000), rows, 0.15).total_s;
   EXPECT_NEAR(predict_at(f, rows, 0.15).total_s - steps_only, 5 * 50, 5 * 50 * 0.03);
   f.eval_prior_steps = 4;
@@ -382,11 +384,7 @@ TEST(Progress, TheLastStepSavesAndEvaluatesAsTheFactsSay) {
   auto f = steady_facts(1000);
   f.ckpt_interval = 300;
   f.eval_interval = 350;  // seen apart by step 500: a save at 300, an evaluation at 350
-  Synth s;
-  s.noise_rel = 0.01;
-  s.ckpt_s = 20;
-  s.eval_s = 5;
-  const auto rows = synth_trace(f, s);
+  const auto rows = trace_with_events(f, 20, 5);
   const double plain = predict_at(f, rows, 0.5).total_s;
   f.final_ckpt = 1;
   const double with_save = predict_at(f, rows, 0.5).total_s;
@@ -695,6 +693,15 @@ TEST(Progress, AWaitSpellLongerThanTheStretchBeforeItStillRecursOnceEnded) {
   expect_within(f, rows, 1300, 1700, 20, 0.07);
 }
 
+// A data wait of 0.01 s that, from step `from`, jumps to 0.41 s and falls back over 350 steps (a
+// local cache filling).
+auto cold_cache(int64_t from) {
+  return [from](int64_t step) {
+    const double k = static_cast<double>(step - from);
+    return 0.01 + (step >= from && k < 350 ? 0.4 * (1.0 - k / 350.0) : 0.0);
+  };
+}
+
 TEST(Progress, AColdCacheThatWarmsIsAOneOff) {
   // From step 250 the data wait jumps to 0.4 s and falls back to normal over 350 steps as a local
   // cache fills: once it has ended, it is a one-off, not a cost the rest of the run repeats.
@@ -702,10 +709,7 @@ TEST(Progress, AColdCacheThatWarmsIsAOneOff) {
   // level to measure an excess from.)
   const auto f = steady_facts(6000);
   auto rows = noisy_steady(f);
-  add_data_wait(rows, [](int64_t step) {
-    return 0.01 + (step >= 250 && step < 600 ? 0.4 * (1.0 - static_cast<double>(step - 250) / 350.0)
-                                             : 0.0);
-  });
+  add_data_wait(rows, cold_cache(250));
   expect_within(f, rows, 900, 4000, 50, 0.01);
 }
 
@@ -715,10 +719,7 @@ TEST(Progress, AColdCacheInTheFirstEpochIsNotRepeatedInTheOthers) {
   // profile held that one-off, and every later epoch was predicted to repeat it (+5 %).
   const auto f = steady_facts(6000);
   auto rows = noisy_steady(f);
-  add_data_wait(rows, [](int64_t step) {
-    return 0.01 + (step >= 100 && step < 450 ? 0.4 * (1.0 - static_cast<double>(step - 100) / 350.0)
-                                             : 0.0);
-  });
+  add_data_wait(rows, cold_cache(100));
   for (auto& r : rows)
     if (r.step % 1000 == 0) r.duration_s += 20, r.event = "epoch_boundary";
   expect_within(f, rows, 1100, 4000, 100, 0.01);
