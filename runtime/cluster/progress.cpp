@@ -126,12 +126,7 @@ int64_t events_between(int64_t after, int64_t last, int64_t interval, int at_las
 }
 
 bool only_ckpt_or_eval(const std::string& event) {
-  if (event.empty()) return false;
-  std::stringstream ss(event);
-  std::string part;
-  while (std::getline(ss, part, '+'))
-    if (!is_ckpt_event(part) && !is_eval_event(part)) return false;
-  return true;
+  return !event.empty() && other_events(event).empty();
 }
 
 double step_cost(int64_t tokens, int64_t seq_len, int64_t hidden_size) {
