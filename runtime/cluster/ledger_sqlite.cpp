@@ -25,6 +25,7 @@
 #include "runtime/core/clock.h"
 #include "runtime/core/decimal.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/utf8.h"
 
 namespace berth {
 namespace {
@@ -95,29 +96,10 @@ namespace {
 int64_t printable_utf8_length(const std::string& s) {
   int64_t n = 0;
   for (size_t i = 0; i < s.size(); ++n) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const int extra = c < 0x80           ? 0
-                      : (c >> 5) == 0x6  ? 1
-                      : (c >> 4) == 0xe  ? 2
-                      : (c >> 3) == 0x1e ? 3
-                                         : -1;  // a continuation byte or 0xf8.. first
-    if (extra < 0 || (extra == 0 && (c < 0x20 || c == 0x7f))) return -1;
-    if (i + extra >= s.size() && extra > 0) return -1;  // cut short
-    uint32_t cp = extra == 0 ? c : c & (0x3f >> extra);
-    for (int k = 1; k <= extra; ++k) {
-      const unsigned char t = static_cast<unsigned char>(s[i + k]);
-      if ((t >> 6) != 0x2) return -1;
-      cp = (cp << 6) | (t & 0x3f);
-    }
-    // Overlong forms, surrogates, beyond U+10FFFF, and C1 controls.
-    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-    const bool bidi_or_separator = cp == 0x061c || cp == 0x200e || cp == 0x200f ||
-                                   (cp >= 0x2028 && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069);
-    if (cp < kMin[extra] || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff ||
-        (cp >= 0x80 && cp < 0xa0) || bidi_or_separator) {
-      return -1;
-    }
-    i += 1 + extra;
+    uint32_t cp = 0;
+    const int len = utf8_char_at(s, i, &cp);
+    if (len == 0 || utf8_acts_on_display(cp)) return -1;
+    i += static_cast<size_t>(len);
   }
   return n;
 }

@@ -1,21 +1,27 @@
 #include "runtime/core/log.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
 #include "runtime/core/check.h"
+#include "runtime/core/utf8.h"
 
 namespace berth {
 
 std::string printable_for_terminal(const std::string& s) {
   std::string out;
   out.reserve(s.size());
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
-      out += fmt::format("\\x{:02x}", static_cast<unsigned>(c));
-    } else {
-      out += ch;
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp = 0;
+    const int n = utf8_char_at(s, i, &cp);
+    if (n > 0 && (!utf8_acts_on_display(cp) || cp == '\n' || cp == '\t')) {
+      out.append(s, i, static_cast<size_t>(n));
+    } else {  // each of its bytes, or the one byte that begins no character
+      for (size_t k = i; k < i + static_cast<size_t>(std::max(n, 1)); ++k)
+        out += fmt::format("\\x{:02x}", static_cast<unsigned>(static_cast<unsigned char>(s[k])));
     }
+    i += static_cast<size_t>(std::max(n, 1));
   }
   return out;
 }

@@ -9,8 +9,10 @@
 
 namespace berth {
 
-// `s` with each control byte but newline and tab (and DEL) written as \xNN. log_line prints
-// every message through it.
+// `s` with what would act on a terminal instead of showing written as \xNN, byte by byte: the
+// characters utf8_acts_on_display names (controls but newline and tab, DEL, C1 controls, the
+// bidirectional ones) and the bytes that are not well-formed UTF-8 (a lone 0x9b is CSI to a
+// terminal that reads 8-bit controls). log_line prints every message through it.
 std::string printable_for_terminal(const std::string& s);
 
 void log_line(const char* level, bool all_ranks, const std::string& message);
