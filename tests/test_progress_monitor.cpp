@@ -618,6 +618,18 @@ TEST(Clock, ParsesZonedTimesStrictly) {
   EXPECT_DOUBLE_EQ(parse_utc_time("2026-12-03T21:00:00,5+01:00"), 1796328000.5);
   test::expect_error([] { parse_utc_time("2026-12-03T20:00:00.Z"); }, {"fraction of a second"});
   test::expect_error([] { parse_utc_time("tomorrow"); }, {"expected YYYY-MM-DD"});
+  // every field is its digits only: no sign, no space, no single digit (sscanf's %2d took all
+  // three, and "2026-+1-21" was January)
+  for (const char* bad : {"2026-12-21T+1:00Z", "2026-12-21T 1:00Z", "2026-+1-21T00:00Z",
+                          "2026-12-21T0:00Z", "+2026-12-21T00:00Z", "2026-12-21T00:00:+5Z"})
+    test::expect_error([bad] { parse_utc_time(bad); }, {"cannot read the"});
+  for (const char* bad : {"2026-12-21T00:00+ 1:00", "2026-12-21T00:00+1:00", "2026-12-21T00:00+01"})
+    test::expect_error([bad] { parse_utc_time(bad); }, {"cannot read the zone offset"});
+  test::expect_error([] { parse_utc_time("2026-12-03T20:00Zulu"); }, {"unexpected text after"});
+  test::expect_error([] { parse_utc_time("2026-12-03T20:00 PST"); }, {"unexpected text after"});
+  // UTC by name, as berth prints a time: what it prints reads back
+  EXPECT_DOUBLE_EQ(parse_utc_time("2026-12-03T20:00UTC"), 1796328000);
+  EXPECT_DOUBLE_EQ(parse_utc_time(format_utc_minute(1796328000)), 1796328000);
   test::expect_error([] { parse_utc_time("2026-12-03T20:00Zjunk"); }, {"unexpected text"});
   test::expect_error([] { parse_utc_time("2026-12-03T25:00Z"); }, {"not a valid date and time"});
   EXPECT_EQ(format_utc_iso(1796328000), "2026-12-03T20:00:00Z");

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <string_view>
 
 #include "runtime/core/check.h"
 
@@ -38,23 +39,28 @@ double unix_now() {
 
 double parse_utc_time(const std::string& text) {
   constexpr const char* kForm =
-      "YYYY-MM-DDTHH:MM[:SS[.fff]] followed by Z or ±HH:MM, e.g. "
+      "YYYY-MM-DDTHH:MM[:SS[.fff]] followed by Z (or UTC) or ±HH:MM, e.g. "
       "2026-12-03T20:00:00Z";
-  int y = 0, mo = 0, d = 0, h = 0, mi = 0, s = 0, used = 0;
-  char sep = 0;
   const char* p = text.c_str();
-  if (std::sscanf(p, "%4d-%2d-%2d%c%2d:%2d%n", &y, &mo, &d, &sep, &h, &mi, &used) != 6 ||
-      (sep != 'T' && sep != ' ') || used < 16) {
+  // Exactly `n` ASCII digits at p (sscanf's %2d would take a sign, a space or one digit).
+  auto digits = [&p](int n, int* out) {
+    int v = 0;
+    for (int k = 0; k < n; ++k, ++p) {
+      if (*p < '0' || *p > '9') return false;
+      v = 10 * v + (*p - '0');
+    }
+    *out = v;
+    return true;
+  };
+  auto literal = [&p](char c) { return *p == c ? (++p, true) : false; };
+  int y = 0, mo = 0, d = 0, h = 0, mi = 0, s = 0;
+  if (!digits(4, &y) || !literal('-') || !digits(2, &mo) || !literal('-') || !digits(2, &d) ||
+      !(literal('T') || literal(' ')) || !digits(2, &h) || !literal(':') || !digits(2, &mi)) {
     BERTH_FAIL("cannot read the time '{}': expected {}", text, kForm);
   }
-  p += used;
   double frac = 0;  // fractional seconds (ISO 8601: ":SS.fff")
-  if (*p == ':') {
-    int n = 0;
-    if (std::sscanf(p, ":%2d%n", &s, &n) != 1 || n != 3) {
-      BERTH_FAIL("cannot read the seconds of '{}': expected {}", text, kForm);
-    }
-    p += n;
+  if (literal(':')) {
+    if (!digits(2, &s)) BERTH_FAIL("cannot read the seconds of '{}': expected {}", text, kForm);
     if (*p == '.' || *p == ',') {
       double scale = 0.1;
       const char* q = p + 1;
@@ -67,16 +73,17 @@ double parse_utc_time(const std::string& text) {
     }
   }
   int offset_min = 0;
-  if (*p == 'Z' || *p == 'z') {
-    ++p;
+  const std::string_view rest(p);
+  if (rest == "Z" || rest == "z" || rest == "UTC" || rest == " UTC") {  // (berth prints " UTC")
+    p += rest.size();
   } else if (*p == '+' || *p == '-') {
-    int oh = 0, om = 0, n = 0;
-    if (std::sscanf(p + 1, "%2d:%2d%n", &oh, &om, &n) != 2 || n != 5 || oh > 23 || om > 59) {
+    const int sign = *p++ == '-' ? -1 : 1;
+    int oh = 0, om = 0;
+    if (!digits(2, &oh) || !literal(':') || !digits(2, &om) || oh > 23 || om > 59) {
       BERTH_FAIL("cannot read the zone offset of '{}': expected {}", text, kForm);
     }
-    offset_min = (*p == '-' ? -1 : 1) * (oh * 60 + om);
-    p += 1 + n;
-  } else {
+    offset_min = sign * (oh * 60 + om);
+  } else if (*p == '\0') {
     BERTH_FAIL("the time '{}' has no zone: add Z for UTC or an offset like +01:00 ({})", text,
                kForm);
   }

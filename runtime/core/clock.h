@@ -12,7 +12,8 @@ namespace berth {
 double unix_now();
 
 // "2026-12-03T20:00:00Z", "2026-12-03 20:00Z", "2026-12-03T21:00:00+01:00" → Unix seconds.
-// Seconds are optional (with a fraction: ":SS.fff"); the zone ('Z' or ±HH:MM) is required. Throws
+// Seconds are optional (with a fraction: ":SS.fff"); the zone ('Z', "UTC" or " UTC" as
+// format_utc_minute writes it, or ±HH:MM) is required; every field is exactly its digits. Throws
 // berth::Error saying what is wrong and showing the accepted form.
 double parse_utc_time(const std::string& text);
 
