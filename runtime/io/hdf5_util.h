@@ -97,7 +97,40 @@ inline hid_t file_access_plist() {
   // Lock where the file system supports it, carry on where it does not (Lustre/NFS mounts).
   H5Pset_file_locking(fapl, true, true);
 #endif
+  // Files berth writes use the HDF5 1.10 format, whose metadata carries checksums (superblock,
+  // object headers, the chunk index): in the 1.8-compatible default one flipped bit of a chunk
+  // index reads a whole checkpoint tensor back as zeros without an error. (Reading needs
+  // HDF5 1.10 or later: h5py has had it since 2.8.) A file opened only to read is not affected.
+  H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_LATEST);
   return fapl;
+}
+
+// How many chunks a chunked dataset declares (the product over its dimensions of
+// ceil(extent / chunk)) and how many the file holds. A chunk the file lacks reads back as the
+// fill value (zeros) without an error: a dataset cut short, or a damaged chunk index. Both 0 for
+// a dataset that is not chunked; written < 0 when HDF5 cannot count them.
+struct ChunkCount {
+  double declared = 0, written = 0;
+};
+inline ChunkCount chunk_count(hid_t dset) {
+  ChunkCount out;
+  H5Id dcpl(H5Dget_create_plist(dset), H5Pclose);
+  H5Id space(H5Dget_space(dset), H5Sclose);
+  if (!dcpl.valid() || !space.valid() || H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return out;
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank <= 0 || rank > 32) return out;
+  hsize_t dims[32], chunk[32];
+  if (H5Sget_simple_extent_dims(space.get(), dims, nullptr) < 0 ||
+      H5Pget_chunk(dcpl.get(), rank, chunk) != rank) {
+    out.written = -1;
+    return out;
+  }
+  out.declared = 1;
+  for (int i = 0; i < rank; ++i)
+    out.declared *= chunk[i] > 0 ? static_cast<double>((dims[i] + chunk[i] - 1) / chunk[i]) : 0;
+  hsize_t n = 0;
+  out.written = H5Dget_num_chunks(dset, space.get(), &n) < 0 ? -1 : static_cast<double>(n);
+  return out;
 }
 
 inline std::string describe_type(hid_t type) {
@@ -124,15 +157,18 @@ inline bool write_scalar_attr(hid_t obj, const char* name, hid_t file_type, hid_
 inline bool write_i64_attr(hid_t obj, const char* name, int64_t value) {
   return write_scalar_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
 }
-// Variable-length UTF-8 string, as h5py writes a Python str.
+// A fixed-length, null-terminated UTF-8 string. Fixed, not variable-length as h5py writes a
+// Python str: a variable-length value lives in the file's global heap, which has no checksum,
+// and HDF5 1.10 loops forever reading a heap object whose length a flipped bit enlarged; a
+// fixed one is in the attribute's own object header, checksummed. (h5py reads it as bytes.)
 inline bool write_string_attr(hid_t obj, const char* name, const std::string& value) {
   H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
-  if (!type.valid() || H5Tset_size(type.get(), H5T_VARIABLE) < 0 ||
+  if (!type.valid() || H5Tset_size(type.get(), value.size() + 1) < 0 ||
+      H5Tset_strpad(type.get(), H5T_STR_NULLTERM) < 0 ||
       H5Tset_cset(type.get(), H5T_CSET_UTF8) < 0) {
     return false;
   }
-  const char* cstr = value.c_str();
-  return write_scalar_attr(obj, name, type.get(), type.get(), &cstr);
+  return write_scalar_attr(obj, name, type.get(), type.get(), value.c_str());
 }
 
 // Writes the parts of one file of a berth HDF5 format (`what`: "token dataset", "packing plan",

@@ -177,16 +177,11 @@ IntShape check_int_1d(hid_t dset, const char* name, const char* expected, const 
   // 10 KB file trained on 3 M zero tokens), so every chunk must have been written. (Counted:
   // H5Dget_space_status compares bytes before HDF5 1.10.9 and calls every compressed dataset
   // partly written.)
-  hsize_t chunk[1] = {0}, chunks = 0;
-  if (shape.n > 0 && dcpl.valid() && H5Pget_layout(dcpl.get()) == H5D_CHUNKED &&
-      H5Pget_chunk(dcpl.get(), 1, chunk) == 1 && chunk[0] > 0) {
-    const hsize_t chunks_declared = (hsize_t(shape.n) + chunk[0] - 1) / chunk[0];
-    if (H5Dget_num_chunks(dset, space.get(), &chunks) < 0 || chunks < chunks_declared) {
-      BERTH_FAIL(
-          "'{}': /{} declares {} values in {} chunks but the file holds {} of them: "
-          "truncated or corrupt; {}",
-          path, name, shape.n, chunks_declared, chunks, kImportHint);
-    }
+  if (const h5::ChunkCount c = h5::chunk_count(dset); shape.n > 0 && c.written < c.declared) {
+    BERTH_FAIL(
+        "'{}': /{} declares {} values in {:.0f} chunks but the file holds {:.0f} of them: "
+        "truncated or corrupt; {}",
+        path, name, shape.n, c.declared, std::max(c.written, 0.0), kImportHint);
   }
   // Reading allocates the declared size: more than this process may hold is a damaged header (or
   // a dataset for a bigger machine), said before the allocation fails (or the cgroup's OOM kill).

@@ -76,7 +76,8 @@ void write_tensor(hid_t loc, const std::string& name, const float* data,
 
 // A new checkpoint file (never one that exists) with the format's attributes.
 H5Id create_checkpoint_file(const h5::FileWriter& w, const std::string& path) {
-  H5Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  H5Id fapl(h5::file_access_plist(), H5Pclose);  // (the format with checksummed metadata)
+  H5Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), H5Fclose);
   if (!file.valid()) w.fail("creating the file");
   w.string_attr(file.get(), "format", kCheckpointFormat);
   w.i64_attr(file.get(), "format_version", kCheckpointFormatVersion);
@@ -307,6 +308,29 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
   H5Id type(H5Dget_type(dset.get()), H5Tclose);
   if (!type.valid()) fail_read(path, fmt::format("type of '{}'", name));
   if (H5Tequal(type.get(), H5T_IEEE_F32LE) <= 0) fail_tensor_type(path, name, type.get());
+  // Every chunk written and checksummed: a chunk the file lacks reads back as zeros without an
+  // error (a damaged chunk index of a checkpoint in the 1.8 format, whose metadata has no
+  // checksums), and data without its Fletcher-32 filter would be read unchecked.
+  H5Id dcpl(H5Dget_create_plist(dset.get()), H5Pclose);
+  bool checksummed = false;
+  for (int i = 0, n = dcpl.valid() ? H5Pget_nfilters(dcpl.get()) : 0; i < n; ++i) {
+    unsigned flags = 0;
+    size_t nelmts = 0;
+    checksummed |= H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &nelmts, nullptr, 0,
+                                  nullptr, nullptr) == H5Z_FILTER_FLETCHER32;
+  }
+  const h5::ChunkCount chunks = h5::chunk_count(dset.get());
+  if (!checksummed || chunks.declared <= 0 || chunks.written != chunks.declared) {
+    BERTH_FAIL(
+        "checkpoint file '{}': tensor '{}' is not stored as berth writes it ({}): the file is "
+        "corrupt (use an older checkpoint)",
+        path, name,
+        !checksummed           ? "its data has no Fletcher-32 checksum"
+        : chunks.declared <= 0 ? "it is not in checksummed chunks"
+        : chunks.written < 0   ? "its chunk index cannot be read"
+                               : fmt::format("the file holds {:.0f} of its {:.0f} chunks",
+                                             chunks.written, chunks.declared));
+  }
   if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
     fail_read(path, fmt::format("reading '{}'", name));
   }
