@@ -557,6 +557,23 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
                     : std::string("data.val holds no target at all in these modes: check how "
                                   "it was made"));
   }
+  // Every rank resumes as rank 0 does: one launched with --resume and another without (an MPMD
+  // launch, a wrapper that adds it on some hosts) would wait in different collectives until the
+  // watchdog blamed a peer, 10 minutes later by default.
+  {
+    const std::string first = world_.broadcast_text(resume, 0);
+    const int64_t differ = world_.all_reduce_value<int64_t>(resume != first ? 1 : 0, ReduceOp::SUM);
+    if (differ > 0) {
+      const int64_t last =
+          world_.all_reduce_value<int64_t>(resume != first ? world_.rank() : -1, ReduceOp::MAX);
+      const std::string other = world_.broadcast_text(resume, static_cast<int>(last));
+      auto shown = [](const std::string& r) { return r.empty() ? "none" : "'" + r + "'"; };
+      BERTH_FAIL(
+          "{} of the {} ranks were launched with another --resume than rank 0 (rank 0: {}; rank "
+          "{}: {}): every rank must get the same --resume",
+          differ, world_.size(), shown(first), last, shown(other));
+    }
+  }
   if (!resume.empty()) this->resume(resume);
   if (start_step_ == 0) load_init_from();
 }

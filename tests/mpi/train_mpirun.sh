@@ -80,6 +80,17 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $(( $(date +%s) - start )) -lt 60 ] &&
     grep -q "1 of the 2 ranks got another config than rank 0 (rank 1 among them; rank 0 vs rank 1: train.steps = 4 vs 5)" "$tmp/mpmd.log"
 check "ranks with different configs are refused at start, naming the key (rc $rc)" $?
+# --resume on one side only: refused at start on every rank, not a hang until the watchdog (the
+# resume's broadcast met the other rank's next collective).
+start=$(date +%s)
+timeout 120 "${mpi[@]}" -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=mpmd : \
+    -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=mpmd --resume auto \
+    > "$tmp/mpmd_resume.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 5 ] && [ $(( $(date +%s) - start )) -lt 60 ] &&
+    grep -q "1 of the 2 ranks were launched with another --resume than rank 0 (rank 0: none; rank 1: 'auto')" \
+        "$tmp/mpmd_resume.log"
+check "a --resume given to some ranks only is refused at start (rc $rc)" $?
 # One side's config also has a layout the ranks cannot run: still the differing key is named (the
 # layout is checked only where every rank read the same config), not that side's layout error.
 timeout 120 "${mpi[@]}" -np 1 "$berth" train "$cfg" "${tiny[@]}" --set run.name=mpmd : \
