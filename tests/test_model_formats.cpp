@@ -618,5 +618,40 @@ TEST_F(ModelFormats, FailedWritesLeaveNothing) {
   EXPECT_TRUE(temp_leftovers().empty()) << temp_leftovers().front();
 }
 
+// Into an existing directory an export replaces only an earlier GPT-2 export's files, and checks
+// both before it writes either: a project's config.json, another file named model.safetensors
+// or a directory in the way is refused with everything as it was (a config.json directory used
+// to fail after model.safetensors had been replaced).
+TEST_F(ModelFormats, HfExportIntoADirectoryReplacesOnlyAnEarlierExport) {
+  const CheckpointData a = small_model(21), b = small_model(22);
+  write_hf_gpt2(path("again"), a);
+  write_hf_gpt2(path("again"), b);  // a re-export
+  EXPECT_EQ(read_hf_gpt2(path("again")).params, b.params);
+
+  fs::create_directories(path("project"));
+  const std::string settings = "{\"my\": \"project settings\"}";
+  std::ofstream(path("project/config.json")) << settings;
+  expect_error([&] { write_hf_gpt2(path("project"), a); },
+               {"project/config.json' exists and it is not the config.json of a GPT-2 model",
+                "export into a new directory, or remove it first"});
+  EXPECT_EQ(read_bytes(path("project/config.json")), settings);
+  EXPECT_FALSE(fs::exists(path("project/model.safetensors")));
+
+  write_hf_gpt2(path("other"), a);
+  std::ofstream(path("other/model.safetensors"), std::ios::trunc) << "not safetensors";
+  expect_error([&] { write_hf_gpt2(path("other"), b); },
+               {"model.safetensors' exists and it is not a safetensors file"});
+  EXPECT_EQ(read_bytes(path("other/model.safetensors")), "not safetensors");
+
+  write_hf_gpt2(path("blocked"), a);
+  const std::string before = read_bytes(path("blocked/model.safetensors"));
+  fs::remove(path("blocked/config.json"));
+  fs::create_directories(path("blocked/config.json"));
+  expect_error([&] { write_hf_gpt2(path("blocked"), b); },
+               {"config.json' exists and it is not a regular file"});
+  EXPECT_EQ(read_bytes(path("blocked/model.safetensors")), before);
+  EXPECT_TRUE(temp_leftovers().empty()) << temp_leftovers().front();
+}
+
 }  // namespace
 }  // namespace berth

@@ -682,6 +682,31 @@ CheckpointData read_hf_gpt2(const std::string& dir_or_file) {
   return data;
 }
 
+// Why `file` (model.safetensors or config.json) of an existing --out directory must not be
+// replaced ("" when it may: absent, or an earlier GPT-2 export: a config.json of model_type
+// "gpt2", a model.safetensors whose header reads). Anything else there (a project's config.json,
+// a directory in the way) is the user's.
+std::string foreign_hf_file(const fs::path& file) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(file, ec);
+  if (!fs::exists(st)) return "";
+  if (!fs::is_regular_file(st)) return "it is not a regular file";
+  if (file.filename() == "config.json") {
+    std::ifstream in(file);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || j.value("model_type", nlohmann::json()) != "gpt2")
+      return "it is not the config.json of a GPT-2 model (model_type \"gpt2\")";
+    return "";
+  }
+  try {
+    InputFile f(file.string(), "safetensors file");
+    read_safetensors_header(f);
+  } catch (const Error&) {
+    return "it is not a safetensors file";
+  }
+  return "";
+}
+
 void write_hf_gpt2(const std::string& out_dir, const CheckpointData& data) {
   const ParamLayout layout = checked_layout(data, out_dir);
   const GPTConfig& m = data.model;
@@ -723,6 +748,16 @@ void write_hf_gpt2(const std::string& out_dir, const CheckpointData& data) {
         "'{}' exists and is not a directory; hf-gpt2 export writes a directory "
         "(model.safetensors + config.json)",
         out_dir);
+  }
+  // Into an existing directory both files are checked before either is written: a failed
+  // second rename would leave the first file replaced.
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    if (!exists) break;
+    const std::string why = foreign_hf_file(fs::path(out_dir) / name);
+    BERTH_CHECK(why.empty(),
+                "'{}' exists and {}: the export would replace it; export into a new directory, "
+                "or remove it first",
+                (fs::path(out_dir) / name).string(), why);
   }
   const std::string dir = exists ? out_dir : temp_path_for(out_dir);
   if (!exists && !fs::create_directory(dir, ec)) {
