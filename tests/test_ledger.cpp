@@ -723,6 +723,40 @@ TEST_F(LedgerTest, IdempotentRetryReturnsTheSameBooking) {
   test::expect_error([&] { l->reserve(q); }, {"idempotency key 'job-42' was already used"});
 }
 
+// A retry repeats the request, not the booking as it is now: after an extension it still
+// replays (it was refused as "a different request", and the extended length replayed as if
+// asked). A split booking replays only while every segment is booked: with one cancelled the
+// replay printed its id among the booked ones; the refusal names each segment's state.
+TEST_F(LedgerTest, AnIdempotentRetryRepeatsTheRequestAndNeedsEverySegment) {
+  auto l = open();
+  l->register_devices(slots("n1", 2));
+  ReserveRequest q = req(1, kT0, 1);
+  q.idempotency_key = "job42";
+  const int64_t id = l->reserve(q).reservations.at(0).id;
+  l->extend(id, 1800, "alice");
+  const BookingResult again = l->reserve(q);
+  ASSERT_TRUE(again.booked && again.replayed);
+  EXPECT_EQ(again.reservations.at(0).id, id);
+  EXPECT_DOUBLE_EQ(again.reservations.at(0).end, kT0 + 1.5 * kH);
+  ReserveRequest longer = q;
+  longer.duration_s = 1.5 * kH;  // never asked for
+  test::expect_error([&] { l->reserve(longer); }, {"idempotency key 'job42' was already used"});
+
+  ReserveRequest split = req(1, kT0 + 2 * kH, 8 * 24);
+  split.allow_split = true;
+  split.idempotency_key = "s1";
+  const BookingResult b = l->reserve(split);
+  ASSERT_EQ(b.reservations.size(), 2u);
+  const int64_t first = b.reservations[0].id, second = b.reservations[1].id;
+  l->cancel(second, "alice");
+  test::expect_error(
+      [&] { l->reserve(split); },
+      {fmt::format("idempotency key 's1' belongs to reservation {} (its segment {}), "
+                   "which is cancelled",
+                   first, second),
+       fmt::format("(its segments: {} active, {} cancelled)", first, second)});
+}
+
 TEST_F(LedgerTest, AnIdempotentRetryReplaysAfterItsStartHasPassed) {
   // A start 30 s ago (within past_slack_s) books from now: its retry was "a different request",
   // and a retry after the start had passed was refused as a start in the past.

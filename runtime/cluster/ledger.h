@@ -151,7 +151,7 @@ struct LedgerOptions {
   int migrate_to = 0;                 // tests: stop migrations at this version (0 = latest)
 };
 
-constexpr int kLedgerSchemaVersion = 2;
+constexpr int kLedgerSchemaVersion = 3;
 
 // Opens (creating it if needed and options.create) the SQLite ledger at `path`: refuses a network
 // filesystem, migrates an older schema, refuses a newer one.

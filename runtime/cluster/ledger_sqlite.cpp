@@ -216,6 +216,10 @@ const char* const kMigrations[] = {
     "ALTER TABLE reservations ADD COLUMN preempted_by INTEGER NOT NULL DEFAULT 0;"
     "CREATE INDEX booked_device ON booked(device);"
     "CREATE INDEX reservations_window ON reservations(state, end);",
+    // 3: the duration a booking was asked for, on its first segment (0 in older rows: its windows
+    // as booked). extend and a preemption cut change the windows, not the request an idempotent
+    // retry repeats.
+    "ALTER TABLE reservations ADD COLUMN asked_s REAL NOT NULL DEFAULT 0;",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kLedgerSchemaVersion);
 
@@ -440,13 +444,17 @@ class SqliteLedger : public LedgerStore {
     // past by now (compared with when it was booked instead).
     std::optional<Reservation> key_taken;  // by another request
     if (!req.idempotency_key.empty()) {
-      Stmt s(db_, "SELECT id FROM reservations WHERE owner=? AND idem_key=? AND chain_prev=0");
+      Stmt s(db_,
+             "SELECT id, asked_s FROM reservations WHERE owner=? AND idem_key=? AND chain_prev=0");
       s.bind(1, req.owner).bind(2, req.idempotency_key);
       if (s.step()) {
         Reservation r = load(s.i64(0));
         std::vector<Reservation> chain = chain_of(r);
-        double total = 0;
-        for (const Reservation& c : chain) total += c.end - c.start;
+        // The duration asked for: an extension or a preemption cut since does not make the retry
+        // another request (a booking made before schema 3: its windows).
+        double total = s.f64(1);
+        if (total <= 0)
+          for (const Reservation& c : chain) total += c.end - c.start;
         // The start as asked, or as booked from it (one up to past_slack_s ago started then).
         const bool same_start =
             !req.start || std::fabs(*req.start - r.start) < 1e-6 ||
@@ -459,10 +467,22 @@ class SqliteLedger : public LedgerStore {
                           r.min_free_mem_bytes == req.min_free_mem_bytes &&
                           same_start;
         if (same) {
-          BERTH_CHECK(r.state == "active",
-                      "idempotency key '{}' belongs to reservation {}, which is {}; use a new key "
-                      "to book again",
-                      req.idempotency_key, r.id, r.state);
+          // Every segment still as booked: a replay that printed a cancelled segment's id sent a
+          // script to train under it.
+          for (const Reservation& c : chain) {
+            const std::string what =
+                c.state != "active" ? c.state
+                : c.preempted_by != 0
+                    ? fmt::format("cut short by reservation {}, which preempted it", c.preempted_by)
+                    : "";
+            BERTH_CHECK(
+                what.empty(),
+                "idempotency key '{}' belongs to reservation {}{}, which is {}; use a new "
+                "key to book again{}",
+                req.idempotency_key, r.id,
+                c.id != r.id ? fmt::format(" (its segment {})", c.id) : "", what,
+                chain.size() > 1 ? fmt::format(" (its segments: {})", chain_states(chain)) : "");
+          }
           out.booked = true;
           out.replayed = true;
           out.reservations = chain;
@@ -572,13 +592,19 @@ class SqliteLedger : public LedgerStore {
     int64_t prev = 0;
     for (double s = ans.start; s < ans.start + req.duration_s - 1e-9; s += kMaxSegmentS) {
       const double e = std::min(s + kMaxSegmentS, ans.start + req.duration_s);
-      Stmt ins(db_, "INSERT INTO reservations(name, owner, priority, start, end, state, created, "
-                    "idem_key, chain_prev, model, min_free_mem) VALUES(?,?,?,?,?,'active',?,?,?,?,?)");
+      Stmt ins(db_,
+               "INSERT INTO reservations(name, owner, priority, start, end, state, created, "
+               "idem_key, chain_prev, model, min_free_mem, asked_s) "
+               "VALUES(?,?,?,?,?,'active',?,?,?,?,?,?)");
       ins.bind(1, req.name).bind(2, req.owner).bind(3, req.priority).bind(4, s).bind(5, e)
           .bind(6, now);
       // the key stays on the first segment only (unbound = NULL)
       if (!req.idempotency_key.empty() && prev == 0) ins.bind(7, req.idempotency_key);
-      ins.bind(8, prev).bind(9, req.model).bind(10, req.min_free_mem_bytes).run();
+      ins.bind(8, prev)
+          .bind(9, req.model)
+          .bind(10, req.min_free_mem_bytes)
+          .bind(11, prev == 0 ? req.duration_s : 0.0)
+          .run();
       const int64_t id = sqlite3_last_insert_rowid(db_);
       for (int64_t d : ans.devices) {
         Stmt b(db_, "INSERT INTO booked(reservation, device) VALUES(?,?)");
@@ -997,6 +1023,15 @@ class SqliteLedger : public LedgerStore {
       if (!s.step() || s.i64(0) == 0) return id;
       id = s.i64(0);
     }
+  }
+
+  // "7 active, 8 cancelled": each segment of a chain and its state.
+  static std::string chain_states(const std::vector<Reservation>& chain) {
+    std::string out;
+    for (const Reservation& c : chain)
+      out += fmt::format("{}{} {}", out.empty() ? "" : ", ", c.id,
+                         c.state == "active" && c.preempted_by != 0 ? "cut short" : c.state);
+    return out;
   }
 
   std::vector<Reservation> chain_of(const Reservation& first) {
