@@ -606,7 +606,14 @@ void register_ledger_commands(CLI::App& app) {
         for (const Reservation& x : r.reservations) j["reservations"].push_back(to_json(x));
         j["preempted"] = nlohmann::json::array();
         for (const Reservation& x : r.preempted) j["preempted"].push_back(x.id);
-        if (r.earliest_start > 0) j["earliest_start"] = format_utc_iso(r.earliest_start);
+        if (r.earliest_start > 0) {
+          j["earliest_start"] = format_utc_iso(r.earliest_start);
+          // What to pass as --start to book it: that start, or "earliest" where the start is now
+          // plus a running holder's notice (it moves with the clock: a script that passed it
+          // back a few seconds later was refused again, in a loop).
+          j["earliest_moves"] = r.earliest_moves;
+          j["book_with_start"] = r.earliest_moves ? "earliest" : format_utc_iso(r.earliest_start);
+        }
         j["blockers"] = nlohmann::json::array();
         std::set<int64_t> seen;  // a booking blocks once, however many of its devices do
         for (const Busy& b : r.blockers) {

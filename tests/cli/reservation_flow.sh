@@ -97,6 +97,18 @@ check "book 2 slots in two hours" $?
     > "$tmp/conflict.log" 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q "earliest feasible start" "$tmp/conflict.log" && grep -q "blocked by reservation 1" "$tmp/conflict.log"
 check "an overlapping request exits 2 with the earliest start and the blocker (rc $rc)" $?
+# The same refusal in JSON says what to pass as --start: here the fixed start (a start that moves
+# with the clock, a running holder's notice, says "earliest": test_ledger checks which is which).
+"$berth" reserve --gpus 1 --duration 2h --start "$(date -u -d '+90 minutes' +%Y-%m-%dT%H:%M:%SZ)" \
+    --json > "$tmp/conflict.json" 2> "$tmp/conflict_json.log"; rc=$?
+[ $rc -eq 2 ] && python3 - "$tmp/conflict.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert not j["booked"] and j["earliest_moves"] is False, j
+assert j["book_with_start"] == j["earliest_start"], j
+assert [b["reservation"] for b in j["blockers"]] == [1], j
+PY
+check "the refusal in JSON names the --start to book with (rc $rc)" $?
 "$berth" timeline --hours 4 --html "$tmp/t.html" > "$tmp/timeline.log" 2>&1 && grep -q "<svg" "$tmp/t.html" \
     && grep -q "vm\|$(hostname)" "$tmp/timeline.log"
 check "timeline prints devices and writes an HTML/SVG page" $?
