@@ -191,6 +191,22 @@ TEST(Booking, EarliestStartIsAWholeSecondAfterAFractionalEnd) {
   EXPECT_EQ(b.start, kT0 + 1);
 }
 
+// With --preempt a lower-priority booking does not block: the refusal names only what does (it
+// listed the P3 booking the request would have preempted beside the P1 one in its way).
+TEST_F(LedgerTest, APreemptingRequestIsBlockedOnlyByWhatItCannotPreempt) {
+  auto l = open();
+  l->register_devices(slots("n1", 2));
+  ASSERT_TRUE(l->reserve(req(1, kT0, 2, 3, "alice")).booked);
+  ASSERT_TRUE(l->reserve(req(1, kT0, 1, 1, "bob")).booked);
+  ReserveRequest q = req(2, kT0, 1, 1, "root");
+  q.preempt = true;
+  const BookingResult r = l->reserve(q);
+  ASSERT_FALSE(r.booked);
+  EXPECT_DOUBLE_EQ(r.earliest_start, kT0 + kH);
+  ASSERT_EQ(r.blockers.size(), 1u);
+  EXPECT_EQ(r.blockers[0].owner, "bob");
+}
+
 TEST_F(LedgerTest, EarliestStartNamesBlockersAndFewestHosts) {
   auto l = open();
   l->register_devices(slots("a", 2));

@@ -99,7 +99,8 @@ SlotAnswer find_slot(const std::vector<Device>& devices, const std::vector<Busy>
   for (const Device* d : match) ids.insert(d->id);
   // Bookings that block: on a matching device, and not preemptible by this request. A running
   // one is preemptible only from notice_until: before it, that part of it blocks.
-  std::vector<const Busy*> blocking;
+  std::vector<const Busy*> blocking;   // what the search avoids (a running one: until notice)
+  std::vector<const Busy*> as_booked;  // each one's booking as it stands
   std::vector<Busy> noticed;
   noticed.reserve(busy.size());
   for (const Busy& b : busy) {
@@ -109,16 +110,19 @@ SlotAnswer find_slot(const std::vector<Device>& devices, const std::vector<Busy>
         noticed.push_back(b);
         noticed.back().end = std::min(b.end, req.notice_until);
         blocking.push_back(&noticed.back());
+        as_booked.push_back(&b);
       }
       continue;
     }
     blocking.push_back(&b);
+    as_booked.push_back(&b);
   }
   auto overlaps = [](const Busy& b, double s, double e) { return b.start < e && s < b.end; };
-  for (const Busy& b : busy) {
-    if (ids.count(b.device) && overlaps(b, req.start, req.start + req.duration_s)) {
-      ans.blockers.push_back(b);
-    }
+  // What blocks the start asked for, as booked (a running one that blocks only until its notice
+  // ends is listed whole); a booking this request would preempt is no blocker.
+  for (size_t i = 0; i < blocking.size(); ++i) {
+    if (overlaps(*blocking[i], req.start, req.start + req.duration_s))
+      ans.blockers.push_back(*as_booked[i]);
   }
   if (int64_t(match.size()) < req.count) return ans;
   // Whole seconds, as bookings are shown: a start of 13:33:12.43 would print as 13:33:12, and

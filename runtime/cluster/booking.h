@@ -53,7 +53,8 @@ struct SlotAnswer {
   bool found = false;
   double start = 0;                 // the earliest feasible start >= request.start
   std::vector<int64_t> devices;     // chosen device ids at that start (fewest hosts)
-  std::vector<Busy> blockers;       // bookings that overlap [request.start, +duration) on matching devices
+  std::vector<Busy> blockers;  // bookings that block [request.start, +duration) on matching devices
+                               // (not those it may preempt)
   std::vector<Busy> preempted;      // with preempt: the lower-priority bookings the choice overlaps
   int64_t matching = 0;             // devices matching model and memory
 };
