@@ -350,6 +350,13 @@ TEST_F(LedgerTest, PreemptionBreaksTheFewestLowestPriorityBookingsAndSparesRunni
   EXPECT_EQ(l->reservation(1).state, "active");
   EXPECT_EQ(l->reservation(2).state, "active");
   EXPECT_EQ(l->reservation(3).state, "preempted");
+  // carol's launch is told who took her booking and what to do (it said only "is preempted")
+  const LeaseResult refused = l->acquire_lease(3, "carol", "n1", 300, 60);
+  EXPECT_FALSE(refused.ok);
+  EXPECT_EQ(refused.reason,
+            "reservation 3 is preempted by reservation 4 of admin (P0): book again with `berth "
+            "reserve` (`--start earliest` takes the first free window) and train under the new "
+            "booking with --resume auto");
   // One device more: alice's P3 is running, so bob's P2 (not running) is the one preempted.
   ReserveRequest q = req(1, kT0, 2, 1, "urgent");
   q.preempt = true;

@@ -721,7 +721,12 @@ class SqliteLedger : public LedgerStore {
       return out;
     }
     if (r.state != "active") {
-      out.reason = fmt::format("reservation {} is {}", id, r.state);
+      // Who took it, and the way on: a new booking, under which the run continues from its last
+      // checkpoint.
+      out.reason = fmt::format(
+          "reservation {} is {}{}: book again with `berth reserve` (`--start earliest` takes the "
+          "first free window) and train under the new booking with --resume auto",
+          id, r.state, preempted_by_note(r));
       return out;
     }
     if (now < r.start - o_.policy.start_slack_s) {
