@@ -584,7 +584,9 @@ TEST_F(ModelFormats, HfWarnings) {
   ts.push_back(head);
   write_config(dir_.string(), a.model);
   std::string config = read_bytes(path("config.json"));
-  config.insert(config.size() - 1, ", \"layer_norm_epsilon\": 1e-6");
+  config.insert(config.size() - 1,
+                ", \"layer_norm_epsilon\": 1e-6, \"scale_attn_weights\": false, "
+                "\"scale_attn_by_inverse_layer_idx\": true, \"n_inner\": null");
   write_bytes(path("config.json"), config);
   write_safetensors(path("model.safetensors"), ts);
   ::testing::internal::CaptureStderr();
@@ -594,6 +596,17 @@ TEST_F(ModelFormats, HfWarnings) {
       << err;
   EXPECT_NE(err.find("lm_head.weight differs from wte.weight"), std::string::npos) << err;
   EXPECT_NE(err.find("tensor wpe holds 1 NaN/Inf"), std::string::npos) << err;
+  for (const char* key : {"scale_attn_weights is false", "scale_attn_by_inverse_layer_idx is true"})
+    EXPECT_NE(err.find(key + std::string("; berth's GPT-2 scales attention scores")),
+              std::string::npos)
+        << key << ": " << err;
+  // An MLP of another width is refused by name (n_inner null: 4 × n_embd, as berth's).
+  write_config(dir_.string(), a.model);
+  config = read_bytes(path("config.json"));
+  config.insert(config.size() - 1, ", \"n_inner\": 48");
+  write_bytes(path("config.json"), config);
+  expect_error([&] { read_hf_gpt2(dir_.string()); },
+               {"n_inner is 48; berth's GPT-2 MLP is 4 × n_embd = 128 wide"});
 }
 
 // ---- nothing half-written -----------------------------------------------------------------------

@@ -586,6 +586,24 @@ CheckpointData read_hf_gpt2(const std::string& dir_or_file) {
     log_warn("'{}': layer_norm_epsilon is {}; berth's LayerNorm uses 1e-5, so outputs will differ",
              config_path, hc["layer_norm_epsilon"].dump());
   }
+  // Other keys of GPT2Config that change what the weights compute (HF's defaults are berth's).
+  for (const auto& [key, berths] : {std::pair{"scale_attn_weights", true},
+                                    std::pair{"scale_attn_by_inverse_layer_idx", false}}) {
+    if (hc.contains(key) && hc[key].is_boolean() && hc[key].get<bool>() != berths) {
+      log_warn(
+          "'{}': {} is {}; berth's GPT-2 scales attention scores by 1/sqrt(head size) only, so "
+          "outputs will differ",
+          config_path, key, hc[key].dump());
+    }
+  }
+  if (hc.contains("n_inner") && !hc["n_inner"].is_null() && hc.contains("n_embd") &&
+      hc["n_embd"].is_number_integer() &&
+      hc["n_inner"] != nlohmann::json(4 * hc["n_embd"].get<int64_t>())) {
+    BERTH_FAIL(
+        "'{}': n_inner is {}; berth's GPT-2 MLP is 4 × n_embd = {} wide, so this model cannot be "
+        "imported",
+        config_path, hc["n_inner"].dump(), 4 * hc["n_embd"].get<int64_t>());
+  }
   CheckpointData data;
   try {
     data.model = make_gpt_config(
