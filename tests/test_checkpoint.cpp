@@ -62,6 +62,14 @@ class CheckpointTest : public ::testing::Test {
     return c;
   }
 
+  // Trains `cfg` with a final checkpoint and returns that checkpoint's directory.
+  static std::string trained_checkpoint(RunConfig cfg) {
+    cfg.checkpoint.final = true;
+    Trainer a(cfg, test::world());
+    a.run();
+    return a.checkpoint_dir() + "/" + checkpoint_dir_name(cfg.train.steps);
+  }
+
   static std::vector<double> losses(const std::vector<StepStats>& stats) {
     std::vector<double> out;
     for (const StepStats& s : stats) out.push_back(s.loss);
@@ -375,10 +383,7 @@ TEST_F(CheckpointTest, AResumeDoesNotReadInitFrom) {
 
 TEST_F(CheckpointTest, ShapeMismatchIsExplained) {
   RunConfig cfg = config(10, false);
-  cfg.checkpoint.final = true;
-  Trainer a(cfg, test::world());
-  a.run();
-  const std::string step10 = a.checkpoint_dir() + "/" + checkpoint_dir_name(10);
+  const std::string step10 = trained_checkpoint(cfg);
   RunConfig other = cfg;
   other.run.name = "other";
   other.model.n_layer = 3;
@@ -394,15 +399,12 @@ TEST_F(CheckpointTest, ShapeMismatchIsExplained) {
 
 TEST_F(CheckpointTest, InitFromLoadsWeightsWithAFreshOptimizer) {
   RunConfig cfg = config(10, false);
-  cfg.checkpoint.final = true;
-  Trainer a(cfg, test::world());
-  a.run();
-  const std::string step10 = a.checkpoint_dir() + "/" + checkpoint_dir_name(10);
+  const std::string step10 = trained_checkpoint(cfg);
   RunConfig b_cfg = cfg;
   b_cfg.run.name = "b";
   b_cfg.model.init_from = step10;
   Trainer b(b_cfg, test::world());
-  EXPECT_TRUE(b.model().params_host() == a.model().params_host());
+  EXPECT_TRUE(b.model().params_host() == load_checkpoint(step10, false).params);
   EXPECT_EQ(b.start_step(), 0);
   const CheckpointData ck = load_checkpoint(step10, true);
   EXPECT_TRUE(ck.has_optimizer());
@@ -719,16 +721,13 @@ std::vector<std::pair<uint64_t, uint64_t>> chunk_bytes(const std::string& path,
 // One flipped bit in a checkpoint's HDF5 files is an error that names the file, or changes
 // nothing that loads: never other weights or moments. Every 7th byte of their metadata
 // (superblock, object headers, chunk index), with the bit rotating, and every 499th byte of their
-// data (Fletcher-32 guards it): all of it, every byte with one bit, passed once in 236 s. In the
+// data (Fletcher-32 guards it): every metadata byte, one bit each, passed once in 236 s. In the
 // HDF5 1.8 format, whose metadata has no checksums, 32 bytes of a model.h5's chunk index read a
 // whole tensor back as zeros; a variable-length string attribute (in the unchecksummed global
 // heap) hung the reader.
 TEST_F(CheckpointTest, AFlippedBitAnywhereIsAnErrorOrChangesNothing) {
   RunConfig cfg = config(2, false);
-  cfg.checkpoint.final = true;
-  Trainer a(cfg, test::world());
-  a.run();
-  const std::string good = a.checkpoint_dir() + "/" + checkpoint_dir_name(2);
+  const std::string good = trained_checkpoint(cfg);
   const CheckpointData want = load_checkpoint(good, true);
   const fs::path copy = dir_ / "flipped";
   fs::copy(good, copy, fs::copy_options::recursive);
@@ -779,10 +778,7 @@ TEST_F(CheckpointTest, AFlippedBitAnywhereIsAnErrorOrChangesNothing) {
 
 TEST_F(CheckpointTest, AClaimedFenceRefusesLowerTokens) {
   RunConfig cfg = config(10, false);
-  cfg.checkpoint.final = true;
-  Trainer a(cfg, test::world());
-  a.run();
-  CheckpointData ck = load_checkpoint(a.checkpoint_dir() + "/" + checkpoint_dir_name(10), true);
+  CheckpointData ck = load_checkpoint(trained_checkpoint(cfg), true);
   const fs::path fenced = dir_ / "fenced";
   fs::create_directories(fenced);
   claim_checkpoint_fence(fenced.string(), 2);
@@ -799,10 +795,7 @@ TEST_F(CheckpointTest, AClaimedFenceRefusesLowerTokens) {
 
 TEST_F(CheckpointTest, SaveNeverOverwritesAndLeavesNothingOnFailure) {
   RunConfig cfg = config(10, false);
-  cfg.checkpoint.final = true;
-  Trainer a(cfg, test::world());
-  a.run();
-  const std::string good = a.checkpoint_dir() + "/" + checkpoint_dir_name(10);
+  const std::string good = trained_checkpoint(cfg);
   CheckpointData ck = load_checkpoint(good, true);
   test::expect_error([&] { save_checkpoint(good, ck); }, {"already exists"});
   ck.adam_m.resize(3);  // inconsistent state: refused before anything is written
