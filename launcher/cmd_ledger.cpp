@@ -707,18 +707,24 @@ void register_ledger_commands(CLI::App& app) {
       if (a->json) {
         nlohmann::json j = to_json(r);
         if (l) {
-          j["lease"] = {{"token", l->token}, {"host", l->host}, {"pid", l->pid},
-                        {"expires", format_utc_iso(l->expires)}, {"released", l->released}};
+          j["lease"] = {
+              {"token", l->token},       {"host", l->host},
+              {"pid", l->pid},           {"expires", format_utc_iso(l->expires)},
+              {"released", l->released}, {"lapsed", !l->released && l->expires <= unix_now()}};
         }
         std::printf("%s\n", dump_json(j).c_str());
         return;
       }
       print_reservation(r);
       if (l) {
+        // A holder that stopped renewing (killed, stopped) left its expiry behind: "until" a
+        // time past read as held.
+        const char* state = l->released                ? "released; would have lapsed at"
+                            : l->expires <= unix_now() ? "not renewed: lapsed at"
+                                                       : "until";
         std::printf("  lease   token %lld, pid %lld on %s, %s %s\n",
                     static_cast<long long>(l->token), static_cast<long long>(l->pid),
-                    l->host.c_str(), l->released ? "released; would have lapsed at" : "until",
-                    format_utc_iso(l->expires).c_str());
+                    l->host.c_str(), state, format_utc_iso(l->expires).c_str());
       }
     });
   }

@@ -229,6 +229,21 @@ token2=$(sed -n 's/.*fencing token \([0-9]*\).*/\1/p' "$tmp/k3.log" | head -1)
 check "the relaunch got a higher fencing token ($token1 -> $token2)" $?
 "$berth" reservation show "$id3" | grep -q "| active |"
 check "the booking survived the killed holder" $?
+# A holder that stopped renewing shows as lapsed, not "until" a time already past.
+id4=$("$berth" reserve --gpus 1 --duration 10m --json | booked_id)
+"$berth" train "$cfg" "${small[@]}" --set train.steps=100000 --reservation "$id4" \
+    --set reservation.lease_ttl_s=1 --set "run.out_dir=$tmp/k4" > "$tmp/k4.log" 2>&1 &
+h4=$!; pids+=("$h4")
+for _ in $(seq 100); do grep -q "fencing token" "$tmp/k4.log" && break; sleep 0.1; done
+"$berth" reservation show "$id4" | grep -q "pid $h4 on .*, until "; held=$?
+kill -9 "$h4"; wait "$h4" 2>/dev/null; sleep 1.5
+"$berth" reservation show "$id4" | grep -q "pid $h4 on .*, not renewed: lapsed at "; lapsed=$?
+"$berth" reservation show "$id4" --json |
+  python3 -c 'import json,sys; l=json.load(sys.stdin)["lease"]; assert l["lapsed"] and not l["released"]'
+json=$?
+[ $held -eq 0 ] && [ $lapsed -eq 0 ] && [ $json -eq 0 ]
+check "reservation show says a killed holder's lease lapsed (held $held, lapsed $lapsed, json $json)" $?
+"$berth" cancel "$id4" > /dev/null 2>&1
 
 # ---- SIGSTOPped holder past its TTL: its late checkpoint commit is refused -----------------------
 "$berth" cancel "$id3" > /dev/null
