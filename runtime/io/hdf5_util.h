@@ -100,7 +100,7 @@ inline hid_t file_access_plist() {
   // Files berth writes use the HDF5 1.10 format, whose metadata carries checksums (superblock,
   // object headers, the chunk index): in the 1.8-compatible default one flipped bit of a chunk
   // index reads a whole checkpoint tensor back as zeros without an error. (Reading needs
-  // HDF5 1.10 or later: h5py has had it since 2.8.) A file opened only to read is not affected.
+  // HDF5 1.10 or later.) A file opened only to read is not affected.
   H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_LATEST);
   return fapl;
 }

@@ -312,13 +312,11 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
   // error (a damaged chunk index of a checkpoint in the 1.8 format, whose metadata has no
   // checksums), and data without its Fletcher-32 filter would be read unchecked.
   H5Id dcpl(H5Dget_create_plist(dset.get()), H5Pclose);
-  bool checksummed = false;
-  for (int i = 0, n = dcpl.valid() ? H5Pget_nfilters(dcpl.get()) : 0; i < n; ++i) {
-    unsigned flags = 0;
-    size_t nelmts = 0;
-    checksummed |= H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &nelmts, nullptr, 0,
-                                  nullptr, nullptr) == H5Z_FILTER_FLETCHER32;
-  }
+  unsigned flags = 0;
+  size_t nelmts = 0;
+  const bool checksummed =
+      dcpl.valid() && H5Pget_filter_by_id2(dcpl.get(), H5Z_FILTER_FLETCHER32, &flags, &nelmts,
+                                           nullptr, 0, nullptr, nullptr) >= 0;
   const h5::ChunkCount chunks = h5::chunk_count(dset.get());
   if (!checksummed || chunks.declared <= 0 || chunks.written != chunks.declared) {
     BERTH_FAIL(

@@ -226,6 +226,26 @@ void check_dataset_fits(const TokenDataset& ds, const char* key, const RunConfig
 
 namespace {
 
+// How many ranks hold another `text` than rank 0 and, when any do, rank 0's text and that of the
+// highest such rank, on every rank (compared by hash, sent whole only when they differ).
+// Collective.
+struct TextMismatch {
+  int64_t ranks = 0, last = -1;
+  std::string first, other;
+};
+TextMismatch compare_with_rank0(Communicator& world, const std::string& text) {
+  TextMismatch m;
+  const int64_t mine = int64_t(std::hash<std::string>{}(text));
+  int64_t first = mine;
+  world.broadcast(&first, 1, DType::I64, 0);
+  m.ranks = world.all_reduce_value<int64_t>(mine != first ? 1 : 0, ReduceOp::SUM);
+  if (m.ranks == 0) return m;
+  m.last = world.all_reduce_value<int64_t>(mine != first ? world.rank() : -1, ReduceOp::MAX);
+  m.first = world.broadcast_text(text, 0);
+  m.other = world.broadcast_text(text, static_cast<int>(m.last));
+  return m;
+}
+
 // A missing dataset named by its key; a relative path is read from the current directory (a
 // batch script's, not the config's), which the message says.
 void require_data_file(const std::string& path, const char* key) {
@@ -560,19 +580,12 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
   // Every rank resumes as rank 0 does: one launched with --resume and another without (an MPMD
   // launch, a wrapper that adds it on some hosts) would wait in different collectives until the
   // watchdog blamed a peer, 10 minutes later by default.
-  {
-    const std::string first = world_.broadcast_text(resume, 0);
-    const int64_t differ = world_.all_reduce_value<int64_t>(resume != first ? 1 : 0, ReduceOp::SUM);
-    if (differ > 0) {
-      const int64_t last =
-          world_.all_reduce_value<int64_t>(resume != first ? world_.rank() : -1, ReduceOp::MAX);
-      const std::string other = world_.broadcast_text(resume, static_cast<int>(last));
-      auto shown = [](const std::string& r) { return r.empty() ? "none" : "'" + r + "'"; };
-      BERTH_FAIL(
-          "{} of the {} ranks were launched with another --resume than rank 0 (rank 0: {}; rank "
-          "{}: {}): every rank must get the same --resume",
-          differ, world_.size(), shown(first), last, shown(other));
-    }
+  if (const TextMismatch m = compare_with_rank0(world_, resume); m.ranks > 0) {
+    auto shown = [](const std::string& r) { return r.empty() ? "none" : "'" + r + "'"; };
+    BERTH_FAIL(
+        "{} of the {} ranks were launched with another --resume than rank 0 (rank 0: {}; rank "
+        "{}: {}): every rank must get the same --resume",
+        m.ranks, world_.size(), shown(m.first), m.last, shown(m.other));
   }
   if (!resume.empty()) this->resume(resume);
   if (start_step_ == 0) load_init_from();
@@ -755,21 +768,13 @@ void Trainer::require_same_config_on_every_rank() {
   // Ranks that read different configs (another file per host, --set on one side of an MPMD
   // launch) would run mismatched collectives until comm_timeout_s, or train with different
   // schedules. Compared before anything that one rank alone could refuse.
-  int64_t mine = int64_t(std::hash<std::string>{}(config_to_toml(cfg_)));
-  int64_t first = mine;
-  world_.broadcast(&first, 1, DType::I64, 0);
-  const int64_t differ = world_.all_reduce_value<int64_t>(mine != first ? 1 : 0, ReduceOp::SUM);
-  if (differ == 0) return;
-  const int64_t last =
-      world_.all_reduce_value<int64_t>(mine != first ? world_.rank() : -1, ReduceOp::MAX);
-  // Name what differs: rank 0's config and that rank's, as text to every rank.
-  const std::string own = config_to_toml(cfg_);
-  const std::string text0 = world_.broadcast_text(own, 0);
-  const std::string text_last = world_.broadcast_text(own, int(last));
+  const TextMismatch m = compare_with_rank0(world_, config_to_toml(cfg_));
+  if (m.ranks == 0) return;
+  // Name what differs: rank 0's config and that rank's.
   std::string keys;
   try {
     const std::vector<std::string> d = config_differences(
-        parse_config(text0, "rank 0's config"), parse_config(text_last, "the other config"));
+        parse_config(m.first, "rank 0's config"), parse_config(m.other, "the other config"));
     for (size_t i = 0; i < d.size() && i < 3; ++i) keys += (i ? "; " : "") + d[i];
     if (d.size() > 3) keys += fmt::format("; and {} more", d.size() - 3);
   } catch (const Error&) {
@@ -778,7 +783,7 @@ void Trainer::require_same_config_on_every_rank() {
   BERTH_FAIL(
       "{} of the {} ranks got another config than rank 0 (rank {} among them; rank 0 vs rank {}: "
       "{}): every rank must read the same config file with the same --set options",
-      differ, world_.size(), last, last, keys);
+      m.ranks, world_.size(), m.last, m.last, keys);
 }
 
 void Trainer::warn_resume_changes(const std::string& path, const CheckpointMeta& meta) const {
