@@ -276,6 +276,26 @@ sys.exit(0 if comm < 0.1 and over > 0.25 else print(f"comm_s {comm}, overhead_s 
 PY
 check "a save every step warns about the saves, not communication (rc $rc)" $?
 
+# A command that does not train runs once, on rank 0, whatever the ranks launched: one booking,
+# one JSON document, and the others exit with rank 0's status.
+"$berth" devices register --ledger "$tmp/ledger.db" --cpu-slots 4 > /dev/null
+timeout 60 "${mpi[@]}" -np 2 "$berth" reserve --ledger "$tmp/ledger.db" --gpus 1 --model cpu \
+    --duration 1h > "$tmp/reserve_np2.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && [ "$("$berth" reservations --ledger "$tmp/ledger.db" --json |
+                      python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1 ] &&
+  grep -q "berth reserve runs once, on rank 0 of the 2 ranks" "$tmp/reserve_np2.log"
+check "mpirun -np 2 berth reserve books once (rc $rc)" $?
+timeout 60 "${mpi[@]}" -np 2 "$berth" plan "$cfg" "${tiny[@]}" --json 2> /dev/null |
+  python3 -c 'import json,sys; json.load(sys.stdin)'
+check "mpirun -np 2 berth plan --json prints one JSON document" $?
+timeout 60 "${mpi[@]}" -np 2 "$berth" reserve --ledger "$tmp/none.db" --gpus 1 --model cpu \
+    --duration 1h > "$tmp/reserve_bad.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && [ "$(grep -c "does not exist" "$tmp/reserve_bad.log")" = 1 ] &&
+  ! grep -q MPI_ABORT "$tmp/reserve_bad.log"
+check "its error is printed once, exit 1 without MPI_Abort (rc $rc)" $?
+
 [ $fail -ne 0 ] && cat "$tmp"/*.log
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
