@@ -330,8 +330,9 @@ void size_from_plan(const std::string& config, const std::vector<std::string>& o
     how = "the smallest count that fits";
   }
   std::string sharing;  // a calibrated CPU profile of another rank count, given this one's memory
-  const Plan p = make_plan(plan_input_from_config(cfg, devices),
-                           profile_for_planned_devices(hw, devices, &sharing));
+  const PlanInput in = plan_input_from_config(cfg, devices);
+  require_trainable(in);
+  const Plan p = make_plan(in, profile_for_planned_devices(hw, devices, &sharing));
   BERTH_CHECK(p.input.layout.world() == devices,
               "reserve --config: the config's layout uses {} devices, not {}: set parallel.dp = 0 "
               "or --gpus {}", p.input.layout.world(), devices, p.input.layout.world());
@@ -350,6 +351,7 @@ void size_from_plan(const std::string& config, const std::vector<std::string>& o
               config, hw.name, p.total_s);
   std::fprintf(out, "sized from %s on %s (%s):\n", config.c_str(), hw.name.c_str(), hw.source.c_str());
   if (!sharing.empty()) std::fprintf(out, "  note: %s\n", sharing.c_str());
+  for (const std::string& note : in.notes) std::fprintf(out, "  note: %s\n", note.c_str());
   if (model->empty()) {  // the profile sizes the booking; the model decides which devices
     // The ledger's models of the profile's devices: CPU slots ("cpu") for the cpu profile and a
     // calibrated one (`berth plan --calibrate` measures this host's CPU kernels and is named after
@@ -391,7 +393,10 @@ void size_from_plan(const std::string& config, const std::vector<std::string>& o
     const ReservationSection& rc = cfg.reservation;
     const int64_t steps = cfg.train.steps;
     const int64_t saves = (cfg.checkpoint.interval > 0 ? (steps - 1) / cfg.checkpoint.interval : 0);
-    const int64_t evals = cfg.eval.interval > 0 ? steps / cfg.eval.interval + 1 : 0;
+    // (once before training, after every eval.interval-th step, and after the last)
+    const int64_t evals = cfg.eval.interval > 0 ? 1 + steps / cfg.eval.interval +
+                                                      (steps % cfg.eval.interval != 0 ? 1 : 0)
+                                                : 0;
     const double pauses_s = double(saves) * rc.checkpoint_estimate_s +
                             double(evals * cfg.eval.batches) * p.step.total() / 3;
     const double reserve_s = stop_reserve_s(rc) + 2 * p.step.total();
@@ -547,7 +552,8 @@ void register_ledger_commands(CLI::App& app) {
     cmd->add_option("--set", a->overrides,
                     "Override a value of the --config config, as for berth train: --set "
                     "section.key=value (repeatable)")
-        ->type_name("KEY=VALUE");
+        ->type_name("KEY=VALUE")
+        ->allow_extra_args(false);
     cmd->add_option("--model", a->model, "Device model (e.g. H100, cpu); default: any");
     cmd->add_option("--min-free-mem", a->min_free_mem, "Minimum memory per device, e.g. 75GiB");
     cmd->add_option("--duration", a->duration, "Length of the window, e.g. 72h, 1h30m (with "

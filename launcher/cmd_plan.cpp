@@ -72,6 +72,7 @@ void plan(const PlanArgs& a) {
   const HardwareProfile hw =
       profile_for_planned_devices(resolve_hardware_profile(a.gpu), devices, &sharing);
   PlanInput in = plan_input_from_config(cfg, devices);
+  require_trainable(in);
   if (!sharing.empty()) in.notes.push_back(sharing);
   BERTH_CHECK(cfg.parallel.dp == 0 || in.layout.world() == devices,
               "the config's layout tp·pp·cp·dp = {}·{}·{}·{} = {} does not use --gpus {}: set "
@@ -149,8 +150,10 @@ void register_plan_command(CLI::App& app) {
   // The options of a plan, which --calibrate does not take.
   const std::vector<CLI::Option*> plan_options = {
       cmd->add_option("config", a->config, "Run config (TOML)"),
+      // One value an occurrence: `--set k=v CONFIG` took the config as a second override.
       cmd->add_option("--set", a->overrides, "Override a config value (repeatable)")
-          ->type_name("KEY=VALUE"),
+          ->type_name("KEY=VALUE")
+          ->allow_extra_args(false),
       // As many as the layout search goes (rank_layouts' max_devices).
       cmd->add_option("--gpus", a->gpus, "Devices to plan for (default: the config's layout)")
           ->check(whole_number_in(1, 65536)),

@@ -206,7 +206,8 @@ void register_train_command(CLI::App& app) {
   cmd->add_option("config", args->config, "Run config (TOML), e.g. configs/tiny.toml")->required();
   cmd->add_option("--set", args->overrides,
                   "Override a config value: --set section.key=value (repeatable)")
-      ->type_name("KEY=VALUE");
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
   cmd->add_option("--resume", args->resume,
                   "Continue from a checkpoint: a step-N directory, or 'auto' for the newest "
                   "complete one in checkpoint.dir")

@@ -93,6 +93,30 @@ TEST(Plan, ZeroShardsTheMomentsAndDataParallelMovesTheRingVolume) {
   EXPECT_EQ(p.comm.pp, 0);
 }
 
+// On the CPU a save's whole tensors take the devices' memory: a config whose peak fits but whose
+// save does not trained until its first save and ran out of memory there.
+TEST(Plan, OnTheCpuACheckpointSaveMustFitToo) {
+  PlanInput in = small(2, 2, 64, 100, 32, 2);
+  in.layout = PlanLayout{1, 1, 1, 2, 1, 1};
+  HardwareProfile cpu = builtin_profile("cpu");  // 2 ranks a host
+  const Plan p = make_plan(in, cpu);
+  const double P = double(p.params.padded), local = double(p.params.per_stage[0]);
+  EXPECT_DOUBLE_EQ(p.save_share_bytes, p.peak.total() + 8 * local + 16 * P / 2);
+  EXPECT_TRUE(p.fits);
+  cpu.mem_capacity = 0.5 * (p.peak.total() + p.save_share_bytes);  // the peak fits, a save not
+  const Plan tight = make_plan(in, cpu);
+  EXPECT_FALSE(tight.fits);
+  EXPECT_NE(tight.why_not.find("a checkpoint save needs"), std::string::npos) << tight.why_not;
+  in.saves_checkpoints = false;  // checkpoint.interval = 0 and checkpoint.final = false
+  const Plan no_saves = make_plan(in, cpu);
+  EXPECT_EQ(no_saves.save_share_bytes, 0);
+  EXPECT_TRUE(no_saves.fits);
+  in.saves_checkpoints = true;  // on a GPU the save's tensors are in host memory
+  HardwareProfile gpu = builtin_profile("h100");
+  gpu.mem_capacity = cpu.mem_capacity;
+  EXPECT_EQ(make_plan(in, gpu).save_share_bytes, 0);
+}
+
 TEST(Plan, TheBuiltInCpuProfileRatesRingAttentionBelowTheGemms) {
   // The ring's block kernel runs at a few GFLOP/s where the GEMMs reach tens: at the GEMMs' rate
   // cp 2 ranked beside dp 2, and a cp 2 step measured 2.35 s was planned at 0.38 s.

@@ -324,12 +324,36 @@ TEST_F(TrainTest, DatasetVocabLargerThanModelIsRejected) {
   RunConfig cfg = config(1);
   cfg.model.vocab_size = 32;
   test::expect_error([&] { Trainer t(cfg, *world()); }, {"raise model.vocab_size"});
-  // berth plan says so too, instead of a plan that "fits" a config train refuses at once.
+  // berth plan and reserve --config refuse it too, instead of a plan that "fits" a config train
+  // refuses at once.
   const PlanInput in = plan_input_from_config(cfg, 1);
-  ASSERT_FALSE(in.notes.empty());
-  EXPECT_NE(in.notes[0].find("has vocab_size 64 but model.vocab_size is 32: berth train refuses"),
+  ASSERT_EQ(in.refusals.size(), 1u);
+  EXPECT_NE(in.refusals[0].find("has vocab_size 64 but model.vocab_size is 32: raise"),
             std::string::npos)
-      << in.notes[0];
+      << in.refusals[0];
+  test::expect_error([&] { require_trainable(in); },
+                     {"berth train refuses this config: data.train", "raise model.vocab_size"});
+}
+
+// The data settings berth train refuses before reading anything are refusals of the plan too.
+TEST_F(TrainTest, DataSettingsTrainRefusesAreRefusalsOfThePlan) {
+  RunConfig cfg = config(1);
+  EXPECT_TRUE(plan_input_from_config(cfg, 1).refusals.empty());
+  cfg.eval.interval = 5;
+  cfg.data.val = "";
+  test::expect_error([&] { Trainer t(cfg, *world()); }, {"eval.interval is 5 but data.val"});
+  const PlanInput no_val = plan_input_from_config(cfg, 1);
+  ASSERT_EQ(no_val.refusals.size(), 1u);
+  EXPECT_NE(no_val.refusals[0].find("eval.interval is 5 but data.val is not set"),
+            std::string::npos)
+      << no_val.refusals[0];
+  cfg.eval.interval = 0;
+  cfg.data.train = "";
+  test::expect_error([&] { Trainer t(cfg, *world()); }, {"data.train is not set"});
+  const PlanInput no_train = plan_input_from_config(cfg, 1);
+  ASSERT_EQ(no_train.refusals.size(), 1u);
+  EXPECT_NE(no_train.refusals[0].find("data.train is not set"), std::string::npos)
+      << no_train.refusals[0];
 }
 
 // Divergence names the step as the log counts it (1-based; it said "step 1" after the log's step
@@ -605,20 +629,18 @@ TEST_F(TrainTest, DatasetsThatCannotTrainAreRefusedNamingTheirKey) {
   EXPECT_NE(damaged_pieces.notes[0].find("berth train rebuilds it"), std::string::npos);
   cfg.data.pack_plan = cfg.data.train;  // a dataset named as the plan: refused, not rebuilt
   const PlanInput not_a_plan = plan_input_from_config(cfg, 1);
-  ASSERT_EQ(not_a_plan.notes.size(), 1u);
-  EXPECT_NE(not_a_plan.notes[0].find("berth train refuses this config: refusing to write a "
-                                     "packing plan to"),
-            std::string::npos)
-      << not_a_plan.notes[0];
-  EXPECT_EQ(not_a_plan.notes[0].find("rebuild it with `berth pack`"), std::string::npos)
-      << "no advice to rebuild a file berth pack refuses to replace: " << not_a_plan.notes[0];
-  // A plan path in a directory that does not exist: noted, as berth train refuses it.
+  EXPECT_TRUE(not_a_plan.notes.empty());
+  ASSERT_EQ(not_a_plan.refusals.size(), 1u);
+  EXPECT_NE(not_a_plan.refusals[0].find("refusing to write a packing plan to"), std::string::npos)
+      << not_a_plan.refusals[0];
+  EXPECT_EQ(not_a_plan.refusals[0].find("rebuild it with `berth pack`"), std::string::npos)
+      << "no advice to rebuild a file berth pack refuses to replace: " << not_a_plan.refusals[0];
+  // A plan path in a directory that does not exist: refused, as berth train refuses it.
   cfg.data.pack_plan = (dir_ / "no_such_dir" / "p.h5").string();
   const PlanInput no_dir = plan_input_from_config(cfg, 1);
-  ASSERT_EQ(no_dir.notes.size(), 1u);
-  EXPECT_NE(no_dir.notes[0].find("berth train refuses this config: cannot write data.pack_plan"),
-            std::string::npos)
-      << no_dir.notes[0];
+  ASSERT_EQ(no_dir.refusals.size(), 1u);
+  EXPECT_NE(no_dir.refusals[0].find("cannot write data.pack_plan"), std::string::npos)
+      << no_dir.refusals[0];
   test::expect_error([&] { Trainer t(cfg, *world()); }, {"cannot write data.pack_plan"});
   cfg.data.pack_plan = "";
   std::filesystem::remove(plan_file);

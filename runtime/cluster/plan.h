@@ -94,7 +94,12 @@ struct PlanInput {
       if (c == cp) return rows;
     return -1;
   }
+  // The run saves checkpoints (checkpoint.interval > 0 or checkpoint.final).
+  bool saves_checkpoints = true;
   std::vector<std::string> notes;  // what the input could not account for, printed with the plan
+  // What berth train refuses in this config besides its layout (its data settings and files),
+  // each with its advice: berth plan and reserve --config refuse the config too.
+  std::vector<std::string> refusals;
 };
 
 // Parameter counts. `total` counts the real vocabulary (GPT-2 124M: 124,439,808 at V = 50257);
@@ -136,6 +141,10 @@ struct Plan {
   MemoryBreakdown peak;                       // the largest of them
   int peak_stage = 0;
   double checkpoint_gather_bytes = 0;  // rank 0's extra during a save: the whole model, m and v
+  // On the CPU, where a save's tensors take the devices' own memory (the host's): a rank's share
+  // of the host during a save, the peak plus every rank's copy of its moments and rank 0's whole
+  // tensors over the host's ranks; 0 on GPUs or when the run saves nothing. It must fit too.
+  double save_share_bytes = 0;
   double activation_slots = 0;         // micro-batches in flight on the peak stage
   CommVolume comm;
   StepTime step;

@@ -50,8 +50,23 @@ double packed_fill(const PackPlan& plan, int64_t T) {
 
 }  // namespace
 
+void check_data_settings(const RunConfig& cfg) {
+  const std::string where = cfg.source.empty() ? "config" : cfg.source;
+  BERTH_CHECK(!cfg.data.train.empty(),
+              "{}: data.train is not set; point it at a dataset made by `berth data import`",
+              where);
+  BERTH_CHECK(cfg.eval.interval == 0 || !cfg.data.val.empty(),
+              "{}: eval.interval is {} but data.val is not set; set data.val or eval.interval = 0",
+              where, cfg.eval.interval);
+}
+
 PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_when_absent) {
   PlanInput in;
+  try {
+    check_data_settings(cfg);
+  } catch (const Error& e) {
+    in.refusals.push_back(e.what());
+  }
   in.model = PlanModel{cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model,
                        cfg.model.vocab_size, cfg.model.max_seq_len};
   in.seq_len = cfg.data.seq_len;
@@ -59,6 +74,7 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
   in.steps = cfg.train.steps;
   in.bf16 = cfg.run.precision == "bf16";
   in.pack_align = cfg.data.mode == "stream" ? 0 : cfg.data.pack_align;
+  in.saves_checkpoints = cfg.checkpoint.interval > 0 || cfg.checkpoint.final;
   PlanLayout& l = in.layout;
   l.tp = cfg.parallel.tp;
   l.pp = cfg.parallel.pp;
@@ -81,9 +97,9 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
     const TokenDatasetShape shape = read_token_dataset_shape(path);
     // A plan that "fits" for a config berth train refuses at once misleads.
     if (shape.vocab_size > cfg.model.vocab_size) {
-      in.notes.push_back(fmt::format(
-          "{} '{}' has vocab_size {} but model.vocab_size is {}: berth train refuses this config "
-          "(raise model.vocab_size to at least {})",
+      in.refusals.push_back(fmt::format(
+          "{} '{}' has vocab_size {} but model.vocab_size is {}: raise model.vocab_size to at "
+          "least {}",
           path == cfg.data.train ? "data.train" : "data.val", path, shape.vocab_size,
           cfg.model.vocab_size, shape.vocab_size));
     }
@@ -158,7 +174,7 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
               "packing plan {} is not this run's ({}): berth train rebuilds it{}", plan, why,
               pack_when_absent ? " (planned here with the packing it makes)" : ""));
         } catch (const Error& e) {
-          in.notes.push_back(fmt::format("berth train refuses this config: {}", e.what()));
+          in.refusals.push_back(e.what());
         }
       }
     } else if (!cfg.data.pack_plan.empty()) {
@@ -167,13 +183,20 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
       try {
         check_output_file(plan, "data.pack_plan", "pack_plan.h5");
       } catch (const Error& e) {
-        in.notes.push_back(fmt::format("berth train refuses this config: {}", e.what()));
+        in.refusals.push_back(e.what());
       }
     }
     if (!mine && pack_when_absent) mine = pack_documents(lengths, options);
     if (mine) set_row_packing(&in, *mine);
   }
   return in;
+}
+
+void require_trainable(const PlanInput& in) {
+  if (in.refusals.empty()) return;
+  std::string all;
+  for (const std::string& r : in.refusals) all += (all.empty() ? "" : "; ") + r;
+  BERTH_FAIL("berth train refuses this config: {}", all);
 }
 
 void set_row_packing(PlanInput* in, const PackPlan& plan) {
@@ -184,13 +207,14 @@ void set_row_packing(PlanInput* in, const PackPlan& plan) {
 HardwareProfile profile_for_ranks_here(const HardwareProfile& hw, int64_t ranks,
                                        std::string* note) {
   note->clear();
-  if (!hw.cpu || hw.source.rfind("berth plan --calibrate", 0) != 0 || hw.name != host_name() ||
-      ranks < 1 || hw.devices_per_node == ranks) {
-    return hw;
-  }
+  const bool guess = hw.cpu && hw.source == builtin_profile("cpu").source;
+  const bool calibrated_here =
+      hw.cpu && hw.source.rfind("berth plan --calibrate", 0) == 0 && hw.name == host_name();
+  if (!(guess || calibrated_here) || ranks < 1 || hw.devices_per_node == ranks) return hw;
   HardwareProfile h = hw;
   h.devices_per_node = int(std::min<int64_t>(ranks, 1024));
   h.mem_capacity = host_capacity_gib_per_rank(h.devices_per_node) * 1073741824.0;
+  if (guess) return h;  // its rates are a guess at any sharing
   *note = fmt::format(
       "the CPU profile was calibrated with {} rank(s) per host; for {} here each rank has {} of "
       "memory (not the profile's {}), but the kernel rates and step time are those measured with "
@@ -219,7 +243,12 @@ HardwareProfile resolve_hardware_profile(const std::string& spec) {
     const std::string path = default_profile_path();
     std::error_code ec;
     if (std::filesystem::exists(path, ec)) return read_hardware_profile(path);
-    return builtin_profile("cpu");
+    // The guess's rates, with this host's memory: a rank's share at the guess's ranks per host
+    // (its fixed 16 GiB said "does not fit" where berth train trains, and the reverse on a
+    // smaller host).
+    HardwareProfile h = builtin_profile("cpu");
+    h.mem_capacity = host_capacity_gib_per_rank(h.devices_per_node) * 1073741824.0;
+    return h;
   }
   if (spec == "a100" || spec == "h100" || spec == "h200") return builtin_profile(spec);
   std::error_code ec;

@@ -18,8 +18,17 @@ namespace berth {
 // and fill, from the packing berth train makes: its plan on disk, else packed here. With
 // `pack_when_absent` false nothing is packed here (the trainer's pre-flight, which packs next):
 // without a plan on disk, full rows of T² are assumed, and evaluation rows are counted in stream
-// mode only. Nothing is packed for a layout that cannot run (layout_invalid_reason).
+// mode only. Nothing is packed for a layout that cannot run (layout_invalid_reason). What berth
+// train would refuse in the data settings and files goes into `refusals`.
 PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_when_absent = true);
+
+// The data settings berth train refuses before it reads anything: data.train not set, an
+// evaluation without data.val. Throws Error naming the config.
+void check_data_settings(const RunConfig& cfg);
+
+// Throws Error when the input has refusals (what berth train would refuse in the config's data
+// settings and files): a plan or a booking of a config that cannot train misleads.
+void require_trainable(const PlanInput& in);
 
 // Sets the input's attention work (Σ L² a row) and token fill from a packing plan of its seq_len:
 // the trainer's rank 0 gives it the plan its loader holds.

@@ -271,12 +271,18 @@ void require_plan_fits_host(const Plan& p, const RunConfig& cfg, const std::stri
                             int ranks_here) {
   constexpr double kGiB = 1073741824.0;
   const double host = host_capacity_gib_per_rank(ranks_here) * kGiB;
-  BERTH_CHECK(host <= 0 || p.peak.total() <= host,
-              "{}: berth plan predicts {} per rank at peak (stage {}), more than {} ({}): the run "
+  const bool save = p.save_share_bytes > p.peak.total();
+  const double need = save ? p.save_share_bytes : p.peak.total();
+  BERTH_CHECK(host <= 0 || need <= host,
+              "{}: berth plan predicts {} per rank {}, more than {} ({}): the run "
               "would fail allocating it. See `berth plan {}` for where it goes and for layouts "
               "that fit (smaller parallel.microbatches or train.micro_batch_size, more ranks, pp "
               "or tp)",
-              where, format_bytes(p.peak.total()), p.peak_stage,
+              where, format_bytes(need),
+              save ? fmt::format("during a checkpoint save (peak {} on stage {}, and the whole "
+                                 "tensors the save gathers)",
+                                 format_bytes(p.peak.total()), p.peak_stage)
+                   : fmt::format("at peak (stage {})", p.peak_stage),
               ranks_here > 1
                   ? fmt::format("this host has for each of the {} ranks it runs", ranks_here)
                   : std::string("this whole host has"),
@@ -377,12 +383,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& world, Backend* backend,
   require_same_config_on_every_rank();
   validate_config(cfg_);
   const std::string where = cfg_.source.empty() ? "config" : cfg_.source;
-  BERTH_CHECK(!cfg_.data.train.empty(),
-              "{}: data.train is not set; point it at a dataset made by `berth data import`",
-              where);
-  BERTH_CHECK(cfg_.eval.interval == 0 || !cfg_.data.val.empty(),
-              "{}: eval.interval is {} but data.val is not set; set data.val or eval.interval = 0",
-              where, cfg_.eval.interval);
+  check_data_settings(cfg_);
   // The layout is checked before anything is allocated.
   const GridShape shape = check_layout(cfg_, world.size());
   // A launch on a live run's directory is refused before it loads data and builds a model (which

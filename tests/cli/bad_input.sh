@@ -539,6 +539,14 @@ expect_error "plan_out_without_calibrate" "--out is where --calibrate saves the 
   "$BERTH" plan "$TINY_TOML" --out "$tmp/p.json"
 expect_error "plan_negative_price" "--price-per-gpu-hour: -1 is not a number in [0, 1000000000]" "" \
   "$BERTH" plan "$TINY_TOML" --price-per-gpu-hour -1
+# What berth train refuses in the data settings and files: a plan that "fits" (exit 0) misled.
+expect_error "plan_dataset_vocab_above_model_vocab" "berth train refuses this config: data.train '$tmp/d.h5' has vocab_size 257 but model.vocab_size is 100: raise model.vocab_size to at least 257" "" \
+  "$BERTH" plan "$TINY_TOML" "${TINY_SETS[@]}" --set "data.train=$tmp/d.h5" --set model.vocab_size=100
+expect_error "plan_eval_without_val" "eval.interval is 5 but data.val is not set" "" \
+  "$BERTH" plan "$TINY_TOML" --set eval.interval=5 --set data.val=
+# --set takes one value: `--set k=v CONFIG` took the config as a second override.
+"$BERTH" plan --set parallel.zero=0 "$TINY_TOML" >"$log" 2>&1
+report "plan_set_before_the_config" "$(grep -q "^fits" "$log" || echo " $(tail -1 "$log")")"
 "$BERTH" plan "$TINY_TOML" --gpus 2 --gpu h100 --price-per-gpu-hour 3 >"$log" 2>&1
 why=""
 grep -q "^parameters: 842624 " "$log" || why+=" no parameter count"
