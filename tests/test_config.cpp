@@ -391,6 +391,14 @@ TEST(Config, ValidationSizes) {
       {"[data]\nseq_len = 99999999999\n", "data.seq_len = 99999999999 is beyond"},
       {"[model]\nmax_seq_len = 4096\n[data]\nseq_len = 4096\n[train]\nmicro_batch_size = 1000000\n",
        "train.micro_batch_size × data.seq_len = 1000000 × 4096 tokens is beyond"},
+      // Each factor within its bound, the step's tokens not (the plan printed -2.1 ZFLOP).
+      {"[data]\nseq_len = 2\n[train]\nmicro_batch_size = 1073741823\n[parallel]\n"
+       "microbatches = 2147483647\n",
+       "a step of parallel.microbatches × train.micro_batch_size × data.seq_len = 2147483647 × "
+       "1073741823 × 2 = 4.61e+18 tokens is beyond"},
+      {"[parallel]\ndp = 65536\nmicrobatches = 65536\n[train]\nmicro_batch_size = 128\n",
+       "a step of parallel.dp × parallel.microbatches × train.micro_batch_size × data.seq_len = "
+       "65536 × 65536 × 128 × 256"},
       // Seconds beyond the int64 nanoseconds of a clock (1e300 s did not wait at all).
       {"[debug]\ndata_delay_s = 1e300\n", "debug.data_delay_s = 1e+300 s is more than 1e+09 s"},
       {"[parallel]\ncomm_timeout_s = 1e10\n",

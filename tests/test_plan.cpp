@@ -117,6 +117,21 @@ TEST(Plan, OnTheCpuACheckpointSaveMustFitToo) {
   EXPECT_EQ(make_plan(in, gpu).save_share_bytes, 0);
 }
 
+// A GPU profile without an fp32 rate planned fp32 GEMMs at its tensor-core peak.
+TEST(Plan, AnFp32PlanOnAGpuNeedsTheProfilesFp32Rate) {
+  PlanInput in = small(2, 2, 64, 100, 32, 2);
+  HardwareProfile gpu = builtin_profile("h100");
+  gpu.fp32_flops = 0;
+  in.bf16 = true;
+  EXPECT_NO_THROW(make_plan(in, gpu));                // head size 32: the tiled tensor-core kernels
+  PlanInput odd_heads = small(2, 2, 72, 100, 32, 2);  // head size 36: the fp32 kernels
+  odd_heads.bf16 = true;
+  test::expect_error([&] { make_plan(odd_heads, gpu); }, {"has no 'fp32_flops'", "not 36"});
+  in.bf16 = false;
+  test::expect_error([&] { make_plan(in, gpu); }, {"has no 'fp32_flops'", "run.precision=bf16"});
+  EXPECT_NO_THROW(make_plan(in, builtin_profile("cpu")));  // a CPU has one peak
+}
+
 TEST(Plan, TheBuiltInCpuProfileRatesRingAttentionBelowTheGemms) {
   // The ring's block kernel runs at a few GFLOP/s where the GEMMs reach tens: at the GEMMs' rate
   // cp 2 ranked beside dp 2, and a cp 2 step measured 2.35 s was planned at 0.38 s.
@@ -187,6 +202,43 @@ TEST(Plan, GpuProfilesModelBerthsCudaBackendInEitherPrecision) {
   EXPECT_NE(format_plan(make_plan(hs80, h100), 0)
                 .find("precision: bf16 GEMMs and attention (tensor cores)"),
             std::string::npos);
+}
+
+// The search takes every factorization of the devices (it took powers of two only, so 12
+// devices had no tp 3 or pp 3 layout), and a layout where no micro-batch split fits shows the
+// split that needs least memory (it showed the first tried, 15 times more than the least).
+TEST(Plan, LayoutsFactorTheDevicesAndARejectionShowsItsLeastMemory) {
+  PlanInput in = small(12, 12, 768, 50257, 1024, 4);
+  in.layout = PlanLayout{1, 1, 1, 12, 0, 1};  // 48 rows
+  const std::vector<LayoutChoice> ranked = rank_layouts(in, builtin_profile("h100"), 12);
+  auto has = [&](int64_t tp, int64_t pp, int64_t cp) {
+    return std::any_of(ranked.begin(), ranked.end(), [&](const LayoutChoice& c) {
+      return c.layout.tp == tp && c.layout.pp == pp && c.layout.cp == cp;
+    });
+  };
+  EXPECT_TRUE(has(3, 1, 1));
+  EXPECT_TRUE(has(1, 3, 1));
+  EXPECT_TRUE(has(2, 6, 1));
+  EXPECT_TRUE(has(1, 1, 3) == false) << "seq_len 1024 is not divisible by 2·3";
+  for (const LayoutChoice& c : ranked) {
+    EXPECT_EQ(12 % (c.layout.tp * c.layout.pp * c.layout.cp), 0);
+    EXPECT_EQ(c.layout.dp * c.layout.microbatches * c.micro_batch_size, 48);
+  }
+  HardwareProfile small_gpu = builtin_profile("h100");
+  small_gpu.mem_capacity = 1 << 20;  // nothing fits
+  for (const LayoutChoice& c : rank_layouts(in, small_gpu, 12)) {
+    ASSERT_FALSE(c.plan.fits);
+    const int64_t per_dp = 48 / c.layout.dp;
+    for (int64_t micro = 1; micro <= per_dp; ++micro) {
+      if (per_dp % micro != 0 || (c.layout.pp > 1 && micro < c.layout.pp)) continue;
+      PlanInput x = in;
+      x.layout = c.layout;
+      x.layout.microbatches = micro;
+      x.micro_batch_size = per_dp / micro;
+      EXPECT_GE(make_plan(x, small_gpu).peak.total(), c.plan.peak.total())
+          << "tp " << c.layout.tp << " pp " << c.layout.pp << " micro " << micro;
+    }
+  }
 }
 
 TEST(Plan, LayoutsAreRankedAndRejectionsSayWhy) {

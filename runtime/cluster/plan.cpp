@@ -405,6 +405,16 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   BERTH_CHECK(m.L > 0 && m.NH > 0 && m.C > 0 && m.V > 0 && in.seq_len > 0 &&
                   in.micro_batch_size > 0 && l.microbatches > 0,
               "plan: the model and batch sizes must be positive");
+  // Without it an fp32 plan took the bf16 tensor-core peak while saying "no tensor cores" (a
+  // GPU's fp32 rate is a fraction of it: 67 of 989 TFLOP/s on an H100). So did the fp32
+  // attention of a bf16 plan (a head size the tiled kernels do not take).
+  BERTH_CHECK(hw.cpu || hw.fp32_flops > 0 || tensor_core_attention(in, hw),
+              "hardware profile {} ({}) has no 'fp32_flops', the GPU's FLOP/s without tensor "
+              "cores, which this plan needs ({}; TF32 is off): add it to the profile{}",
+              hw.name, hw.source,
+              in.bf16 ? scalar_attention_reason(in, hw) + ": attention runs the fp32 kernels"
+                      : std::string("run.precision = \"fp32\""),
+              in.bf16 ? "" : ", or plan with --set run.precision=bf16");
   Plan p;
   p.input = in;
   p.hw = hw;
@@ -558,29 +568,47 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
   return p;
 }
 
+namespace {
+
+// The divisors of n > 0, ascending.
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    low.push_back(d);
+    if (d != n / d) high.push_back(n / d);
+  }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
+}
+
+}  // namespace
+
 std::vector<LayoutChoice> rank_layouts(const PlanInput& in, const HardwareProfile& hw,
                                        int64_t devices) {
   std::vector<LayoutChoice> out;
   const int64_t rows = in.layout.dp * in.layout.microbatches * in.micro_batch_size;
-  for (int64_t tp = 1; tp <= std::min<int64_t>(devices, hw.devices_per_node); tp *= 2) {
-    if (in.model.NH % tp != 0) continue;
-    for (int64_t pp = 1; pp <= std::min(devices / tp, in.model.L); pp *= 2) {
-      for (int64_t cp = 1; tp * pp * cp <= devices; cp *= 2) {
+  // Every factorization of the devices (12 devices have tp 3 and pp 6 layouts, not only powers
+  // of two), within what berth train runs.
+  for (int64_t tp : divisors(devices)) {
+    if (tp > hw.devices_per_node || in.model.NH % tp != 0) continue;
+    for (int64_t pp : divisors(devices / tp)) {
+      if (pp > in.model.L) break;
+      for (int64_t cp : divisors(devices / (tp * pp))) {
         if (cp > 1 &&
             (in.seq_len % (2 * cp) != 0 || (in.pack_align > 0 && in.pack_align % (2 * cp) != 0))) {
-          break;  // nor does any larger cp (a multiple of this one)
+          continue;
         }
-        if (devices % (tp * pp * cp) != 0) continue;
         const int64_t dp = devices / (tp * pp * cp);
         if (rows % dp != 0) continue;  // the global batch must split over dp
         const int64_t per_dp = rows / dp;
         for (int64_t zero : {int64_t(0), int64_t(1)}) {
           if (zero == 1 && dp * cp == 1) continue;
-          // The largest micro-batch that fits (fewest micro-batches), as a user would pick.
+          // The largest micro-batch that fits (fewest micro-batches), as a user would pick; of
+          // none that fits, the one that needs least memory (it showed the worst split).
           LayoutChoice best;
           bool have = false;
-          for (int64_t micro = 1; micro <= per_dp; micro *= 2) {
-            if (per_dp % micro != 0) continue;
+          for (int64_t micro : divisors(per_dp)) {
             const int64_t mb = per_dp / micro;
             if (pp > 1 && micro < pp && per_dp >= pp) continue;  // keep the bubble bounded
             PlanInput x = in;
@@ -588,8 +616,8 @@ std::vector<LayoutChoice> rank_layouts(const PlanInput& in, const HardwareProfil
             x.micro_batch_size = mb;
             LayoutChoice c{x.layout, mb, make_plan(x, hw)};
             if (!have || (c.plan.fits && !best.plan.fits) ||
-                (c.plan.fits == best.plan.fits && c.plan.fits &&
-                 c.plan.tokens_per_s > best.plan.tokens_per_s)) {
+                (c.plan.fits && best.plan.fits && c.plan.tokens_per_s > best.plan.tokens_per_s) ||
+                (!c.plan.fits && !best.plan.fits && c.plan.peak.total() < best.plan.peak.total())) {
               best = c;
               have = true;
             }

@@ -483,6 +483,22 @@ void validate_config(const RunConfig& cfg) {
         "parallel.microbatches for a bigger batch",
         w, cfg.train.micro_batch_size, cfg.data.seq_len);
   }
+  // A step's tokens, each factor within its bound, can still overflow a count: microbatches and
+  // micro_batch_size near their bounds planned -2.1 ZFLOP and -1.55 tok/s.
+  {
+    const double replica = double(cfg.parallel.microbatches) * double(cfg.train.micro_batch_size) *
+                           double(cfg.data.seq_len);
+    const double step = replica * double(std::max<int64_t>(1, cfg.parallel.dp));
+    if (step >= double(limits::kMaxTokensPerStep)) {
+      BERTH_FAIL(
+          "{}: a step of {}parallel.microbatches × train.micro_batch_size × data.seq_len = "
+          "{}{} × {} × {} = {:.3g} tokens is beyond what this build supports (it must be below "
+          "2^46); check these values",
+          w, cfg.parallel.dp > 0 ? "parallel.dp × " : "",
+          cfg.parallel.dp > 0 ? fmt::format("{} × ", cfg.parallel.dp) : std::string(),
+          cfg.parallel.microbatches, cfg.train.micro_batch_size, cfg.data.seq_len, step);
+    }
+  }
   if (cfg.model.d_model % cfg.model.n_head != 0) {
     BERTH_FAIL("{}: model.d_model ({}) must be divisible by model.n_head ({}); choose d_model "
                "as a multiple of n_head",

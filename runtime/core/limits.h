@@ -15,6 +15,9 @@ constexpr int64_t kMaxVocab = int64_t{1} << 30;          // model.vocab_size <
 constexpr int64_t kMaxSeqLen = int64_t{1} << 24;         // model.max_seq_len <
 constexpr int64_t kMaxCount = int64_t{1} << 31;          // rows, micro-batches, batches, ranks <
 constexpr int64_t kMaxTokensPerPass = kMaxCount;         // micro-batch rows × seq_len <
+// A step's tokens (dp × microbatches × micro-batch rows × seq_len) <: real runs take ~2^22; the
+// plan multiplies it by up to 2^16 devices' worth of layouts in int64.
+constexpr int64_t kMaxTokensPerStep = int64_t{1} << 46;
 // The most global steps a run may have: the predictor forecasts the remaining steps one by one
 // (10^8 take about a second). Real runs have 10^4..10^6.
 constexpr int64_t kMaxSteps = 100'000'000;  // train.steps <=
