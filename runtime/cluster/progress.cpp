@@ -513,10 +513,16 @@ Prediction ProgressPredictor::predict() const {
   int64_t post_steps = 0;
   for (size_t i = 0; i < records_.size(); ++i) {
     const auto& r = records_[i];
-    if (is_warmup_event(r.event) || r.tokens <= 0) continue;
+    if (r.tokens <= 0) continue;
     const bool ck = is_ckpt_event(r.event), ev = is_eval_event(r.event);
+    // A warm-up step (the first, a compile, a resume) is no step of the rate, but a save or an
+    // evaluation the runtime timed alone in it is one like any other: berth's evaluation before
+    // the first step is the only one seen alone when every later one comes with a save.
+    const bool warmup = is_warmup_event(r.event);
+    const double overhead = event_overhead(r);
+    if (warmup && overhead < 0) continue;
     if (i < first_post_record && !ck && !ev) continue;
-    post_steps += i >= first_post_record;
+    post_steps += !warmup && i >= first_post_record;
     const double c =
         step_cost(r.tokens, r.seq_len > 0 ? r.seq_len : schedule_at(facts_, r.step).seq_len, h);
     // An event step's cost over a normal step: its measured overhead where the runtime reports
@@ -524,7 +530,6 @@ Prediction ProgressPredictor::predict() const {
     // measured, the rest of the step is a step like any other, with whatever else its event
     // names (an epoch boundary's stall, an evaluation the runtime timed only in part): its noise
     // is no save time, and a stall in it is not lost.
-    const double overhead = event_overhead(r);
     if (ck || ev) {
       const double excess = overhead >= 0 ? overhead : r.duration_s - base * c;
       if (ck && ev) {
@@ -534,7 +539,7 @@ Prediction ProgressPredictor::predict() const {
       } else {
         eval_sum += excess, ++eval_n;
       }
-      if (overhead < 0 || i < first_post_record) continue;
+      if (overhead < 0 || i < first_post_record || warmup) continue;
     }
     // a stall is > 1.5× the current median step and the level of its own block of steps: a
     // level that changed earlier (an unannounced speed-up) is not a stall (a step the runtime
