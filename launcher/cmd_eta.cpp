@@ -3,9 +3,10 @@
 //   predictions after every N rows.
 // `berth eta bench DIR`: the protocol of shared/eta/README.md over DIR/index.json (berth vs the
 //   linear and moving-average baselines).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 
@@ -55,14 +56,22 @@ void run_bench(const std::string& dir) {
   fmt::print("{:>5} | {:>22} | {:>22} | {:>22} | {:>20} | {:>17}\n", "p", "berth", "linear",
              "moving-avg", "remaining b/l/m", "lease b/l/m");
   for (const auto& r : rows) {
+    // n/a: no query had time remaining, or no run had a lease
+    const std::string remaining =
+        std::isnan(r.berth_rem_mape)
+            ? fmt::format("{:>21}", "n/a")
+            : fmt::format("{:5.1f} {:6.1f} {:6.1f}%", 100 * r.berth_rem_mape,
+                          100 * r.linear_rem_mape, 100 * r.ma_rem_mape);
+    const std::string lease =
+        r.leased == 0 ? fmt::format("{:>15}", "n/a (no lease)")
+                      : fmt::format("{:4.0f} {:4.0f} {:4.0f}%", 100 * r.berth_lease_agree,
+                                    100 * r.linear_lease_agree, 100 * r.ma_lease_agree);
     fmt::print(
         "{:>4.0f}% | {:6.2f} {:6.2f} {:7.2f}% | {:6.2f} {:6.2f} {:7.2f}% | {:6.2f} {:6.2f} "
-        "{:7.2f}% | "
-        "{:5.1f} {:6.1f} {:6.1f}% | {:4.0f} {:4.0f} {:4.0f}%\n",
+        "{:7.2f}% | {} | {}\n",
         100 * r.p, 100 * r.berth_mape, 100 * r.berth_p90, 100 * r.berth_worst, 100 * r.linear_mape,
         100 * r.linear_p90, 100 * r.linear_worst, 100 * r.ma_mape, 100 * r.ma_p90, 100 * r.ma_worst,
-        100 * r.berth_rem_mape, 100 * r.linear_rem_mape, 100 * r.ma_rem_mape,
-        100 * r.berth_lease_agree, 100 * r.linear_lease_agree, 100 * r.ma_lease_agree);
+        remaining, lease);
   }
 }
 

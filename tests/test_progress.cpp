@@ -944,6 +944,20 @@ TEST(ProgressFiles, CsvErrorsAreSpecific) {
               read_trace_csv(write_tmp("t.csv", std::string(kHeader) + "1,1,-5,1,1,0,0,0,58,\n"));
             }).find("tokens '-5' must be a whole number >= 0"),
             std::string::npos);
+  // No part of a step is negative (an overhead_s of -100 on a save moved the prediction).
+  EXPECT_NE(error_of([] {
+              read_trace_csv(write_tmp("n.csv", std::string(kHeader) + "1,1,1,1,1,0,0,-100,58,\n"));
+            }).find("line 2: overhead_s -100 is negative"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              read_trace_csv(write_tmp("m.csv", std::string(kHeader) + "1,1,1,1,1,0,0,0,-1,\n"));
+            }).find("mem_gib -1 is negative"),
+            std::string::npos);
+  // A CSV writer's quoted empty cell is no event (it moved the prediction by 5.6 %).
+  EXPECT_EQ(read_trace_csv(write_tmp("q.csv", std::string(kHeader) + "1,1,1,1,1,0,0,0,58,\"\"\n"))
+                .front()
+                .event,
+            "");
 }
 
 TEST(ProgressFiles, JsonFactsAndErrors) {
@@ -992,6 +1006,23 @@ TEST(ProgressFiles, JsonFactsAndErrors) {
       std::string::npos);
   EXPECT_NE(bad_facts("\"max_steps\":4200", "\"max_steps\":0").find("exceeds max_steps 0"),
             std::string::npos);
+  // A count past int64 read back negative ("exceeds max_steps -8446744073709551616").
+  EXPECT_NE(bad_facts("\"max_steps\":4200", "\"max_steps\":10000000000000000000")
+                .find("'max_steps' is 10000000000000000000, beyond any step count"),
+            std::string::npos);
+  // Steps before the schedule's first entry had no seq_len of their own.
+  EXPECT_NE(bad_facts("[[0,4096,4194304],", "[[1500,4096,4194304],")
+                .find("the schedule's first entry is from step 1500, after the session's first "
+                      "step 1201"),
+            std::string::npos);
+  // Named with the file, like every other fact (it said "run facts:").
+  {
+    std::string bad = ok;
+    bad.replace(bad.find("\"hidden_size\":4096"), 18, "\"hidden_size\":0");
+    const std::string path = write_tmp("h0.json", bad);
+    EXPECT_NE(error_of([&] { read_run_facts_json(path); }).find(path + ": hidden_size must be > 0"),
+              std::string::npos);
+  }
   // The error said "global step 0", for a start_step of -1.
   EXPECT_NE(bad_facts("\"start_step\":1200", "\"start_step\":-1").find("start_step must be >= 0"),
             std::string::npos);

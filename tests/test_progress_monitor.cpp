@@ -487,7 +487,11 @@ TEST(ProgressMonitor, EveryStepSavingOrEvaluatingStillWarns) {
   std::string msg;
   ASSERT_TRUE(has(r, WarningKind::Checkpoints, &msg));
   EXPECT_NE(msg.find("(75%)"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("checkpoint.interval from 1 to about 25"), std::string::npos) << msg;
+  // 3 % of the time: an interval of 0.75 / 0.03 = 25, whose ceiling is 26 when the share is a
+  // hair above 75 % (step 1's save counts: it was timed alone)
+  EXPECT_TRUE(msg.find("checkpoint.interval from 1 to about 25 ") != std::string::npos ||
+              msg.find("checkpoint.interval from 1 to about 26 ") != std::string::npos)
+      << msg;
   ASSERT_TRUE(has(r, WarningKind::DataBound, &msg));  // 30 ms of a 100 ms step
   EXPECT_NE(msg.find("30%"), std::string::npos) << msg;
   EXPECT_NEAR(r.tokens_per_s, 4096 / 0.1, 4096 / 0.1 * 0.02) << "the saves are not training time";

@@ -812,8 +812,15 @@ std::vector<StepRecord> read_trace_csv(const std::string& path) {
     // An event of spaces (or a CR left by a line ending) is no event: it counted as a named one.
     const size_t e0 = f[9].find_first_not_of(" \t\r"), e1 = f[9].find_last_not_of(" \t\r");
     r.event = e0 == std::string::npos ? std::string() : f[9].substr(e0, e1 - e0 + 1);
-    BERTH_CHECK(r.duration_s >= 0, "trace {} line {}: duration_s {} is negative", path, lineno,
-                r.duration_s);
+    if (r.event == "\"\"") r.event.clear();  // a CSV writer's quoted empty cell
+    for (const auto& [name, v] : {std::pair{"duration_s", r.duration_s},
+                                  {"compute_s", r.compute_s},
+                                  {"comm_s", r.comm_s},
+                                  {"data_wait_s", r.data_wait_s},
+                                  {"overhead_s", r.overhead_s},
+                                  {"mem_gib", r.mem_gib}}) {
+      BERTH_CHECK(v >= 0, "trace {} line {}: {} {} is negative", path, lineno, name, v);
+    }
     for (const double s : {r.duration_s, r.compute_s, r.comm_s, r.data_wait_s, r.overhead_s}) {
       BERTH_CHECK(std::fabs(s) <= kMaxStepSeconds,
                   "trace {} line {}: a time of {} s is beyond {:.0e} s (31 years): not a step's "
@@ -856,6 +863,10 @@ RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
     BERTH_CHECK(j.contains(key), "{}: run facts lack '{}'", where, key);
     BERTH_CHECK(j[key].is_number_integer(), "{}: '{}' must be an integer, got {}", where, key,
                 j[key].dump());
+    // (an unsigned one past int64 read back negative: max_steps 1e19 "exceeded" -8.4e18)
+    BERTH_CHECK(!j[key].is_number_unsigned() ||
+                    j[key].get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()),
+                "{}: '{}' is {}, beyond any step count", where, key, j[key].dump());
     return j[key].get<int64_t>();
   };
   auto need_num = [&](const char* key) -> double {
@@ -899,7 +910,14 @@ RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
                     e[1].is_number_integer() && e[2].is_number_integer(),
                 "{}: schedule entry {} must be [from_step, seq_len, tokens_per_step] integers",
                 where, e.dump());
+    for (size_t k = 0; k < 3; ++k) {
+      BERTH_CHECK(!e[k].is_number_unsigned() ||
+                      e[k].get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()),
+                  "{}: schedule entry {} has a value beyond any count", where, e.dump());
+    }
     f.schedule.push_back({e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<int64_t>()});
+    BERTH_CHECK(f.schedule.back().seq_len > 0 && f.schedule.back().tokens_per_step > 0,
+                "{}: schedule entry {}: seq_len and tokens_per_step must be > 0", where, e.dump());
     BERTH_CHECK(f.schedule.size() == 1 ||
                     f.schedule.back().from_step > f.schedule[f.schedule.size() - 2].from_step,
                 "{}: schedule entries must be in increasing from_step order, each step once; "
@@ -909,6 +927,12 @@ RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
   BERTH_CHECK(f.session_steps > 0, "{}: session_steps must be > 0, got {}", where, f.session_steps);
   BERTH_CHECK(f.start_step >= 0, "{}: start_step must be >= 0 (0 for a run from the start), got {}",
               where, f.start_step);
+  BERTH_CHECK(f.hidden_size > 0, "{}: hidden_size must be > 0, got {}", where, f.hidden_size);
+  // The steps before the first entry would have no seq_len or tokens_per_step of their own.
+  BERTH_CHECK(f.schedule.front().from_step <= f.start_step + 1,
+              "{}: the schedule's first entry is from step {}, after the session's first step {}: "
+              "the config sets seq_len and tokens_per_step from the start (from_step 0)",
+              where, f.schedule.front().from_step, f.start_step + 1);
   BERTH_CHECK(f.max_steps <= kMaxPredictedSteps,
               "{}: max_steps {} is beyond the {} steps the predictor forecasts (step by step)",
               where, f.max_steps, kMaxPredictedSteps);
@@ -979,16 +1003,18 @@ std::vector<EtaBenchRow> run_eta_bench(const std::string& dir) {
   const std::vector<double> offsets = {-0.005, -0.0025, 0.0, 0.0025, 0.005};
   struct Acc {
     std::vector<double> b, l, m, br, lr, mr;
-    int agree_b = 0, agree_l = 0, agree_m = 0, n = 0;
+    int agree_b = 0, agree_l = 0, agree_m = 0, n = 0, leased = 0;
   };
   std::vector<Acc> acc(ps.size());
   for (size_t t = 0; t < index.size(); ++t) {
     const auto& j = index[t];
-    BERTH_CHECK(j.contains("file") && j["file"].is_string(), "{} entry {}: lacks 'file'",
-                index_path, t);
+    BERTH_CHECK(j.is_object() && j.contains("file"), "{} entry {}: lacks 'file'", index_path, t);
+    BERTH_CHECK(j["file"].is_string(), "{} entry {}: 'file' must be a file name, got {}",
+                index_path, t, j["file"].dump());
     const std::string where = fmt::format("{} entry {} ({})", index_path, t, j["file"].dump());
-    BERTH_CHECK(j.contains("true_total_s") && j["true_total_s"].is_number(),
-                "{}: lacks 'true_total_s'", where);
+    BERTH_CHECK(j.contains("true_total_s"), "{}: lacks 'true_total_s'", where);
+    BERTH_CHECK(j["true_total_s"].is_number(), "{}: 'true_total_s' must be a number, got {}", where,
+                j["true_total_s"].dump());
     const RunFacts facts = facts_from_json(j, where);
     const double truth = j["true_total_s"].get<double>();
     BERTH_CHECK(truth > 0, "{}: true_total_s must be > 0, got {}", where, truth);
@@ -1008,8 +1034,8 @@ std::vector<EtaBenchRow> run_eta_bench(const std::string& dir) {
     // Below its own steps' time, an error would come out negative (0.1 %: the index's total and
     // the trace's rows are rounded apart).
     BERTH_CHECK(truth >= traced_s * (1 - 1e-3),
-                "{}: true_total_s {} is less than the {} s the steps of {} took: the index and the "
-                "trace disagree",
+                "{}: true_total_s {:.3f} is less than the {:.3f} s the steps of {} took: the index "
+                "and the trace disagree",
                 where, truth, traced_s, j["file"].get<std::string>());
     ProgressPredictor pred(facts);
     size_t fed = 0;
@@ -1031,19 +1057,26 @@ std::vector<EtaBenchRow> run_eta_bench(const std::string& dir) {
         a.b.push_back(std::fabs(b - truth) / truth);
         a.l.push_back(std::fabs(l - truth) / truth);
         a.m.push_back(std::fabs(m - truth) / truth);
-        const double rt = truth - elapsed;
-        a.br.push_back(std::fabs(b - truth) / rt);
-        a.lr.push_back(std::fabs(l - truth) / rt);
-        a.mr.push_back(std::fabs(m - truth) / rt);
-        const bool over = truth > facts.lease_s;
-        a.agree_b += (b > facts.lease_s) == over;
-        a.agree_l += (l > facts.lease_s) == over;
-        a.agree_m += (m > facts.lease_s) == over;
+        // (none remains after steps of no time, which the reader takes: no error, not inf)
+        if (const double rt = truth - elapsed; rt > 0) {
+          a.br.push_back(std::fabs(b - truth) / rt);
+          a.lr.push_back(std::fabs(l - truth) / rt);
+          a.mr.push_back(std::fabs(m - truth) / rt);
+        }
+        // A run without a lease (lease_s 0) has no flag to agree on: every method "agreed".
+        if (facts.lease_s > 0) {
+          const bool over = truth > facts.lease_s;
+          a.agree_b += (b > facts.lease_s) == over;
+          a.agree_l += (l > facts.lease_s) == over;
+          a.agree_m += (m > facts.lease_s) == over;
+          ++a.leased;
+        }
         ++a.n;
       }
     }
   }
   auto mean = [](const std::vector<double>& v) {
+    if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
     double s = 0;
     for (double x : v) s += x;
     return s / static_cast<double>(v.size());
@@ -1059,9 +1092,11 @@ std::vector<EtaBenchRow> run_eta_bench(const std::string& dir) {
     r.linear_mape = mean(a.l), r.linear_p90 = quantile_of(a.l, 0.9), r.linear_worst = worst(a.l);
     r.ma_mape = mean(a.m), r.ma_p90 = quantile_of(a.m, 0.9), r.ma_worst = worst(a.m);
     r.berth_rem_mape = mean(a.br), r.linear_rem_mape = mean(a.lr), r.ma_rem_mape = mean(a.mr);
-    r.berth_lease_agree = static_cast<double>(a.agree_b) / a.n;
-    r.linear_lease_agree = static_cast<double>(a.agree_l) / a.n;
-    r.ma_lease_agree = static_cast<double>(a.agree_m) / a.n;
+    r.leased = a.leased;
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    r.berth_lease_agree = a.leased ? static_cast<double>(a.agree_b) / a.leased : nan;
+    r.linear_lease_agree = a.leased ? static_cast<double>(a.agree_l) / a.leased : nan;
+    r.ma_lease_agree = a.leased ? static_cast<double>(a.agree_m) / a.leased : nan;
     out.push_back(r);
   }
   return out;

@@ -155,8 +155,11 @@ struct EtaBenchRow {
   double berth_mape = 0, berth_p90 = 0, berth_worst = 0;
   double linear_mape = 0, linear_p90 = 0, linear_worst = 0;
   double ma_mape = 0, ma_p90 = 0, ma_worst = 0;
+  // NaN where no query had time remaining (steps of no time at the end)
   double berth_rem_mape = 0, linear_rem_mape = 0, ma_rem_mape = 0;
+  // Over the `leased` queries of runs with a lease (lease_s > 0); NaN when there are none.
   double berth_lease_agree = 0, linear_lease_agree = 0, ma_lease_agree = 0;  // fractions
+  int leased = 0;
 };
 // Runs every trace of DIR/index.json; at each p of {5,10,25,50,75} % queries 5 steps within ±0.5 %.
 std::vector<EtaBenchRow> run_eta_bench(const std::string& dir);
