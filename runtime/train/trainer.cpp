@@ -1772,8 +1772,8 @@ std::vector<StepStats> Trainer::run() {
              outcome_reason_, where);
   } else {
     log_info(
-        "done: steps {}..{} in {:.2f} s of training steps ({:.2f} s with evaluations and "
-        "checkpoints), final loss {:.4f} | {}",
+        "done: steps {}..{} in {:.2f} s of training steps ({:.2f} s in all, with evaluations, "
+        "checkpoint saves and any wait between steps), final loss {:.4f} | {}",
         start_step_ + 1, start_step_ + int64_t(all.size()), seconds, session_s,
         [&] {  // the newest step that had targets
           for (auto it = all.rbegin(); it != all.rend(); ++it)
