@@ -415,6 +415,9 @@ TEST(Plan, TensorCoreAttentionOnlyWhereTheProfilesSharedMemoryTakesItsBlocks) {
   const std::string json = plan_to_json(on_l40s, 0, {}, 1);
   EXPECT_NE(json.find("\"tensor_cores\": false"), std::string::npos) << json;
   EXPECT_NE(json.find("needs 150 KiB of shared memory per block"), std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(json)["smallest_devices"], 1);
+  // no count that fits: null, not 0 (a count)
+  EXPECT_TRUE(nlohmann::json::parse(plan_to_json(on_l40s, 0, {}, 0))["smallest_devices"].is_null());
   PlanInput hs64 = small(12, 12, 768, 50257, 1024, 8);
   hs64.layout = hs128.layout, hs64.bf16 = true;
   EXPECT_NE(format_plan(make_plan(hs64, read), 0).find("bf16 GEMMs and attention (tensor cores)"),

@@ -798,7 +798,8 @@ std::string plan_to_json(const Plan& p, double price, const std::vector<LayoutCh
     ranked.push_back(r);
   }
   j["layouts"] = ranked;
-  j["smallest_devices"] = smallest;
+  // null when no count up to the search's limit fits (0 read as a count)
+  j["smallest_devices"] = smallest > 0 ? json(smallest) : json(nullptr);
   return j.dump(2);
 }
 
