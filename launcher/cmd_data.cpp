@@ -1,6 +1,8 @@
 // `berth data import --format text|llmc [INPUTS...] [--files-from LIST] --out D.h5
 //      [--val-out V.h5 --val-fraction F]`
 // `berth data info D.h5 [--seq-len T]` (with T: BFD vs padded packing statistics)
+#include <sys/stat.h>
+
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <chrono>
@@ -9,7 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launcher/commands.h"
@@ -68,6 +72,22 @@ void run_import(ImportArgs a) {
   if (!a.files_from.empty()) {
     const std::vector<std::string> listed = read_file_list(a.files_from);
     a.inputs.insert(a.inputs.end(), listed.begin(), listed.end());
+  }
+  // A file named twice (overlapping globs, a --files-from list that repeats the command line, a
+  // link to it) was imported twice without a word: its documents counted double, and a copy
+  // could land in the validation split of its own training data. By device and inode, so links
+  // count, in one pass over thousands of files.
+  std::map<std::pair<dev_t, ino_t>, const std::string*> seen;
+  for (const std::string& in : a.inputs) {
+    struct stat st {};
+    if (::stat(in.c_str(), &st) != 0) continue;  // the importer names what is missing
+    const auto [it, fresh] = seen.emplace(std::pair{st.st_dev, st.st_ino}, &in);
+    BERTH_CHECK(fresh,
+                "the input '{}' {}: its documents would be imported twice (and could land in both "
+                "--out and --val-out); name each file once",
+                in,
+                in == *it->second ? std::string("is named twice")
+                                  : fmt::format("is the same file as '{}'", *it->second));
   }
   BERTH_CHECK(a.val_out.empty() == (a.val_fraction == 0.0),
               "--val-out and --val-fraction go together: give both, the fraction above 0 (e.g. "

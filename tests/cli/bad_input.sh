@@ -345,6 +345,12 @@ expect_error "import_val_out_is_out" "--out and --val-out are the same file" "$t
   "$BERTH" data import --format text "$tmp/doc1.txt" "$tmp/doc2.txt" --out "$tmp/x_same.h5" \
   --val-out "$tmp/./x_same.h5" --val-fraction 0.5
 
+# A file named twice, or through a link, was imported twice: a document in both splits.
+ln -sf "$tmp/doc1.txt" "$tmp/doc1_link.txt"
+expect_error "import_same_file_twice" "the input '$tmp/doc1_link.txt' is the same file as '$tmp/doc1.txt'" \
+  "$tmp/x_twice.h5" "$BERTH" data import --format text "$tmp/doc1.txt" "$tmp/doc2.txt" \
+  "$tmp/doc1_link.txt" --out "$tmp/x_twice.h5" --val-out "$tmp/v_twice.h5" --val-fraction 0.3
+
 # llm.c token file with a zero header (magic 0), the right size for 0 tokens.
 head -c 1024 /dev/zero >"$tmp/bad_magic.bin"
 expect_error "import_llmc_bad_magic" "has magic 0, expected 20240520" "$tmp/x_llmc.h5" \
@@ -807,7 +813,7 @@ cp "$tmp/z.csv" "$tmp/bench_half/t.csv"
 sed -i 's/^\([0-9]*\),0,/\1,2,/' "$tmp/bench_half/t.csv"
 echo "[{\"file\": \"t.csv\", \"true_total_s\": 20, \"max_steps\": 200, ${facts/\"session_steps\": 100/\"session_steps\": 20}}]" \
   >"$tmp/bench_half/index.json"
-expect_error "eta_bench_truth_below_the_trace" "true_total_s 20 is less than the 40 s the steps of t.csv took" "" \
+expect_error "eta_bench_truth_below_the_trace" "true_total_s 20.000 is less than the 40.000 s the steps of t.csv took" "" \
   "$BERTH" eta bench "$tmp/bench_half"
 
 # srun without MPI wire-up starts each task as a world of 1: refused, not one task training alone.
