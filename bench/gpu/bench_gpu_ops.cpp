@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -191,16 +193,23 @@ int main(int argc, char** argv) {
   }
   std::vector<berth::MatmulPrecision> precisions = {berth::MatmulPrecision::kBf16,
                                                     berth::MatmulPrecision::kFp32};
-  if (argc > 1 && std::string(argv[1]) == "--precision") {
-    const std::string p = argc > 2 ? argv[2] : "";
-    if (p != "bf16" && p != "fp32") {
-      std::fprintf(stderr, "bench_gpu_ops: --precision takes bf16 or fp32, not '%s'\n", p.c_str());
+  // --only step|attention|gemm: one part, so that scripts/gpu_check.sh runs each in its own
+  // process (a CUDA error such as an illegal address poisons the process's context, and every
+  // later figure of it with it).
+  std::string only;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string opt = argv[i], v = i + 1 < argc ? argv[i + 1] : "";
+    if (opt == "--precision" && (v == "bf16" || v == "fp32")) {
+      precisions = {v == "bf16" ? berth::MatmulPrecision::kBf16 : berth::MatmulPrecision::kFp32};
+    } else if (opt == "--only" && (v == "step" || v == "attention" || v == "gemm")) {
+      only = v;
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_gpu_ops [--cpu | [--precision bf16|fp32] "
+                   "[--only step|attention|gemm]] (not '%s %s')\n",
+                   opt.c_str(), v.c_str());
       return 1;
     }
-    precisions = {p == "bf16" ? berth::MatmulPrecision::kBf16 : berth::MatmulPrecision::kFp32};
-  } else if (argc > 1) {
-    std::fprintf(stderr, "usage: bench_gpu_ops [--cpu | --precision bf16|fp32]\n");
-    return 1;
   }
   if (!berth::cuda_built()) {
     std::printf("bench_gpu_ops: this berth was built without CUDA; nothing to measure\n");
@@ -214,18 +223,34 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("bench_gpu_ops on %s\n", be->name().c_str());
+  // Each figure on its own: an error is printed with what failed, and the others still run
+  // (where the error left the device usable).
+  int failed = 0;
+  auto part = [&](const char* what, const std::function<void()>& run) {
+    try {
+      run();
+    } catch (const std::exception& e) {
+      std::printf("berth %s FAILED: %s\n", what, e.what());
+      ++failed;
+    }
+  };
   for (auto p : precisions) {
     be->set_matmul_precision(p);
     const bool bf16 = p == berth::MatmulPrecision::kBf16;
-    varlen_attention(*be, 16, 1024, 12, 64);
-    varlen_attention(*be, 4, 4096, 12, 64);
-    varlen_attention(*be, 4, 4096, 6, 128);
-    gemm(*be, 16 * 1024, 768, 3072);
-    gpt2_step(*be, 16, 1024, bf16 ? 10 : 1);
+    const char* name = bf16 ? "bf16" : "fp32";
+    if (only.empty() || only == "attention") {
+      part(name, [&] { varlen_attention(*be, 16, 1024, 12, 64); });
+      part(name, [&] { varlen_attention(*be, 4, 4096, 12, 64); });
+      part(name, [&] { varlen_attention(*be, 4, 4096, 6, 128); });
+    }
+    if (only.empty() || only == "gemm") part(name, [&] { gemm(*be, 16 * 1024, 768, 3072); });
+    if (only.empty() || only == "step") {
+      part(name, [&] { gpt2_step(*be, 16, 1024, bf16 ? 10 : 1); });
+    }
   }
-  if (precisions.back() == berth::MatmulPrecision::kFp32) {
-    for (int T : {1024, 4096}) attention(*be, T, 12, 64);
+  if (precisions.back() == berth::MatmulPrecision::kFp32 && (only.empty() || only == "attention")) {
+    for (int T : {1024, 4096}) part("fp32 ring block", [&] { attention(*be, T, 12, 64); });
   }
   std::printf("device pool peak %.1f MiB\n", double(be->peak_bytes()) / (1 << 20));
-  return 0;
+  return failed > 0 ? 1 : 0;
 }

@@ -6,7 +6,8 @@ the issue sets goals for.
   attention: berth's bf16 varlen attention (tiled tensor-core kernels) fwd+bwd TFLOP/s over
              PyTorch's SDPA flash attention at the same (T, heads, head size); goal >= 0.70
   training:  berth's bf16 GPT-2 124M step tokens/s over PyTorch's (bf16 autocast, fused AdamW);
-             goal >= 1.00
+             goal >= 1.00. Both MFUs beside it, from tokens/s with one count of FLOPs a token
+             (the two programs' own counts differ: PyTorch's 6·n_params includes wpe).
 
 usage: bench/gpu/compare.py OUTDIR/bench.txt
 """
@@ -14,6 +15,15 @@ import re
 import sys
 
 SHAPE = r"B=(\d+)\s+T=(\d+)\s+NH=(\d+) HS=(\d+)"
+PEAK_BF16 = 989e12  # H100/H200 SXM dense bf16
+
+
+def gpt2_flops_per_token(L=12, C=768, V=50257, T=1024):
+    """Model FLOPs a token of GPT-2 124M training: 6 × (the weights every token multiplies: the
+    layers, the final LayerNorm and the tied LM head, not the position table) + attention's
+    12·L·T·C (berth's gpt_flops_per_token, on the real vocabulary)."""
+    per_layer = 12 * C * C + 13 * C
+    return 6 * (L * per_layer + 2 * C + V * C) + 12 * L * T * C
 
 
 def main(path):
@@ -35,9 +45,14 @@ def main(path):
         rows += 1
     if berth_tok and torch_tok:
         b, t = float(berth_tok.group(1)), float(torch_tok.group(1).replace(",", ""))
-        print(f"training GPT-2 124M bf16: berth {b:.0f} tok/s, torch {t:.0f} tok/s, "
-              f"ratio {b / t:.2f} (goal >= 1.00)")
+        f = gpt2_flops_per_token()
+        print(f"training GPT-2 124M bf16: berth {b:.0f} tok/s (MFU {b * f / PEAK_BF16 * 100:.1f}%), "
+              f"torch {t:.0f} tok/s (MFU {t * f / PEAK_BF16 * 100:.1f}%), ratio {b / t:.2f} "
+              f"(goal >= 1.00; MFU at {f / 1e6:.1f} MFLOP a token of 989 TFLOP/s)")
         rows += 1
+    elif torch_tok or berth_tok:
+        print("training GPT-2 124M bf16: no " + ("berth" if torch_tok else "torch") +
+              " figure (it failed or was stopped: see bench.txt), no ratio")
     if rows == 0:
         print("compare: no pair of berth and torch figures in", path)
 
