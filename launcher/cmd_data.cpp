@@ -75,19 +75,37 @@ void run_import(ImportArgs a) {
   }
   // A file named twice (overlapping globs, a --files-from list that repeats the command line, a
   // link to it) was imported twice without a word: its documents counted double, and a copy
-  // could land in the validation split of its own training data. By device and inode, so links
-  // count, in one pass over thousands of files.
-  std::map<std::pair<dev_t, ino_t>, const std::string*> seen;
-  for (const std::string& in : a.inputs) {
-    struct stat st {};
-    if (::stat(in.c_str(), &st) != 0) continue;  // the importer names what is missing
-    const auto [it, fresh] = seen.emplace(std::pair{st.st_dev, st.st_ino}, &in);
-    BERTH_CHECK(fresh,
-                "the input '{}' {}: its documents would be imported twice (and could land in both "
-                "--out and --val-out); name each file once",
-                in,
-                in == *it->second ? std::string("is named twice")
-                                  : fmt::format("is the same file as '{}'", *it->second));
+  // could land in the validation split of its own training data. It is imported once, at its
+  // first name, and the others are named in a warning (refusing them failed the glob of a
+  // directory with links in it, /usr/share/common-licenses/* on Debian: GPL -> GPL-3). By
+  // device and inode, so links count, in one pass over thousands of files.
+  {
+    std::map<std::pair<dev_t, ino_t>, std::string> seen;
+    std::vector<std::string> unique, skipped;
+    for (std::string& in : a.inputs) {
+      struct stat st {};
+      if (::stat(in.c_str(), &st) != 0) {  // the importer names what is missing
+        unique.push_back(std::move(in));
+        continue;
+      }
+      const auto [it, fresh] = seen.emplace(std::pair{st.st_dev, st.st_ino}, in);
+      if (fresh) {
+        unique.push_back(std::move(in));
+      } else {
+        skipped.push_back(in == it->second ? fmt::format("'{}' (named again)", in)
+                                           : fmt::format("'{}' (= '{}')", in, it->second));
+      }
+    }
+    if (!skipped.empty()) {
+      std::string list;
+      for (size_t i = 0; i < skipped.size() && i < 5; ++i) list += (i ? ", " : "") + skipped[i];
+      if (skipped.size() > 5) list += fmt::format(" and {} more", skipped.size() - 5);
+      log_warn(
+          "{} input(s) name a file already among the inputs, imported once at its first "
+          "name: {}",
+          skipped.size(), list);
+    }
+    a.inputs = std::move(unique);
   }
   BERTH_CHECK(a.val_out.empty() == (a.val_fraction == 0.0),
               "--val-out and --val-fraction go together: give both, the fraction above 0 (e.g. "
