@@ -19,9 +19,11 @@
 namespace berth {
 namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// The write rate a checkpoint's prior assumes until the first save is measured: about what this
-// repo's dev VM measured for the tiny config (10 MB in 0.02-0.03 s); a parallel filesystem's
-// share per writer is often lower, a local NVMe disk higher.
+// A checkpoint's prior until the first save is measured: a fixed cost (files created, synced and
+// renamed: this repo's dev VM saved the tiny config's 10 MB in 0.08-0.12 s on 2026-12-07, the
+// files written in the checksummed HDF5 1.10 format) and a write rate (a parallel filesystem's
+// share per writer is often lower, a local NVMe disk higher).
+constexpr double kCheckpointPriorFixedS = 0.1;
 constexpr double kCheckpointPriorBytesPerS = 0.5e9;
 }  // namespace
 
@@ -65,7 +67,7 @@ ProgressTracker::ProgressTracker(const RunConfig& cfg, ProcessGrid& grid,
         gpt_param_layout(make_gpt_config(cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model,
                                          cfg.model.vocab_size, cfg.model.max_seq_len))
             .total;
-    f.ckpt_prior_s = 12.0 * double(params) / kCheckpointPriorBytesPerS;
+    f.ckpt_prior_s = kCheckpointPriorFixedS + 12.0 * double(params) / kCheckpointPriorBytesPerS;
     f.eval_prior_steps =
         double(cfg.eval.batches) / (3.0 * double(std::max<int64_t>(1, cfg.parallel.microbatches)));
     MonitorSettings s;
