@@ -320,19 +320,20 @@ TEST_F(TrainTest, ANewRunLeavesAnEarlierRunsResultsAloneWithoutACheckpoint) {
   EXPECT_EQ(t.run().size(), 3u);
 }
 
+// berth plan and reserve --config refuse what berth train refuses in the data settings and files
+// (a plan that "fits" such a config misled): `cfg`'s plan input has one refusal, saying `phrase`.
+void expect_one_refusal(const RunConfig& cfg, const std::string& phrase) {
+  const PlanInput in = plan_input_from_config(cfg, 1);
+  ASSERT_EQ(in.refusals.size(), 1u);
+  EXPECT_NE(in.refusals[0].find(phrase), std::string::npos) << in.refusals[0];
+  test::expect_error([&] { require_trainable(in); }, {"berth train refuses this config: ", phrase});
+}
+
 TEST_F(TrainTest, DatasetVocabLargerThanModelIsRejected) {
   RunConfig cfg = config(1);
   cfg.model.vocab_size = 32;
   test::expect_error([&] { Trainer t(cfg, *world()); }, {"raise model.vocab_size"});
-  // berth plan and reserve --config refuse it too, instead of a plan that "fits" a config train
-  // refuses at once.
-  const PlanInput in = plan_input_from_config(cfg, 1);
-  ASSERT_EQ(in.refusals.size(), 1u);
-  EXPECT_NE(in.refusals[0].find("has vocab_size 64 but model.vocab_size is 32: raise"),
-            std::string::npos)
-      << in.refusals[0];
-  test::expect_error([&] { require_trainable(in); },
-                     {"berth train refuses this config: data.train", "raise model.vocab_size"});
+  expect_one_refusal(cfg, "has vocab_size 64 but model.vocab_size is 32: raise");
 }
 
 // The data settings berth train refuses before reading anything are refusals of the plan too.
@@ -342,18 +343,11 @@ TEST_F(TrainTest, DataSettingsTrainRefusesAreRefusalsOfThePlan) {
   cfg.eval.interval = 5;
   cfg.data.val = "";
   test::expect_error([&] { Trainer t(cfg, *world()); }, {"eval.interval is 5 but data.val"});
-  const PlanInput no_val = plan_input_from_config(cfg, 1);
-  ASSERT_EQ(no_val.refusals.size(), 1u);
-  EXPECT_NE(no_val.refusals[0].find("eval.interval is 5 but data.val is not set"),
-            std::string::npos)
-      << no_val.refusals[0];
+  expect_one_refusal(cfg, "eval.interval is 5 but data.val is not set");
   cfg.eval.interval = 0;
   cfg.data.train = "";
   test::expect_error([&] { Trainer t(cfg, *world()); }, {"data.train is not set"});
-  const PlanInput no_train = plan_input_from_config(cfg, 1);
-  ASSERT_EQ(no_train.refusals.size(), 1u);
-  EXPECT_NE(no_train.refusals[0].find("data.train is not set"), std::string::npos)
-      << no_train.refusals[0];
+  expect_one_refusal(cfg, "data.train is not set");
 }
 
 // Divergence names the step as the log counts it (1-based; it said "step 1" after the log's step
