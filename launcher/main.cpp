@@ -61,12 +61,15 @@ bool needs_mpi(int argc, char** argv) {
   return word == "train" || word == "plan";
 }
 
-// Only `train` and `plan --calibrate` work with every rank. Any other command launched on several
-// ranks runs once, on rank 0: `srun berth reserve ...` in a batch script of 8 tasks booked 8
-// times, and `mpirun -np 2 berth plan --json` printed two JSON documents interleaved.
+// Only `train` and `plan --calibrate` work with every rank, and `devices` is each host's own
+// (`srun -N 4 berth devices register` registers every node's GPUs; a host's ranks register the
+// same devices again, which changes nothing). Any other command launched on several ranks runs
+// once, on rank 0: `srun berth reserve ...` in a batch script of 8 tasks booked 8 times, and
+// `mpirun -np 2 berth plan --json` printed two JSON documents interleaved.
 bool runs_on_every_rank(int argc, char** argv) {
   const std::string word = command_word(argc, argv);
-  return word == "train" || (word == "plan" && has_argument(argc, argv, "--calibrate"));
+  return word == "train" || word == "devices" ||
+         (word == "plan" && has_argument(argc, argv, "--calibrate"));
 }
 
 // The other ranks of a command that runs once wait for rank 0's exit status and exit with it (a

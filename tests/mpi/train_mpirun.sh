@@ -295,6 +295,14 @@ rc=$?
 [ $rc -eq 1 ] && [ "$(grep -c "does not exist" "$tmp/reserve_bad.log")" = 1 ] &&
   ! grep -q MPI_ABORT "$tmp/reserve_bad.log"
 check "its error is printed once, exit 1 without MPI_Abort (rc $rc)" $?
+# `devices` is each host's own, run by every rank (srun -N 4 berth devices register registers
+# every node's devices); two ranks of one host register the same slots, which changes nothing.
+timeout 60 "${mpi[@]}" -np 2 "$berth" devices register --ledger "$tmp/hosts.db" --cpu-slots 2 \
+    > "$tmp/register_np2.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && [ "$(grep -c "^registered 2 device(s).*the ledger now has 2$" "$tmp/register_np2.log")" = 2 ] &&
+  ! grep -q "runs once" "$tmp/register_np2.log"
+check "mpirun -np 2 berth devices register runs on both ranks, 2 slots in the ledger (rc $rc)" $?
 
 [ $fail -ne 0 ] && cat "$tmp"/*.log
 echo "$pass passed, $fail failed"
