@@ -147,32 +147,39 @@ const ScheduleEntry& schedule_at(const RunFacts& facts, int64_t step) {
 
 // ---- ProgressPredictor -----------------------------------------------------------------------
 
+namespace {
+
+// What a predictor needs of its run facts, named with `where` (a file, or "run facts").
+void check_run_facts(const RunFacts& f, const std::string& where) {
+  BERTH_CHECK(f.session_steps > 0, "{}: session_steps must be > 0, got {}", where, f.session_steps);
+  BERTH_CHECK(f.start_step >= 0, "{}: start_step must be >= 0 (0 for a run from the start), got {}",
+              where, f.start_step);
+  BERTH_CHECK(
+      f.session_steps <= kMaxPredictedSteps && f.start_step <= kMaxPredictedSteps - f.session_steps,
+      "{}: start_step + session_steps = {} is beyond the {} steps the predictor "
+      "forecasts (step by step)",
+      where, f.start_step + f.session_steps, kMaxPredictedSteps);
+  BERTH_CHECK(f.hidden_size > 0, "{}: hidden_size must be > 0, got {}", where, f.hidden_size);
+  BERTH_CHECK(!f.schedule.empty(),
+              "{}: schedule needs at least one [from_step, seq_len, tokens_per_step] entry", where);
+  BERTH_CHECK(f.ckpt_interval >= 0 && f.eval_interval >= 0 && f.lease_s >= 0 &&
+                  f.ckpt_prior_s >= 0 && f.eval_prior_steps >= 0,
+              "{}: ckpt_interval, eval_interval, lease_s and the priors must be >= 0", where);
+  for (const auto& e : f.schedule) {
+    BERTH_CHECK(e.seq_len > 0 && e.tokens_per_step > 0,
+                "{}: schedule entry from step {} has seq_len {} and tokens_per_step {}; both must "
+                "be > 0",
+                where, e.from_step, e.seq_len, e.tokens_per_step);
+  }
+}
+
+}  // namespace
+
 ProgressPredictor::ProgressPredictor(RunFacts facts) : facts_(std::move(facts)) {
-  BERTH_CHECK(facts_.session_steps > 0, "run facts: session_steps must be > 0, got {}",
-              facts_.session_steps);
-  BERTH_CHECK(facts_.start_step >= 0, "run facts: start_step must be >= 0, got {}",
-              facts_.start_step);
-  BERTH_CHECK(facts_.session_steps <= kMaxPredictedSteps &&
-                  facts_.start_step <= kMaxPredictedSteps - facts_.session_steps,
-              "run facts: start_step + session_steps = {} is beyond the {} steps the predictor "
-              "forecasts (step by step)",
-              facts_.start_step + facts_.session_steps, kMaxPredictedSteps);
-  BERTH_CHECK(facts_.hidden_size > 0, "run facts: hidden_size must be > 0, got {}",
-              facts_.hidden_size);
-  BERTH_CHECK(!facts_.schedule.empty(),
-              "run facts: schedule needs at least one [from_step, seq_len, tokens_per_step] entry");
-  BERTH_CHECK(facts_.ckpt_interval >= 0 && facts_.eval_interval >= 0 && facts_.lease_s >= 0 &&
-                  facts_.ckpt_prior_s >= 0 && facts_.eval_prior_steps >= 0,
-              "run facts: ckpt_interval, eval_interval, lease_s and the priors must be >= 0");
+  check_run_facts(facts_, "run facts");
   std::stable_sort(
       facts_.schedule.begin(), facts_.schedule.end(),
       [](const ScheduleEntry& a, const ScheduleEntry& b) { return a.from_step < b.from_step; });
-  for (const auto& e : facts_.schedule) {
-    BERTH_CHECK(e.seq_len > 0 && e.tokens_per_step > 0,
-                "run facts: schedule entry from step {} has seq_len {} and tokens_per_step {}; "
-                "both must be > 0",
-                e.from_step, e.seq_len, e.tokens_per_step);
-  }
 }
 
 void ProgressPredictor::set_lease_s(double lease_s) {
@@ -859,14 +866,17 @@ namespace {
 RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
   BERTH_CHECK(j.is_object(), "{}: run facts must be a JSON object", where);
   RunFacts f;
+  // (an unsigned number past int64 read back negative: max_steps 1e19 "exceeded" -8.4e18)
+  auto in_int64 = [](const nlohmann::json& v) {
+    return !v.is_number_unsigned() ||
+           v.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max());
+  };
   auto need_int = [&](const char* key) -> int64_t {
     BERTH_CHECK(j.contains(key), "{}: run facts lack '{}'", where, key);
     BERTH_CHECK(j[key].is_number_integer(), "{}: '{}' must be an integer, got {}", where, key,
                 j[key].dump());
-    // (an unsigned one past int64 read back negative: max_steps 1e19 "exceeded" -8.4e18)
-    BERTH_CHECK(!j[key].is_number_unsigned() ||
-                    j[key].get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()),
-                "{}: '{}' is {}, beyond any step count", where, key, j[key].dump());
+    BERTH_CHECK(in_int64(j[key]), "{}: '{}' is {}, beyond any step count", where, key,
+                j[key].dump());
     return j[key].get<int64_t>();
   };
   auto need_num = [&](const char* key) -> double {
@@ -910,24 +920,16 @@ RunFacts facts_from_json(const nlohmann::json& j, const std::string& where) {
                     e[1].is_number_integer() && e[2].is_number_integer(),
                 "{}: schedule entry {} must be [from_step, seq_len, tokens_per_step] integers",
                 where, e.dump());
-    for (size_t k = 0; k < 3; ++k) {
-      BERTH_CHECK(!e[k].is_number_unsigned() ||
-                      e[k].get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()),
-                  "{}: schedule entry {} has a value beyond any count", where, e.dump());
-    }
+    BERTH_CHECK(in_int64(e[0]) && in_int64(e[1]) && in_int64(e[2]),
+                "{}: schedule entry {} has a value beyond any count", where, e.dump());
     f.schedule.push_back({e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<int64_t>()});
-    BERTH_CHECK(f.schedule.back().seq_len > 0 && f.schedule.back().tokens_per_step > 0,
-                "{}: schedule entry {}: seq_len and tokens_per_step must be > 0", where, e.dump());
     BERTH_CHECK(f.schedule.size() == 1 ||
                     f.schedule.back().from_step > f.schedule[f.schedule.size() - 2].from_step,
                 "{}: schedule entries must be in increasing from_step order, each step once; "
                 "{} follows from_step {}",
                 where, e.dump(), f.schedule[f.schedule.size() - 2].from_step);
   }
-  BERTH_CHECK(f.session_steps > 0, "{}: session_steps must be > 0, got {}", where, f.session_steps);
-  BERTH_CHECK(f.start_step >= 0, "{}: start_step must be >= 0 (0 for a run from the start), got {}",
-              where, f.start_step);
-  BERTH_CHECK(f.hidden_size > 0, "{}: hidden_size must be > 0, got {}", where, f.hidden_size);
+  check_run_facts(f, where);
   // The steps before the first entry would have no seq_len or tokens_per_step of their own.
   BERTH_CHECK(f.schedule.front().from_step <= f.start_step + 1,
               "{}: the schedule's first entry is from step {}, after the session's first step {}: "
