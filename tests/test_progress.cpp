@@ -240,10 +240,7 @@ TEST(Progress, TheEvaluationBeforeTrainingSplitsSavesFromEvaluationsThatCoincide
   auto f = steady_facts(400);
   f.ckpt_interval = 20;
   f.eval_interval = 20;
-  Synth s;
-  s.noise_rel = 0.01;
-  s.first_extra_s = 0;
-  auto rows = synth_trace(f, s);
+  auto rows = quiet_trace(f);
   for (auto& r : rows) {
     if (r.event == "ckpt+eval") r.duration_s += 1.7, r.overhead_s = 1.7;
   }
