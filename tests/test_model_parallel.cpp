@@ -4,7 +4,8 @@
 // 20 steps: every loss within 1e-5 relative and the final parameters (gathered from every tp
 // slice and stage) within the data-parallel tolerances. Also: the AFAB schedule, cp 2 × tp 2 ×
 // dp 2, evaluation through the pipeline, the tied embedding copies, and checkpoints saved at
-// (tp, pp, dp) = (2, 2, 1) resumed at (1, 4, 1), (2, 1, 2), (1, 1, 1) and (1, 1, 2).
+// (tp, pp, dp) = (2, 2, 1) resumed at (1, 4, 1), (2, 1, 2), (1, 1, 1) and (1, 1, 2), and ZeRO-1
+// checkpoints saved at tp 2 × dp 2 and dp 2 × cp 2 resumed on one rank.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -382,6 +383,37 @@ TEST_F(ModelParallelTest, CheckpointAtTp2Pp2ResumesAtOtherLayouts) {
     const std::vector<double> got = rest(t);
     test::expect_close(got.data(), expect.data(), int64_t(expect.size()), test::kDataParallelLoss,
                        "losses after resuming a tp 2 × pp 2 checkpoint at dp 2");
+  }
+}
+
+TEST_F(ModelParallelTest, ZeroOneCheckpointsAtTp2AndCp2ResumeOnOneRank) {
+  // The moment shards of a dp × cp group meet on its dp = cp = 0 rank, which is world rank 1 for
+  // the second tp slice: a save that sent them elsewhere hangs or resumes other moments.
+  if (world().size() != 4) GTEST_SKIP() << "saves at tp 2 × dp 2 and dp 2 × cp 2 (4 ranks)";
+  for (const Layout& l : {Layout{2, 1, 2, 1}, Layout{1, 1, 2, 2}}) {
+    RunConfig save_cfg = config(l, kRowsPerMicroBatch, 1);
+    save_cfg.run.name = "zero1 save " + l.name();
+    save_cfg.checkpoint.dir = (dir_ / ("ck_zero1_" + l.name())).string();
+    std::vector<double> uninterrupted;
+    {
+      Trainer t(save_cfg, world());
+      for (int64_t s = 0; s < kSteps; s++) {
+        uninterrupted.push_back(t.train_step(s).loss);
+        if (s + 1 == 10) t.save(10);
+      }
+    }
+    std::unique_ptr<Communicator> self = world().split(world().rank(), 0);
+    RunConfig c = config({1, 1, 1, 1}, 2 * kRowsPerMicroBatch, 1);
+    c.run.name = "zero1 resume " + l.name() + " " + std::to_string(world().rank());
+    c.checkpoint.dir = (dir_ / ("ck_zero1_one_" + std::to_string(world().rank()))).string();
+    Trainer t(c, *self);
+    t.resume(save_cfg.checkpoint.dir + "/" + checkpoint_dir_name(10));
+    std::vector<double> got;
+    for (int64_t s = t.start_step(); s < kSteps; s++) got.push_back(t.train_step(s).loss);
+    const std::vector<double> expect(uninterrupted.begin() + 10, uninterrupted.end());
+    test::expect_close(
+        got.data(), expect.data(), int64_t(expect.size()), test::kDataParallelLoss,
+        ("losses after resuming a ZeRO-1 checkpoint of " + l.name() + " on one rank").c_str());
   }
 }
 

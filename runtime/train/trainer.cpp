@@ -873,20 +873,47 @@ std::vector<float> Trainer::gather_full(const std::vector<float>& local) {
 
 std::vector<float> Trainer::full_params() { return gather_full(model_->params_host()); }
 
+void Trainer::gather_moment_shards(std::vector<float>* m, std::vector<float>* v) {
+  const GridShape& shape = grid_->shape();
+  const GridCoord& me = grid_->coord();
+  const int group = shape.dp * shape.cp;
+  if (group == 1) return;  // the shard is the whole layout
+  // dp_cp's rank k is (dp, cp) = (k / cp, k % cp) and holds shard k (shard_counts_).
+  auto world_rank_of = [&](int k) {
+    return grid_rank(shape, GridCoord{me.tp, k % shape.cp, me.pp, k / shape.cp});
+  };
+  if (me.dp != 0 || me.cp != 0) {
+    world_.group_begin();
+    world_.send(m->data(), m->size(), DType::F32, world_rank_of(0));
+    world_.send(v->data(), v->size(), DType::F32, world_rank_of(0));
+    world_.group_end();
+    return;
+  }
+  std::vector<float> whole_m(size_t(model_->layout().total)), whole_v(whole_m.size());
+  std::copy(m->begin(), m->end(), whole_m.begin());
+  std::copy(v->begin(), v->end(), whole_v.begin());
+  world_.group_begin();
+  size_t offset = shard_counts_[0];
+  for (int k = 1; k < group; ++k) {
+    world_.recv(whole_m.data() + offset, shard_counts_[size_t(k)], DType::F32, world_rank_of(k));
+    world_.recv(whole_v.data() + offset, shard_counts_[size_t(k)], DType::F32, world_rank_of(k));
+    offset += shard_counts_[size_t(k)];
+  }
+  world_.group_end();
+  m->swap(whole_m), v->swap(whole_v);
+}
+
 double Trainer::save(int64_t steps_done) {
   const auto t0 = std::chrono::steady_clock::now();
   CheckpointData ck;
   ck.model = canonical_;
   ck.adam_step = opt_->steps_taken();
-  // This rank's moments, whole over its layout: with ZeRO-1 the shards gathered (collective).
+  // This rank's moments, whole over its layout. With ZeRO-1 the shards meet only on the rank
+  // gather_full reads (dp = cp = 0 of this tp and pp coordinate): an all-gather gave every rank
+  // of the group 8 bytes a parameter of its layout in host memory during the save, for nothing.
+  // By the world's p2p, which carries host buffers on either backend (collective).
   std::vector<float> m = opt_->m_host(), v = opt_->v_host();
-  if (cfg_.parallel.zero == 1) {
-    Communicator& g = grid_->dp_cp();
-    std::vector<float> whole_m(size_t(model_->layout().total)), whole_v(whole_m.size());
-    g.all_gather(m.data(), whole_m.data(), shard_counts_, DType::F32);
-    g.all_gather(v.data(), whole_v.data(), shard_counts_, DType::F32);
-    m.swap(whole_m), v.swap(whole_v);
-  }
+  if (cfg_.parallel.zero == 1) gather_moment_shards(&m, &v);
   // Whole tensors, assembled on rank 0 from every tp slice and pipeline stage (collective).
   ck.params = gather_full(model_->params_host());
   ck.adam_m = gather_full(m);

@@ -116,6 +116,10 @@ class Trainer {
   void sync_and_update(double lr, StepStats* st);
   // A whole-model buffer (parameters or moments, this rank's layout) → full tensors on rank 0.
   std::vector<float> gather_full(const std::vector<float>& local);
+  // ZeRO-1: this rank's moment shards → the whole layout's moments on the dp = cp = 0 rank of
+  // its tp and pp coordinate (gather_full's holder); the others keep their shards. Collective
+  // over the dp × cp group.
+  void gather_moment_shards(std::vector<float>* m, std::vector<float>* v);
   // Throws (on every rank) unless every rank's resolved config is rank 0's. Collective.
   void require_same_config_on_every_rank();
   // Warns (rank 0) when the data order or the learning-rate schedule differ from the run that
