@@ -15,6 +15,7 @@
 
 #include "launcher/commands.h"
 #include "runtime/core/check.h"
+#include "runtime/core/fs.h"
 #include "runtime/core/log.h"
 #include "runtime/io/hdf5_exit.h"
 
@@ -158,6 +159,9 @@ int main(int argc, char** argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &world);
   }
   berth::set_identity(rank, world);
+  // Ctrl-C or a job's time limit removes the temporaries of a command's outputs; train stops
+  // cleanly with a checkpoint on its own handlers instead.
+  if (command_word(argc, argv) != "train") berth::remove_temporaries_on_signals();
 
   int code = 0;
   bool every_rank_agreed = false;

@@ -1,8 +1,10 @@
 // Token datasets (HDF5) and importers: round trips, validation, every reader error, atomic writes.
 #include <gtest/gtest.h>
 #include <hdf5.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -764,6 +766,44 @@ TEST_F(IoTest, RewriteFromAmendsTheLastLineOfItsOwnFileOnly) {
   std::ofstream(p) << "the other launch's line\n";
   EXPECT_FALSE(rewrite_from(out, p, mine, at, "2\n"));
   EXPECT_EQ(read_text_file(p), "the other launch's line\n");
+}
+
+// Ctrl-C or a job's time limit (SIGINT, SIGTERM) during a write left the temporary behind for
+// good: `data import` of a corpus, gigabytes. remove_temporaries_on_signals removes what is being
+// written, a temporary directory with its registered file inside too, keeps what was committed,
+// and the process still dies of the signal.
+TEST_F(IoTest, ASignalRemovesTheTemporariesBeingWrittenAndStillEndsTheProcess) {
+  for (const int sig : {SIGTERM, SIGINT}) {
+    const std::string ready = path("ready"), kept = path("kept.txt"), lost = path("lost.h5");
+    fs::remove(ready);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      remove_temporaries_on_signals();
+      write_file_atomic(kept, "committed\n");
+      write_via_temp(lost, [&](const std::string& tmp) {
+        std::ofstream(tmp) << "half";
+        const std::string dir = temp_path_for(path("export"));
+        fs::create_directory(dir);
+        const ScopedTemp dir_removed(dir);
+        const std::string inner = dir + "/model.safetensors.tmp.1.0";
+        std::ofstream(inner) << "half";
+        const ScopedTemp inner_removed(inner);
+        std::ofstream(ready) << "1";
+        for (;;) pause();
+      });
+      _exit(0);
+    }
+    for (int i = 0; i < 2000 && !fs::exists(ready); ++i) usleep(5000);
+    ASSERT_TRUE(fs::exists(ready)) << "the child never got to its write";
+    kill(child, sig);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << "status " << status;
+    EXPECT_TRUE(temp_leftovers().empty()) << "left: " << temp_leftovers().front();
+    EXPECT_FALSE(fs::exists(lost));
+    EXPECT_EQ(read_text_file(kept), "committed\n");
+  }
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +21,58 @@ namespace berth {
 std::string without_trailing_slashes(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   return path;
+}
+
+namespace {
+
+constexpr int kTempSlots = 64;
+enum SlotState : int { kFree = 0, kFilling = 1, kReady = 2 };
+struct TempSlot {
+  std::atomic<int> state{kFree};
+  char path[4096];
+};
+TempSlot g_temps[kTempSlots];
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler reads the slots' state");
+constexpr int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+// Async-signal-safe: atomics, unlink, rmdir, signal, raise.
+void remove_temporaries_and_die(int signum) {
+  for (int i = kTempSlots - 1; i >= 0; --i) {
+    if (g_temps[i].state.load() != kReady) continue;
+    if (::unlink(g_temps[i].path) != 0) ::rmdir(g_temps[i].path);
+  }
+  std::signal(signum, SIG_DFL);
+  std::raise(signum);
+}
+
+}  // namespace
+
+ScopedTemp::ScopedTemp(const std::string& path) {
+  if (path.empty() || path.size() >= sizeof(g_temps[0].path)) return;
+  for (int i = 0; i < kTempSlots; ++i) {
+    int expected = kFree;
+    if (!g_temps[i].state.compare_exchange_strong(expected, kFilling)) continue;
+    std::memcpy(g_temps[i].path, path.c_str(), path.size() + 1);
+    g_temps[i].state.store(kReady);
+    slot_ = i;
+    return;
+  }
+}
+
+ScopedTemp::~ScopedTemp() {
+  if (slot_ >= 0) g_temps[slot_].state.store(kFree);
+}
+
+void remove_temporaries_on_signals() {
+  for (const int sig : kCleanupSignals) {
+    struct sigaction now {};
+    if (sigaction(sig, nullptr, &now) != 0 || now.sa_handler != SIG_DFL) continue;
+    struct sigaction sa {};
+    sa.sa_handler = remove_temporaries_and_die;
+    sigemptyset(&sa.sa_mask);
+    for (const int other : kCleanupSignals) sigaddset(&sa.sa_mask, other);
+    sigaction(sig, &sa, nullptr);
+  }
 }
 
 std::string temp_path_for(const std::string& final_path) {
@@ -37,6 +91,7 @@ void commit_file(const std::string& temp_path, const std::string& final_path) {
 
 void write_file_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = temp_path_for(path);
+  const ScopedTemp removed_if_killed(tmp);
   {
     std::ofstream out(tmp, std::ios::binary);
     BERTH_CHECK(out.good(), "cannot write {}: {} (check that the directory exists and is writable)",

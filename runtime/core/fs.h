@@ -22,11 +22,35 @@ void commit_file(const std::string& temp_path, const std::string& final_path);
 // Writes `bytes` (text or binary) to `path` atomically (temporary + rename).
 void write_file_atomic(const std::string& path, const std::string& bytes);
 
+// While a ScopedTemp lives, `path` (a temporary being written) is removed if SIGINT, SIGTERM or
+// SIGHUP ends the process (remove_temporaries_on_signals): a data import or model export stopped
+// by Ctrl-C or its job's time limit left gigabytes under `<out>.tmp.<pid>.<n>` that nothing swept.
+// Newest first, so files inside a temporary directory go before it (an empty directory is
+// removed; one with files nobody registered stays). Best effort: past 64 at once, the others are
+// not registered; SIGKILL leaves them all.
+class ScopedTemp {
+ public:
+  explicit ScopedTemp(const std::string& path);
+  ~ScopedTemp();
+  ScopedTemp(const ScopedTemp&) = delete;
+  ScopedTemp& operator=(const ScopedTemp&) = delete;
+
+ private:
+  int slot_ = -1;
+};
+
+// Installs the handler ScopedTemp relies on for SIGINT, SIGTERM and SIGHUP, where their action is
+// the default (a signal the launcher ignores, nohup's SIGHUP, stays ignored): it removes the
+// registered temporaries, then the signal takes its default action, so the exit status still
+// names it. berth train has its own handlers (a clean stop with a checkpoint).
+void remove_temporaries_on_signals();
+
 // Calls write(tmp) with a temporary path next to `path`, then renames the temporary into place.
 // If write throws, the temporary is removed and the error propagates: `path` is untouched.
 template <typename Write>
 void write_via_temp(const std::string& path, Write&& write) {
   const std::string tmp = temp_path_for(path);
+  const ScopedTemp removed_if_killed(tmp);
   try {
     write(tmp);
   } catch (...) {

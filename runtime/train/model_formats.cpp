@@ -117,6 +117,7 @@ class OutputFile {
 
  private:
   std::string final_, tmp_;
+  ScopedTemp removed_if_killed_{tmp_};
   std::ofstream out_;
   bool committed_ = false;
 };
@@ -778,6 +779,7 @@ void write_hf_gpt2(const std::string& out_dir, const CheckpointData& data) {
                 (fs::path(out_dir) / name).string(), why);
   }
   const std::string dir = exists ? out_dir : temp_path_for(out_dir);
+  const ScopedTemp removed_if_killed(exists ? std::string() : dir);
   if (!exists && !fs::create_directory(dir, ec)) {
     BERTH_FAIL("cannot create '{}': {} (check that the parent directory exists and is writable)",
                out_dir, ec ? ec.message() : "already exists");
