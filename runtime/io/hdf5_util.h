@@ -276,7 +276,9 @@ inline std::string foreign_file_reason(const std::string& path, const char* form
   H5Id fapl(file_access_plist(), H5Pclose);
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
   if (!file.valid()) return unreadable_ok ? "" : "it is an HDF5 file that cannot be opened";
-  if (H5Aexists(file.get(), "format") <= 0) return "it is an HDF5 file without berth's 'format'";
+  const htri_t has_format = H5Aexists(file.get(), "format");
+  if (has_format < 0) return unreadable_ok ? "" : "it is an HDF5 file whose header cannot be read";
+  if (has_format == 0) return "it is an HDF5 file without berth's 'format'";
   H5Id attr(H5Aopen(file.get(), "format", H5P_DEFAULT), H5Aclose);
   H5Id type(attr.valid() ? H5Aget_type(attr.get()) : H5I_INVALID_HID, H5Tclose);
   std::string found;

@@ -136,6 +136,20 @@ std::string utc_now() {
              path, what, h5::h5_error_detail());
 }
 
+// Whether `obj` has the attribute (the link) `name`. A lookup that fails is a damaged object
+// header (a flipped bit fails its checksum), not an absent name: it was read as "not a berth
+// checkpoint file", which sent users after a mixed-up file instead of an older checkpoint.
+bool has_attr(hid_t obj, const char* name, const std::string& path) {
+  const htri_t found = H5Aexists(obj, name);
+  if (found < 0) fail_read(path, fmt::format("looking up attribute '{}'", name));
+  return found > 0;
+}
+bool has_link(hid_t loc, const std::string& name, const std::string& path) {
+  const htri_t found = H5Lexists(loc, name.c_str(), H5P_DEFAULT);
+  if (found < 0) fail_read(path, fmt::format("looking up '{}'", name));
+  return found > 0;
+}
+
 // How many of p[0..n) are NaN/Inf (or, `non_negative`, below 0), and the first one's index.
 struct BadValues {
   int64_t count = 0, first = -1;
@@ -163,7 +177,7 @@ BadValues bad_values(const float* p, int64_t n, bool non_negative) {
 }
 
 int64_t read_i64_attr(hid_t obj, const char* name, const std::string& path) {
-  if (H5Aexists(obj, name) <= 0) {
+  if (!has_attr(obj, name, path)) {
     BERTH_FAIL("checkpoint file '{}' has no attribute '{}': not a berth checkpoint file", path,
                name);
   }
@@ -186,7 +200,7 @@ int64_t read_i64_attr(hid_t obj, const char* name, const std::string& path) {
 // The root attribute `format` of a checkpoint file: a file without it, or with another value, is
 // some other HDF5 file put in the checkpoint's place.
 void check_format_attr(hid_t file, const std::string& path) {
-  if (H5Aexists(file, "format") <= 0) {
+  if (!has_attr(file, "format", path)) {
     BERTH_FAIL("checkpoint file '{}' has no attribute 'format': not a berth checkpoint file", path);
   }
   H5Id attr(H5Aopen(file, "format", H5P_DEFAULT), H5Aclose);
@@ -211,8 +225,9 @@ void check_format_attr(hid_t file, const std::string& path) {
 
 // A one-dimensional integer attribute of a dataset (nullopt when it is missing, not of integers
 // or of more dimensions).
-std::optional<std::vector<int64_t>> read_i64_array_attr(hid_t obj, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return std::nullopt;
+std::optional<std::vector<int64_t>> read_i64_array_attr(hid_t obj, const char* name,
+                                                        const std::string& path) {
+  if (!has_attr(obj, name, path)) return std::nullopt;
   H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
   H5Id type(attr.valid() ? H5Aget_type(attr.get()) : H5I_INVALID_HID, H5Tclose);
   H5Id space(attr.valid() ? H5Aget_space(attr.get()) : H5I_INVALID_HID, H5Sclose);
@@ -266,7 +281,7 @@ void check_no_extra_tensors(hid_t loc, const std::vector<std::string>& expected,
 
 void read_tensor(hid_t loc, const std::string& name, float* out, const std::vector<int64_t>& shape,
                  const std::string& path) {
-  if (H5Lexists(loc, name.c_str(), H5P_DEFAULT) <= 0) {
+  if (!has_link(loc, name, path)) {
     BERTH_FAIL(
         "checkpoint file '{}' has no tensor '{}': the file is corrupt (its attributes "
         "describe a model whose tensors it does not hold)",
@@ -287,8 +302,8 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
   }
   // berth saves every tensor whole: a slice of a bigger tensor (a shard another writer made, or
   // an edited attribute) would load as if it were all of it.
-  const auto full = read_i64_array_attr(dset.get(), "full_shape");
-  const auto offset = read_i64_array_attr(dset.get(), "offset");
+  const auto full = read_i64_array_attr(dset.get(), "full_shape", path);
+  const auto offset = read_i64_array_attr(dset.get(), "offset", path);
   const bool at_zero =
       offset && offset->size() == shape.size() &&
       std::all_of(offset->begin(), offset->end(), [](int64_t o) { return o == 0; });
@@ -651,7 +666,7 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
         "max_seq_len {}) are no model: {}; the checkpoint is corrupt",
         model_path, L, NH, C, V, maxT, e.what());
   }
-  if (H5Aexists(f, "step") > 0) {  // (absent in checkpoints saved before it was written)
+  if (has_attr(f, "step", model_path)) {  // (absent in checkpoints saved before it was written)
     const int64_t step = read_i64_attr(f, "step", model_path);
     BERTH_CHECK(step == d.meta.step,
                 "'{}' holds the weights of step {}, but meta.json says step {}: model.h5 is not "
@@ -704,7 +719,7 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
                     : std::string());
     check_no_extra_tensors(of.get(), {"m", "v"}, opt_path, "");
     for (const char* moment : {"m", "v"}) {
-      if (H5Lexists(of.get(), moment, H5P_DEFAULT) <= 0) continue;  // read_tensor names it
+      if (!has_link(of.get(), moment, opt_path)) continue;  // read_tensor names it
       H5Id group(H5Gopen2(of.get(), moment, H5P_DEFAULT), H5Gclose);
       if (!group.valid()) fail_read(opt_path, fmt::format("group '{}'", moment));
       check_no_extra_tensors(group.get(), names, opt_path, std::string(moment) + "/");

@@ -693,23 +693,35 @@ void Trainer::resume(const std::string& spec) {
   // on each host's own disk, the other hosts would find nothing and start afresh.
   std::string path = spec;
   if (spec == "auto") {
-    std::string latest;
+    std::string latest, refusal;
     if (world_.rank() == 0) {
       latest = latest_checkpoint(checkpoint_dir_).value_or("");
       // A newer step directory without meta.json (emptied or partly copied by hand) is passed
-      // by: say so, or the run silently goes back past it.
+      // by: say so, or the run silently goes back past it. One where this run will save would
+      // fail that save (run() refuses it): said now, before a resume is announced.
       const int64_t latest_step = latest.empty() ? -1 : checkpoint_step(latest);
+      const std::string older = latest.empty() ? std::string("no complete checkpoint is older")
+                                               : "the newest complete one is " + latest;
       for (const auto& [step, dir] : incomplete_checkpoints(checkpoint_dir_)) {
-        if (step > latest_step) {
-          log_warn(
+        if (step <= latest_step) continue;
+        if (step <= cfg_.train.steps && saves_at(step)) {
+          refusal = fmt::format(
               "resume auto: {} has no meta.json (not a complete checkpoint: damaged, or not "
-              "saved by berth) and is passed by; {}",
-              dir,
-              latest.empty() ? std::string("no complete checkpoint is older")
-                             : "resuming from the newest complete one, " + latest);
+              "saved by berth), and this run would save there at step {}: move it out of {} "
+              "and launch again with --resume auto ({})",
+              dir, step, checkpoint_dir_, older);
+          break;
         }
+        log_warn(
+            "resume auto: {} has no meta.json (not a complete checkpoint: damaged, or not "
+            "saved by berth) and is passed by; {}",
+            dir,
+            latest.empty() ? std::string("no complete checkpoint is older")
+                           : "resuming from the newest complete one, " + latest);
       }
     }
+    refusal = world_.broadcast_text(refusal);
+    BERTH_CHECK(refusal.empty(), "{}", refusal);
     path = world_.broadcast_text(latest);
     if (path.empty()) {
       log_info("resume auto: no complete checkpoint in {}; starting at step 0", checkpoint_dir_);
@@ -725,7 +737,20 @@ void Trainer::resume(const std::string& spec) {
               "reads it, so checkpoint.dir must be on a filesystem all hosts share",
               unseen, world_.size(), path);
   const auto t0 = std::chrono::steady_clock::now();
-  const CheckpointData ck = load_checkpoint(path, true);
+  const CheckpointData ck = [&] {
+    try {
+      return load_checkpoint(path, true);
+    } catch (const Error& e) {
+      // A damaged checkpoint of this run's own checkpoint.dir: an older one (--resume PATH)
+      // is refused while this later one is there, and --resume auto takes it again.
+      const std::filesystem::path in = std::filesystem::path(without_trailing_slashes(path));
+      if (!same_file_path(in.parent_path().string(), checkpoint_dir_)) throw;
+      BERTH_FAIL(
+          "{}. It is in this run's checkpoint.dir: move {} out of {}, then launch again with "
+          "--resume auto, which resumes from the newest complete checkpoint before it",
+          e.what(), in.string(), checkpoint_dir_);
+    }
+  }();
   // The same name on every rank, but the same checkpoint? (a stale copy on one host)
   // (one all-reduce by MAX: the minimum of x is -max(-x))
   int64_t span[4] = {-ck.meta.step, ck.meta.step, -ck.meta.rows_consumed, ck.meta.rows_consumed};

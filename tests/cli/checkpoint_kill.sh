@@ -53,6 +53,27 @@ rc=$?
 [ $rc -eq 0 ] && grep -q "resume auto: $ck/step-00000008 has no meta.json .* passed by; resuming from the newest complete one, $ck/step-00000006" "$tmp/third.log"
 check "resume auto names a newer step directory without meta.json it passes by (rc $rc)" $?
 
-[ $fail -ne 0 ] && cat "$tmp/first.log" "$tmp/second.log" "$tmp/third.log"
+# One where this run would save is refused before a resume is announced, saying what to move.
+"$berth" "${args[@]}" --set train.steps=8 --resume auto > "$tmp/fourth.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "step-00000008 has no meta.json .* would save there at step 8: move it out of $ck and launch again with --resume auto (the newest complete one is $ck/step-00000007)" "$tmp/fourth.log" && ! grep -q "resumed from" "$tmp/fourth.log"
+check "resume auto refuses a step directory without meta.json where it would save (rc $rc)" $?
+
+# A damaged newest checkpoint: the error says to move it out and resume auto, and doing so works
+# (an older one named by --resume PATH is refused while the later one is there).
+rmdir "$ck/step-00000008"
+rm "$ck/step-00000007/optimizer.h5"
+"$berth" "${args[@]}" --set train.steps=8 --resume auto > "$tmp/fifth.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "optimizer.h5' is missing.*move $ck/step-00000007 out of $ck, then launch again with --resume auto" "$tmp/fifth.log"
+check "a damaged checkpoint's error says to move it out and resume auto (rc $rc)" $?
+mv "$ck/step-00000007" "$tmp/damaged-step-7"
+"$berth" "${args[@]}" --set train.steps=8 --resume auto > "$tmp/sixth.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "resumed from $ck/step-00000006 at step 6" "$tmp/sixth.log" && [ -f "$ck/step-00000008/meta.json" ]
+check "after moving it out, resume auto continues from the checkpoint before it (rc $rc)" $?
+
+[ $fail -ne 0 ] && cat "$tmp/first.log" "$tmp/second.log" "$tmp/third.log" "$tmp/fourth.log" \
+  "$tmp/fifth.log" "$tmp/sixth.log"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
