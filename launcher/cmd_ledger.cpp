@@ -584,9 +584,11 @@ void register_ledger_commands(CLI::App& app) {
           for (const Device& d : open_ledger(a->l)->devices()) models.push_back(d.model);
         } catch (const Error&) {  // no ledger yet: the booking below says what to do
         }
-        size_from_plan(a->config, a->overrides, a->gpu, a->margin, &a->model, &a->gpus,
-                       &a->min_free_mem, &a->duration, models,
-                       a->l.json || a->print_id ? stderr : stdout);
+        naming_overrides(a->overrides, [&] {
+          size_from_plan(a->config, a->overrides, a->gpu, a->margin, &a->model, &a->gpus,
+                         &a->min_free_mem, &a->duration, models,
+                         a->l.json || a->print_id ? stderr : stdout);
+        });
       }
       BERTH_CHECK(a->gpus != kGpusNotGiven,
                   "reserve needs --gpus N (or --config CONFIG to size the booking)");

@@ -188,7 +188,7 @@ void register_plan_command(CLI::App& app) {
       BERTH_CHECK(out->count() == 0,
                   "--out is where --calibrate saves the profile; a plan prints to standard output "
                   "(add --json for JSON)");
-      plan(*a);
+      naming_overrides(a->overrides, [&] { plan(*a); });
     }
   });
 }

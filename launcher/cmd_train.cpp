@@ -158,8 +158,10 @@ RunConfig load_config_on_every_rank(const std::string& path,
   if (world == 1) {
     refuse_unwired_srun_tasks();
     RunConfig cfg = load_config(path, overrides);
-    check_layout(cfg, world);
-    check_data_files(cfg);
+    naming_overrides(overrides, [&] {
+      check_layout(cfg, world);
+      check_data_files(cfg);
+    });
     return cfg;
   }
   std::optional<RunConfig> cfg;
@@ -183,7 +185,7 @@ RunConfig load_config_on_every_rank(const std::string& path,
       check_layout(*cfg, world);
       check_data_files(*cfg);
     } catch (const Error& e) {
-      error = e.what();
+      error = with_overrides_named(e.what(), overrides);
     }
     vote_at_start(error, 0, rank, world,
                   "the layout and the data files check out here but not on every rank: each "
@@ -232,9 +234,12 @@ void register_train_command(CLI::App& app) {
       ~Uninstall() { install_comm_watchdog(nullptr); }
     } uninstall;
     std::unique_ptr<Communicator> world = make_mpi_world();
-    Trainer trainer(cfg, *world, nullptr, args->resume);
+    // The trainer's checks name the config file, also for a value --set gave: naming_overrides.
+    const std::unique_ptr<Trainer> made = naming_overrides(
+        overrides, [&] { return std::make_unique<Trainer>(cfg, *world, nullptr, args->resume); });
+    Trainer& trainer = *made;
     try {
-      trainer.run();
+      naming_overrides(overrides, [&] { trainer.run(); });
     } catch (const LeaseRefused& e) {  // every rank throws it together: one says why
       if (world->rank() == 0) log_error("{}", e.what());
       throw ExitStatus{kExitLeaseLost};

@@ -389,6 +389,16 @@ std::string overrides_named_in(std::string_view message,
   return out;
 }
 
+}  // namespace
+
+std::string with_overrides_named(const std::string& message,
+                                 const std::vector<std::string>& overrides) {
+  if (message.find("(set by the override '") != std::string::npos) return message;
+  return message + overrides_named_in(message, overrides);
+}
+
+namespace {
+
 std::string_view where_of(const RunConfig& cfg) {
   return cfg.source.empty() ? std::string_view("config") : std::string_view(cfg.source);
 }
@@ -427,7 +437,7 @@ RunConfig parse_config(const std::string& toml_text, const std::string& source_n
     validate_config(cfg);
   } catch (const Error& e) {
     // The checks name the config file; a value an override set is not in it: say so.
-    throw Error(e.what() + overrides_named_in(e.what(), overrides), e.where());
+    throw Error(with_overrides_named(e.what(), overrides), e.where());
   }
   return cfg;
 }

@@ -12,7 +12,10 @@
 
 #include <cstdint>
 #include <string>
+#include <typeinfo>
 #include <vector>
+
+#include "runtime/core/check.h"
 
 namespace berth {
 
@@ -140,6 +143,25 @@ struct RunConfig {
 // specific message (missing file, TOML syntax error with line/column, unknown key, wrong type,
 // bad value such as steps <= 0 or lr_schedule = "linear").
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// `message` with " (set by the override 'data.seq_len=126')" for each of `overrides` whose key it
+// names before its advice (the first "; "), unless it names one already. Checks after load_config
+// (the layout, the data, the trainer's, the plan's) name the config file, where a value that an
+// override set is not.
+std::string with_overrides_named(const std::string& message,
+                                 const std::vector<std::string>& overrides);
+
+// Runs f(); a berth::Error it throws (that class itself: a subclass carries an outcome, e.g.
+// LeaseRefused) is thrown again with_overrides_named.
+template <typename F>
+decltype(auto) naming_overrides(const std::vector<std::string>& overrides, F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    if (typeid(e) != typeid(Error)) throw;
+    throw Error(with_overrides_named(e.what(), overrides), e.where());
+  }
+}
 
 // Same as load_config but from TOML text; `source_name` is used in error messages.
 RunConfig parse_config(const std::string& toml_text, const std::string& source_name,

@@ -70,6 +70,12 @@ timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" 
     "$tmp/victim.log" && [ "$(md5sum < "$tmp/d.h5")" = "$sum_before" ]
 check "data.pack_plan naming the dataset is refused and the dataset is unchanged" $?
 
+# A layout check that fails on a value --set gave names the override, not only the config file.
+timeout 120 "${mpi[@]}" -np 2 --bind-to none "$berth" train "$cfg" "${tiny[@]}" --set run.name=cp \
+    --set parallel.cp=2 --set data.seq_len=14 > "$tmp/cp_override.log" 2>&1
+[ $? -eq 1 ] && grep -q "needs data.seq_len divisible by 2·cp = 4 (got 14).*(set by the override 'data.seq_len=14') (set by the override 'parallel.cp=2')" "$tmp/cp_override.log"
+check "a layout error names the --set overrides that gave its values" $?
+
 # Ranks launched with different configs (MPMD, --set on one side) stop before training instead of
 # running mismatched collectives until comm_timeout_s.
 start=$(date +%s)
