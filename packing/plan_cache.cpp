@@ -266,6 +266,15 @@ std::string stale_plan_reason(const PackPlan& plan, const PackOptions& now) {
                      : "built with " + out;
 }
 
+std::string pack_command(const std::string& data, const PackOptions& o, const std::string& out) {
+  return fmt::format(
+      "berth pack --data {} --seq-len {} --algorithm {} --window {} --seed {}{}{} "
+      "--out {}",
+      data, o.seq_len, pack_algorithm_name(o.algorithm), o.window, static_cast<int64_t>(o.seed),
+      o.long_docs == LongDocs::DROP ? " --drop-long" : "",
+      o.align > 1 ? fmt::format(" --align {}", o.align) : std::string(), out);
+}
+
 std::vector<int64_t> doc_lengths_from_offsets(const std::vector<uint64_t>& doc_offsets) {
   std::vector<int64_t> lengths(doc_offsets.empty() ? 0 : doc_offsets.size() - 1);
   for (size_t i = 0; i < lengths.size(); ++i) {

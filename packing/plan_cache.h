@@ -44,6 +44,10 @@ PackPlan read_plan(const std::string& path, std::string* key);
 // with the same options, "built for other documents: the dataset changed".
 std::string stale_plan_reason(const PackPlan& plan, const PackOptions& options);
 
+// The `berth pack` command line that packs `data` with `options` into `out` (for messages).
+std::string pack_command(const std::string& data, const PackOptions& options,
+                         const std::string& out);
+
 // Document lengths from dataset offsets (doc i = offsets[i+1] - offsets[i]).
 std::vector<int64_t> doc_lengths_from_offsets(const std::vector<uint64_t>& doc_offsets);
 

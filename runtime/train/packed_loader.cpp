@@ -1,9 +1,12 @@
 #include "runtime/train/packed_loader.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <numeric>
+#include <optional>
 #include <random>
 
+#include "packing/plan_cache.h"
 #include "runtime/core/check.h"
 
 namespace berth {
@@ -160,6 +163,27 @@ std::string packed_plan_path(const RunConfig& cfg, const std::string& data_path,
   return fmt::format("{}.plan-{}-T{}{}{}.h5", data_path, pack_algorithm_name(o.algorithm),
                      o.seq_len, o.align > 1 ? fmt::format("-a{}", o.align) : std::string(),
                      eval ? "-eval" : "");
+}
+
+void require_named_plan_is_this_runs(const RunConfig& cfg, const std::vector<uint64_t>& doc_offsets,
+                                     const PackOptions& o) {
+  const std::string& path = cfg.data.pack_plan;
+  std::error_code ec;
+  if (path.empty() || !std::filesystem::exists(path, ec)) return;
+  std::string key;
+  std::optional<PackPlan> theirs;
+  try {
+    theirs = read_plan(path, &key);
+  } catch (const Error&) {
+    return;
+  }
+  // Switching between cp 1 and 2 (the automatic alignment) rewrote the named plan each time, and
+  // runs of two option sets raced on it.
+  BERTH_CHECK(key == plan_key(doc_offsets, o),
+              "data.pack_plan '{}' is a plan {}: berth rebuilds only its automatic plans "
+              "(data.pack_plan = \"\": one file per option set beside the data). Pack it again "
+              "for this run with `{}`, or point data.pack_plan elsewhere",
+              path, stale_plan_reason(*theirs, o), pack_command(cfg.data.train, o, path));
 }
 
 }  // namespace berth

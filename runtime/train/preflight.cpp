@@ -164,6 +164,12 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
       } catch (const Error& e) {
         why = e.what();
       }
+      try {
+        require_named_plan_is_this_runs(cfg, offsets, options);
+      } catch (const Error& e) {
+        in.refusals.push_back(e.what());
+        why.clear();
+      }
       if (!why.empty()) {
         // as the trainer treats it: a plan it rebuilds, or a file that is no plan, refused (said
         // alone: the reader's "rebuild it with berth pack" is no advice for a file berth pack

@@ -348,6 +348,10 @@ void check_data_files(const RunConfig& cfg) {
   // data.val is read only when something evaluates: with eval.interval = 0 a config's val path
   // (on another cluster, not yet made) neither stops the run nor takes memory.
   if (cfg.eval.interval > 0 && !cfg.data.val.empty()) require_data_file(cfg.data.val, "data.val");
+  if (cfg.data.mode != "stream" && !cfg.data.pack_plan.empty()) {
+    require_named_plan_is_this_runs(cfg, read_token_dataset_offsets(cfg.data.train),
+                                    pack_options(cfg, int(cfg.parallel.cp)));
+  }
 }
 
 GridShape check_layout(const RunConfig& cfg, int world) {
@@ -644,9 +648,11 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
       // A plan path the config names, not there yet, is where the plan must go: a missing or
       // read-only directory there is the config's mistake (a typo), not a cache to skip.
       std::error_code ec;
-      if (!eval && path == cfg_.data.train && !cfg_.data.pack_plan.empty() &&
-          !std::filesystem::exists(cache, ec)) {
+      const bool named = !eval && path == cfg_.data.train && !cfg_.data.pack_plan.empty();
+      if (named && !std::filesystem::exists(cache, ec)) {
         check_output_file(cache, "data.pack_plan", "pack_plan.h5");
+      } else if (named) {
+        require_named_plan_is_this_runs(cfg_, ds->doc_offsets, o);
       }
       try {
         plan = load_or_build_plan(cache, ds->doc_offsets, o, &reused);

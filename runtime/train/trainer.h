@@ -211,7 +211,8 @@ void check_dataset_fits(const TokenDataset& ds, const char* key, const RunConfig
 GridShape check_layout(const RunConfig& cfg, int world);
 
 // data.train exists, and data.val when something evaluates; else a specific error naming the key
-// (and, for a relative path, the directory it is read from). Pure: `berth train` runs it in its
+// (and, for a relative path, the directory it is read from). A data.pack_plan there packed for
+// another run is refused (require_named_plan_is_this_runs). Pure: `berth train` runs it in its
 // start-up vote, so a dataset missing on every rank ends the job with one message and no
 // MPI_Abort (the trainer runs it again for its other callers).
 void check_data_files(const RunConfig& cfg);

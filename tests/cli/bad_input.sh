@@ -507,6 +507,22 @@ expect_error "train_pack_plan_in_a_missing_directory" \
   "cannot write data.pack_plan '$tmp/no_such_dir/p.h5': the directory '$tmp/no_such_dir' does not exist" \
   "$tmp/runs/packdir/config.toml" train_tiny packdir --set data.mode=packed \
   --set "data.pack_plan=$tmp/no_such_dir/p.h5"
+# A plan the config names, packed with other options (another seed here; another cp's alignment
+# alike), is the user's: refused, not rebuilt over, with the `berth pack` command that packs it
+# for this run; that command's plan then trains and is reused.
+"$BERTH" pack --data "$tmp/d.h5" --seq-len 16 --seed 7 --out "$tmp/mine.plan.h5" >/dev/null 2>&1
+sum_before=$(md5sum < "$tmp/mine.plan.h5")
+expect_error "train_named_pack_plan_of_other_options" \
+  "data.pack_plan '$tmp/mine.plan.h5' is a plan built with seed 7, expected 1337" \
+  "$tmp/runs/named/config.toml" train_tiny named --set data.mode=packed \
+  --set "data.pack_plan=$tmp/mine.plan.h5"
+cmd=$(grep -o 'Pack it again for this run with `[^`]*`' "$log" | sed 's/.*`\(.*\)`/\1/')
+why=""
+[ "$(md5sum < "$tmp/mine.plan.h5")" = "$sum_before" ] || why+=" the named plan was rewritten"
+[ -n "$cmd" ] && ${cmd/#berth/$BERTH} >/dev/null 2>&1 || why+=" its berth pack command failed: '$cmd'"
+train_tiny named --set data.mode=packed --set "data.pack_plan=$tmp/mine.plan.h5" >"$log" 2>&1 &&
+  grep -qF "reusing the plan $tmp/mine.plan.h5" "$log" || why+=" training on the repacked plan failed"
+report "train_named_pack_plan_repacked_as_told_is_reused" "$why"
 # --set values outside a key's range: the message names the override, not only the config file.
 expect_error "train_override_out_of_range_names_the_override" \
   "(set by the override 'parallel.comm_timeout_s=1e-9')" "$tmp/runs/ct/config.toml" \
