@@ -56,11 +56,11 @@ GridShape resolve_grid(const GridRequest& r, int world, int64_t n_head, int64_t 
               "tp·pp·cp·dp = {}·{}·{}·{} = {} does not match the {} launched ranks: {}", r.tp, r.pp,
               r.cp, dp, inner * dp, world,
               world % inner == 0
-                  ? fmt::format("set parallel.dp = {} (or 0 to derive it) or launch {} ranks",
-                                world / inner, inner * dp)
-                  : fmt::format("launch {} ranks (the {} launched do not split into groups of "
+                  ? fmt::format("set parallel.dp = {} (or 0 to derive it) or launch {} rank{}",
+                                world / inner, inner * dp, inner * dp == 1 ? "" : "s")
+                  : fmt::format("launch {} rank{} (the {} launched do not split into groups of "
                                 "tp·pp·cp = {}), or change parallel.tp/pp/cp",
-                                inner * dp, world, inner));
+                                inner * dp, inner * dp == 1 ? "" : "s", world, inner));
   BERTH_CHECK(n_head % r.tp == 0, "model.n_head ({}) must be divisible by parallel.tp ({})", n_head,
               r.tp);
   BERTH_CHECK(r.pp <= n_layer, "parallel.pp ({}) > model.n_layer ({}): a stage needs a layer",

@@ -157,8 +157,16 @@ TEST(ResumeChanges, DataOrderAndScheduleChangesAreNamed) {
   EXPECT_NE(d.find("packing alignment 1 → 4 (automatic: 2·cp for parallel.cp = 2)"),
             std::string::npos)
       << d;
+  EXPECT_EQ(d.find("keeps the saved order"), std::string::npos) << d;  // cp 2 refuses align 1
   now.data.pack_align = 1;  // kept by hand: the same plan
   EXPECT_EQ(describe_resume_changes(saved, 8, now, 8, 10, 80), "");
+  // Saved at cp 2, resumed without: the saved alignment is one this layout takes, and said.
+  RunConfig at_cp2 = saved;
+  at_cp2.parallel.cp = 2;
+  d = describe_resume_changes(at_cp2, 8, saved, 8, 10, 80);
+  EXPECT_NE(d.find("packing alignment 4 → 1 (--set data.pack_align=4 keeps the saved order)"),
+            std::string::npos)
+      << d;
   now = saved;
   now.run.seed = 5;  // packing is seeded
   EXPECT_NE(describe_resume_changes(saved, 8, now, 8, 10, 80).find("run.seed 1337 → 5"),

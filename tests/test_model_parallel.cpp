@@ -3,9 +3,9 @@
 // matrix whose size is this world's (run under mpirun -np 2, 4 and 8), with 1 and 4 micro-batches,
 // 20 steps: every loss within 1e-5 relative and the final parameters (gathered from every tp
 // slice and stage) within the data-parallel tolerances. Also: the AFAB schedule, cp 2 × tp 2 ×
-// dp 2, evaluation through the pipeline, the tied embedding copies, and checkpoints saved at
-// (tp, pp, dp) = (2, 2, 1) resumed at (1, 4, 1), (2, 1, 2), (1, 1, 1) and (1, 1, 2), and ZeRO-1
-// checkpoints saved at tp 2 × dp 2 and dp 2 × cp 2 resumed on one rank.
+// dp 2, cp 2 × pp 2, evaluation through the pipeline, the tied embedding copies, and checkpoints
+// saved at (tp, pp, dp) = (2, 2, 1) resumed at (1, 4, 1), (2, 1, 2), (1, 1, 1) and (1, 1, 2), and
+// ZeRO-1 checkpoints saved at tp 2 × dp 2 and dp 2 × cp 2 resumed on one rank.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -45,9 +45,10 @@ struct Layout {
   }
 };
 
-// The matrix, plus cp 2 × tp 2 × dp 2 (context parallelism with TP).
-const std::vector<Layout> kMatrix = {{2, 1, 1, 1}, {1, 2, 1, 1}, {1, 4, 1, 1}, {2, 2, 1, 1},
-                                     {1, 2, 2, 1}, {2, 1, 2, 1}, {2, 2, 2, 1}, {2, 1, 2, 2}};
+// The matrix, plus cp 2 × tp 2 × dp 2 (context parallelism with TP) and cp 2 × pp 2.
+const std::vector<Layout> kMatrix = {{2, 1, 1, 1}, {1, 2, 1, 1}, {1, 4, 1, 1},
+                                     {2, 2, 1, 1}, {1, 2, 2, 1}, {2, 1, 2, 1},
+                                     {2, 2, 2, 1}, {2, 1, 2, 2}, {1, 2, 1, 2}};
 
 class ModelParallelTest : public ::testing::Test {
  protected:

@@ -83,11 +83,16 @@ std::string describe_resume_changes(const RunConfig& saved, int64_t saved_rows_p
     }
     add(&data, "data.long_docs", saved.data.long_docs, now.data.long_docs);
     if (a.align != b.align) {
-      data.push_back(
-          fmt::format("packing alignment {} → {}{}", a.align, b.align,
-                      now.data.pack_align == 0 && now.parallel.cp > 1
-                          ? fmt::format(" (automatic: 2·cp for parallel.cp = {})", now.parallel.cp)
-                          : std::string()));
+      // The saved order is kept by data.pack_align = the saved alignment, where this layout
+      // takes it (a multiple of 2·cp under context parallelism).
+      const bool keepable = now.parallel.cp <= 1 || a.align % (2 * now.parallel.cp) == 0;
+      data.push_back(fmt::format(
+          "packing alignment {} → {}{}{}", a.align, b.align,
+          now.data.pack_align == 0 && now.parallel.cp > 1
+              ? fmt::format(" (automatic: 2·cp for parallel.cp = {})", now.parallel.cp)
+              : std::string(),
+          keepable ? fmt::format(" (--set data.pack_align={} keeps the saved order)", a.align)
+                   : std::string()));
     }
   }
 
