@@ -149,7 +149,7 @@ void run_import(ImportArgs a) {
   // Both files are written under temporary names first and renamed only when both succeeded, so
   // a failure never leaves one of the pair behind.
   const std::string train_tmp = temp_path_for(a.out), val_tmp = temp_path_for(a.val_out);
-  const ScopedTemp train_removed_if_killed(train_tmp), val_removed_if_killed(val_tmp);
+  ScopedTemp train_removed_if_killed(train_tmp), val_removed_if_killed(val_tmp);
   try {
     write_token_dataset(train_tmp, train);
     write_token_dataset(val_tmp, val);
@@ -158,6 +158,8 @@ void run_import(ImportArgs a) {
     std::remove(val_tmp.c_str());
     throw;
   }
+  train_removed_if_killed.release();
+  val_removed_if_killed.release();
   commit_file(train_tmp, a.out);
   commit_file(val_tmp, a.val_out);
   log_info("wrote {}: {} documents, {} tokens; {}: {} documents, {} tokens (vocab {})", a.out,

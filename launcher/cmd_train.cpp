@@ -235,11 +235,13 @@ void register_train_command(CLI::App& app) {
     } uninstall;
     std::unique_ptr<Communicator> world = make_mpi_world();
     // The trainer's checks name the config file, also for a value --set gave: naming_overrides.
-    const std::unique_ptr<Trainer> made = naming_overrides(
-        overrides, [&] { return std::make_unique<Trainer>(cfg, *world, nullptr, args->resume); });
+    // (args->overrides: --reservation is not an override the user wrote.)
+    const std::unique_ptr<Trainer> made = naming_overrides(args->overrides, [&] {
+      return std::make_unique<Trainer>(cfg, *world, nullptr, args->resume);
+    });
     Trainer& trainer = *made;
     try {
-      naming_overrides(overrides, [&] { trainer.run(); });
+      naming_overrides(args->overrides, [&] { trainer.run(); });
     } catch (const LeaseRefused& e) {  // every rank throws it together: one says why
       if (world->rank() == 0) log_error("{}", e.what());
       throw ExitStatus{kExitLeaseLost};

@@ -136,7 +136,7 @@ std::vector<int64_t> read_i64_dataset(hid_t file, const char* name, const std::s
   return v;
 }
 
-PackPlan read_hdf5(const std::string& path, std::string* key) {
+PackPlan read_hdf5(const std::string& path, std::string* key, bool header_only = false) {
   H5Id fapl(file_access_plist(), H5Pclose);
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
   if (!file.valid()) fail_corrupt(path, "opening");
@@ -175,6 +175,7 @@ PackPlan read_hdf5(const std::string& path, std::string* key) {
   BERTH_CHECK(o.align >= 1 && o.seq_len % o.align == 0,
               "'{}': attribute align is {}, which does not divide seq_len {}; {}", path, o.align,
               o.seq_len, kPackHint);
+  if (header_only) return plan;
 
   plan.row_offsets = read_i64_dataset(f, "row_offsets", path);
   const std::vector<int64_t> doc = read_i64_dataset(f, "piece_doc", path);
@@ -246,6 +247,12 @@ PackPlan read_plan(const std::string& path, std::string* key) {
   h5::require_hdf5_file(path, "packing plan", "build one with `berth pack`");
   H5QuietErrors quiet;
   return read_hdf5(path, key);
+}
+
+PackOptions read_plan_header(const std::string& path, std::string* key) {
+  h5::require_hdf5_file(path, "packing plan", "build one with `berth pack`");
+  H5QuietErrors quiet;
+  return read_hdf5(path, key, true).options;
 }
 
 std::string stale_plan_reason(const PackPlan& plan, const PackOptions& now) {

@@ -39,6 +39,9 @@ void write_plan(const std::string& path, const PackPlan& plan, const std::string
 // Reads a plan and (when key != nullptr) its key. Missing file, not HDF5 / corrupt, wrong format
 // name or version, inconsistent datasets -> Error naming the path and what to do.
 PackPlan read_plan(const std::string& path, std::string* key);
+// Only its options and key (attributes: a plan's pieces can be hundreds of megabytes), with
+// read_plan's checks of the format.
+PackOptions read_plan_header(const std::string& path, std::string* key);
 // Why a plan whose key is not `key` (of `doc_offsets` and `options`) is stale, for a message:
 // "built with seed 1337, expected 42; window 1000, expected 500" (the options that differ) or,
 // with the same options, "built for other documents: the dataset changed".

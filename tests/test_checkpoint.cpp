@@ -514,7 +514,7 @@ TEST_F(CheckpointTest, IncompleteCorruptAndForeignCheckpointsAreRefused) {
   fs::copy(good, work / "no_optimizer", fs::copy_options::recursive);
   fs::remove(work / "no_optimizer" / "optimizer.h5");
   test::expect_error([&] { load_checkpoint((work / "no_optimizer").string(), true); },
-                     {"optimizer.h5' is missing", "resume from an older checkpoint"});
+                     {"optimizer.h5' is missing", "use an older checkpoint"});
 
   // meta.json of the wrong shape or types: a berth::Error naming the file, not a JSON exception.
   fs::copy(good, work / "array_meta", fs::copy_options::recursive);

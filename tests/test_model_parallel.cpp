@@ -387,11 +387,12 @@ TEST_F(ModelParallelTest, CheckpointAtTp2Pp2ResumesAtOtherLayouts) {
   }
 }
 
-TEST_F(ModelParallelTest, ZeroOneCheckpointsAtTp2AndCp2ResumeOnOneRank) {
+TEST_F(ModelParallelTest, ZeroOneCheckpointsAtTp2Pp2AndCp2ResumeOnOneRank) {
   // The moment shards of a dp × cp group meet on its dp = cp = 0 rank, which is world rank 1 for
-  // the second tp slice: a save that sent them elsewhere hangs or resumes other moments.
-  if (world().size() != 4) GTEST_SKIP() << "saves at tp 2 × dp 2 and dp 2 × cp 2 (4 ranks)";
-  for (const Layout& l : {Layout{2, 1, 2, 1}, Layout{1, 1, 2, 2}}) {
+  // the second tp slice or stage: a save that sent them elsewhere hangs or resumes other moments.
+  if (world().size() != 4)
+    GTEST_SKIP() << "saves at tp 2 × dp 2, pp 2 × dp 2, dp 2 × cp 2 (4 ranks)";
+  for (const Layout& l : {Layout{2, 1, 2, 1}, Layout{1, 2, 2, 1}, Layout{1, 1, 2, 2}}) {
     RunConfig save_cfg = config(l, kRowsPerMicroBatch, 1);
     save_cfg.run.name = "zero1 save " + l.name();
     save_cfg.checkpoint.dir = (dir_ / ("ck_zero1_" + l.name())).string();

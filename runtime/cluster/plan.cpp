@@ -457,10 +457,10 @@ Plan make_plan(const PlanInput& in, const HardwareProfile& hw) {
     const double full = double(p.params.padded), local = p.stage_memory[0].params / 4;
     p.checkpoint_gather_bytes = 4 * (4 * full + 2 * local);  // params, m, v, a repad copy; moments
     // A rank copies its moments whole: every rank without ZeRO; with ZeRO-1 the ranks of
-    // dp = cp = 0, where the shards meet (the others copy their shards), and ranks are placed
-    // dp outermost, so the first host holds only such ranks: it is the one that must fit. Rank 0
-    // also holds the whole tensors. Measured on the CPU: 1.13 GiB more RSS during a save of a 50.7
-    // M-parameter model on one rank, as 24 bytes a parameter gives.
+    // dp = cp = 0, where the shards meet (the others copy only their shards). Counting the whole
+    // copy on every rank is the most any rank holds, so a host of such ranks fits too (rank 0's
+    // host has them). Rank 0 also holds the whole tensors. Measured on the CPU: 1.13 GiB more RSS
+    // during a save of a 50.7 M-parameter model on one rank, as 24 bytes a parameter gives.
     if (hw.cpu && in.saves_checkpoints) {
       const double n = double(std::clamp<int64_t>(l.world(), 1, hw.devices_per_node));
       p.save_share_bytes = p.peak.total() + 8 * local + 16 * full / n;

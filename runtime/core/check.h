@@ -44,6 +44,19 @@ int identity_rank();  // -1 until set_identity
   throw ::berth::Error(::fmt::format(__VA_ARGS__), \
                        ::fmt::format("raised at {}:{}", __FILE__, __LINE__))
 
+// The same, throwing `Type` (a subclass of Error with Error's constructor) for callers that catch
+// one kind of failure, e.g. DamagedCheckpoint.
+#define BERTH_FAIL_AS(Type, ...) \
+  throw Type(::fmt::format(__VA_ARGS__), ::fmt::format("raised at {}:{}", __FILE__, __LINE__))
+
+#define BERTH_CHECK_AS(Type, cond, ...)                                                   \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      throw Type(::fmt::format(__VA_ARGS__),                                              \
+                 ::fmt::format("check `{}` failed at {}:{}", #cond, __FILE__, __LINE__)); \
+    }                                                                                     \
+  } while (0)
+
 #define BERTH_CHECK(cond, ...)                                                                     \
   do {                                                                                             \
     if (!(cond)) {                                                                                 \

@@ -59,8 +59,9 @@ ScopedTemp::ScopedTemp(const std::string& path) {
   }
 }
 
-ScopedTemp::~ScopedTemp() {
+void ScopedTemp::release() {
   if (slot_ >= 0) g_temps[slot_].state.store(kFree);
+  slot_ = -1;
 }
 
 void remove_temporaries_on_signals() {
@@ -91,7 +92,7 @@ void commit_file(const std::string& temp_path, const std::string& final_path) {
 
 void write_file_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = temp_path_for(path);
-  const ScopedTemp removed_if_killed(tmp);
+  ScopedTemp removed_if_killed(tmp);
   {
     std::ofstream out(tmp, std::ios::binary);
     BERTH_CHECK(out.good(), "cannot write {}: {} (check that the directory exists and is writable)",
@@ -104,6 +105,7 @@ void write_file_atomic(const std::string& path, const std::string& text) {
       BERTH_FAIL("writing {} failed: {}", path, std::strerror(err));
     }
   }
+  removed_if_killed.release();
   commit_file(tmp, path);
 }
 

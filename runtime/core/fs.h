@@ -31,7 +31,11 @@ void write_file_atomic(const std::string& path, const std::string& bytes);
 class ScopedTemp {
  public:
   explicit ScopedTemp(const std::string& path);
-  ~ScopedTemp();
+  ~ScopedTemp() { release(); }
+  // No longer removed on a signal: called just before the temporary is renamed into place, so
+  // its name (pid and counter: another host's process may reuse it on a shared file system) is
+  // never unlinked after the rename.
+  void release();
   ScopedTemp(const ScopedTemp&) = delete;
   ScopedTemp& operator=(const ScopedTemp&) = delete;
 
@@ -50,13 +54,14 @@ void remove_temporaries_on_signals();
 template <typename Write>
 void write_via_temp(const std::string& path, Write&& write) {
   const std::string tmp = temp_path_for(path);
-  const ScopedTemp removed_if_killed(tmp);
+  ScopedTemp removed_if_killed(tmp);
   try {
     write(tmp);
   } catch (...) {
     std::remove(tmp.c_str());
     throw;
   }
+  removed_if_killed.release();
   commit_file(tmp, path);
 }
 

@@ -131,9 +131,10 @@ std::string utc_now() {
 // ---- reading ------------------------------------------------------------------------------------
 
 [[noreturn]] void fail_read(const std::string& path, const std::string& what) {
-  BERTH_FAIL("checkpoint file '{}' is unreadable at {}: {} (corrupt or truncated? use an older "
-             "checkpoint)",
-             path, what, h5::h5_error_detail());
+  BERTH_FAIL_AS(DamagedCheckpoint,
+                "checkpoint file '{}' is unreadable at {}: {} (corrupt or truncated? use an older "
+                "checkpoint)",
+                path, what, h5::h5_error_detail());
 }
 
 // Whether `obj` has the attribute (the link) `name`. A lookup that fails is a damaged object
@@ -166,7 +167,8 @@ BadValues bad_values(const float* p, int64_t n, bool non_negative) {
 
 [[noreturn]] void fail_tensor_type(const std::string& path, const std::string& name, hid_t type) {
   const bool f32 = H5Tget_class(type) == H5T_FLOAT && H5Tget_size(type) == sizeof(float);
-  BERTH_FAIL(
+  BERTH_FAIL_AS(
+      DamagedCheckpoint,
       "checkpoint file '{}': tensor '{}' is stored as {}, berth writes IEEE 754 4-byte "
       "little-endian floats: a file from another writer, or a corrupt one",
       path, name,
@@ -185,10 +187,10 @@ int64_t read_i64_attr(hid_t obj, const char* name, const std::string& path) {
   if (!attr.valid()) fail_read(path, fmt::format("attribute '{}'", name));
   H5Id type(H5Aget_type(attr.get()), H5Tclose);
   if (!type.valid() || H5Tget_class(type.get()) != H5T_INTEGER) {
-    BERTH_FAIL(
-        "checkpoint file '{}': attribute '{}' is not an integer: not a berth checkpoint "
-        "file, or a corrupt one",
-        path, name);
+    BERTH_FAIL_AS(DamagedCheckpoint,
+                  "checkpoint file '{}': attribute '{}' is not an integer: not a berth checkpoint "
+                  "file, or a corrupt one",
+                  path, name);
   }
   int64_t v = 0;
   if (H5Aread(attr.get(), H5T_NATIVE_INT64, &v) < 0) {
@@ -271,21 +273,21 @@ void check_no_extra_tensors(hid_t loc, const std::vector<std::string>& expected,
   if (extra.empty()) return;
   for (std::string& e : extra) e = prefix + e;
   const size_t shown = std::min<size_t>(extra.size(), 5);
-  BERTH_FAIL(
-      "checkpoint file '{}' holds {} tensor(s) the model of its attributes does not have "
-      "({}{}): its attributes or tensors were edited, or it was written by another tool; "
-      "the checkpoint is corrupt",
-      path, extra.size(), fmt::join(extra.begin(), extra.begin() + shown, ", "),
-      extra.size() > shown ? ", ..." : "");
+  BERTH_FAIL_AS(DamagedCheckpoint,
+                "checkpoint file '{}' holds {} tensor(s) the model of its attributes does not have "
+                "({}{}): its attributes or tensors were edited, or it was written by another tool; "
+                "the checkpoint is corrupt",
+                path, extra.size(), fmt::join(extra.begin(), extra.begin() + shown, ", "),
+                extra.size() > shown ? ", ..." : "");
 }
 
 void read_tensor(hid_t loc, const std::string& name, float* out, const std::vector<int64_t>& shape,
                  const std::string& path) {
   if (!has_link(loc, name, path)) {
-    BERTH_FAIL(
-        "checkpoint file '{}' has no tensor '{}': the file is corrupt (its attributes "
-        "describe a model whose tensors it does not hold)",
-        path, name);
+    BERTH_FAIL_AS(DamagedCheckpoint,
+                  "checkpoint file '{}' has no tensor '{}': the file is corrupt (its attributes "
+                  "describe a model whose tensors it does not hold)",
+                  path, name);
   }
   H5Id dset(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!dset.valid()) fail_read(path, fmt::format("opening '{}'", name));
@@ -308,7 +310,8 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
       offset && offset->size() == shape.size() &&
       std::all_of(offset->begin(), offset->end(), [](int64_t o) { return o == 0; });
   if (!full || !at_zero || *full != shape) {
-    BERTH_FAIL(
+    BERTH_FAIL_AS(
+        DamagedCheckpoint,
         "checkpoint file '{}': tensor '{}' is not a whole tensor (full_shape [{}], offset "
         "[{}]; berth writes full_shape [{}] and offset zeros): a shard from another "
         "writer, or a corrupt file",
@@ -334,7 +337,8 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
                                            nullptr, 0, nullptr, nullptr) >= 0;
   const h5::ChunkCount chunks = h5::chunk_count(dset.get());
   if (!checksummed || chunks.declared <= 0 || chunks.written != chunks.declared) {
-    BERTH_FAIL(
+    BERTH_FAIL_AS(
+        DamagedCheckpoint,
         "checkpoint file '{}': tensor '{}' is not stored as berth writes it ({}): the file is "
         "corrupt (use an older checkpoint)",
         path, name,
@@ -351,9 +355,10 @@ void read_tensor(hid_t loc, const std::string& name, float* out, const std::vect
 
 H5Id open_file(const std::string& path) {
   if (!fs::exists(path)) {
-    BERTH_FAIL(
-        "checkpoint file '{}' is missing (a damaged or partly copied checkpoint): resume "
-        "from an older checkpoint (--resume PATH to its step-N directory)",
+    BERTH_FAIL_AS(
+        DamagedCheckpoint,
+        "checkpoint file '{}' is missing (a damaged or partly copied checkpoint): use an older "
+        "checkpoint",
         path);
   }
   if (!fs::is_regular_file(path)) BERTH_FAIL("checkpoint file '{}' is not a file", path);
@@ -473,6 +478,12 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
   fs::remove_all(tmp, ec);
   BERTH_CHECK(fs::create_directory(tmp, ec) && !ec, "cannot create checkpoint directory '{}': {}",
               tmp.string(), ec.message());
+  // `berth model import` writes one (gigabytes) outside training: a signal there removes these
+  // files, then the directory (train stops at a step instead, and saves whole).
+  ScopedTemp tmp_removed(tmp.string());
+  ScopedTemp model_removed((tmp / "model.h5").string());
+  ScopedTemp optimizer_removed((tmp / "optimizer.h5").string());
+  ScopedTemp meta_removed((tmp / "meta.json").string());
   try {
     write_model_file((tmp / "model.h5").string(), d, layout);
     if (d.has_optimizer()) write_optimizer_file((tmp / "optimizer.h5").string(), d, layout);
@@ -505,6 +516,8 @@ double save_checkpoint(const std::string& dir, const CheckpointData& d, double p
     sync_to_disk((tmp / "meta.json").string());
     sync_to_disk(tmp.string());
     const FenceLock fence(d.meta.fencing_token, final_dir.parent_path());
+    for (ScopedTemp* t : {&meta_removed, &optimizer_removed, &model_removed, &tmp_removed})
+      t->release();
     fs::rename(tmp, final_dir, ec);
     BERTH_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp.string(), dir, ec.message());
     sync_to_disk(final_dir.has_parent_path() ? final_dir.parent_path().string() : ".");
@@ -522,12 +535,12 @@ namespace {
 void require_trainable(const float* p, int64_t n, bool non_negative, const std::string& path,
                        const std::string& name) {
   const BadValues bad = bad_values(p, n, non_negative);
-  BERTH_CHECK(bad.count == 0,
-              "'{}': tensor '{}' holds {} {} value(s) (first at element {}: {}), which training "
-              "never leaves: the checkpoint is corrupt (or was edited); resume from an earlier "
-              "one",
-              path, name, bad.count, non_negative ? "NaN/Inf or negative" : "NaN/Inf", bad.first,
-              bad.first >= 0 ? p[bad.first] : 0.f);
+  BERTH_CHECK_AS(DamagedCheckpoint, bad.count == 0,
+                 "'{}': tensor '{}' holds {} {} value(s) (first at element {}: {}), which training "
+                 "never leaves: the checkpoint is corrupt (or was edited); resume from an earlier "
+                 "one",
+                 path, name, bad.count, non_negative ? "NaN/Inf or negative" : "NaN/Inf", bad.first,
+                 bad.first >= 0 ? p[bad.first] : 0.f);
 }
 
 }  // namespace
@@ -575,17 +588,18 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   try {
     meta = nlohmann::json::parse(read_text_file(meta_path.string()));
   } catch (const nlohmann::json::exception& e) {
-    BERTH_FAIL("'{}' is not valid JSON ({}): the checkpoint is corrupt", meta_path.string(),
-               e.what());
+    BERTH_FAIL_AS(DamagedCheckpoint, "'{}' is not valid JSON ({}): the checkpoint is corrupt",
+                  meta_path.string(), e.what());
   }
   BERTH_CHECK(meta.is_object() && meta.contains("format") && meta["format"].is_string() &&
                   meta["format"].get<std::string>() == kCheckpointFormat,
               "'{}' is not a berth checkpoint (no \"format\": \"{}\")", meta_path.string(),
               kCheckpointFormat);
-  BERTH_CHECK(meta.contains("format_version") && meta["format_version"].is_number_integer(),
-              "'{}' has no whole-number format_version ({}): the checkpoint is corrupt",
-              meta_path.string(),
-              meta.contains("format_version") ? meta["format_version"].dump() : "missing");
+  BERTH_CHECK_AS(DamagedCheckpoint,
+                 meta.contains("format_version") && meta["format_version"].is_number_integer(),
+                 "'{}' has no whole-number format_version ({}): the checkpoint is corrupt",
+                 meta_path.string(),
+                 meta.contains("format_version") ? meta["format_version"].dump() : "missing");
   const int64_t version = meta["format_version"].get<int64_t>();
   BERTH_CHECK(version == kCheckpointFormatVersion,
               "checkpoint '{}' has format_version {}, this build reads {}; use the berth version "
@@ -599,9 +613,9 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
                                       {"skipped_steps", true},
                                       {"fencing_token", true}}) {
     if (optional && (!meta.contains(key) || meta[key].is_null())) continue;
-    BERTH_CHECK(meta.contains(key) && meta[key].is_number_integer(),
-                "'{}': '{}' must be a whole number, got {}: the checkpoint is corrupt",
-                meta_path.string(), key, meta.contains(key) ? meta[key].dump() : "nothing");
+    BERTH_CHECK_AS(DamagedCheckpoint, meta.contains(key) && meta[key].is_number_integer(),
+                   "'{}': '{}' must be a whole number, got {}: the checkpoint is corrupt",
+                   meta_path.string(), key, meta.contains(key) ? meta[key].dump() : "nothing");
   }
   CheckpointData d;
   bool saved_optimizer = false;
@@ -620,30 +634,33 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     }
     saved_optimizer = meta.value("optimizer", false);
   } catch (const nlohmann::json::exception& e) {
-    BERTH_FAIL("'{}' lacks a field or has a wrong type ({}): the checkpoint is corrupt",
-               meta_path.string(), e.what());
+    BERTH_FAIL_AS(DamagedCheckpoint,
+                  "'{}' lacks a field or has a wrong type ({}): the checkpoint is corrupt",
+                  meta_path.string(), e.what());
   }
   // (at most 2^62: the loaders add rows to it, which must not overflow)
   constexpr int64_t kMost = int64_t(1) << 62;
-  BERTH_CHECK(d.meta.skipped_steps >= 0 && d.meta.skipped_steps <= d.meta.step,
-              "'{}': skipped_steps {} must be in [0, step {}]: the checkpoint is corrupt",
-              meta_path.string(), d.meta.skipped_steps, d.meta.step);
-  BERTH_CHECK(d.meta.step >= 0 && d.meta.rows_consumed >= 0 && d.meta.rows_per_step >= 0 &&
-                  d.meta.step < kMost && d.meta.rows_consumed < kMost &&
-                  d.meta.rows_per_step < kMost,
-              "'{}': step {}, rows_consumed {} and rows_per_step {} must be >= 0 and < 2^62: the "
-              "checkpoint is corrupt",
-              meta_path.string(), d.meta.step, d.meta.rows_consumed, d.meta.rows_per_step);
+  BERTH_CHECK_AS(DamagedCheckpoint,
+                 d.meta.skipped_steps >= 0 && d.meta.skipped_steps <= d.meta.step,
+                 "'{}': skipped_steps {} must be in [0, step {}]: the checkpoint is corrupt",
+                 meta_path.string(), d.meta.skipped_steps, d.meta.step);
+  BERTH_CHECK_AS(
+      DamagedCheckpoint,
+      d.meta.step >= 0 && d.meta.rows_consumed >= 0 && d.meta.rows_per_step >= 0 &&
+          d.meta.step < kMost && d.meta.rows_consumed < kMost && d.meta.rows_per_step < kMost,
+      "'{}': step {}, rows_consumed {} and rows_per_step {} must be >= 0 and < 2^62: the "
+      "checkpoint is corrupt",
+      meta_path.string(), d.meta.step, d.meta.rows_consumed, d.meta.rows_per_step);
   // A directory named by the writer (step-N) must hold step N: a meta.json edited or copied
   // from another checkpoint would resume at the wrong step of the schedule and the data.
   fs::path named_dir = fs::path(dir);
   if (named_dir.filename().empty()) named_dir = named_dir.parent_path();  // "…/step-N/"
   if (const int64_t named = step_of_name(named_dir.filename().string());
       named >= 0 && named != d.meta.step) {
-    BERTH_FAIL(
-        "'{}' says step {}, but its directory is named for step {}: the checkpoint is "
-        "corrupt (or meta.json was copied from another one)",
-        meta_path.string(), d.meta.step, named);
+    BERTH_FAIL_AS(DamagedCheckpoint,
+                  "'{}' says step {}, but its directory is named for step {}: the checkpoint is "
+                  "corrupt (or meta.json was copied from another one)",
+                  meta_path.string(), d.meta.step, named);
   }
 
   const std::string model_path = (fs::path(dir) / "model.h5").string();
@@ -661,17 +678,17 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
   try {
     d.model = make_gpt_config(L, NH, C, V, maxT);
   } catch (const Error& e) {  // it names no file
-    BERTH_FAIL(
-        "'{}': its attributes (n_layer {}, n_head {}, d_model {}, vocab_size {}, "
-        "max_seq_len {}) are no model: {}; the checkpoint is corrupt",
-        model_path, L, NH, C, V, maxT, e.what());
+    BERTH_FAIL_AS(DamagedCheckpoint,
+                  "'{}': its attributes (n_layer {}, n_head {}, d_model {}, vocab_size {}, "
+                  "max_seq_len {}) are no model: {}; the checkpoint is corrupt",
+                  model_path, L, NH, C, V, maxT, e.what());
   }
   if (has_attr(f, "step", model_path)) {  // (absent in checkpoints saved before it was written)
     const int64_t step = read_i64_attr(f, "step", model_path);
-    BERTH_CHECK(step == d.meta.step,
-                "'{}' holds the weights of step {}, but meta.json says step {}: model.h5 is not "
-                "this checkpoint's (copied from another one?); the checkpoint is corrupt",
-                model_path, step, d.meta.step);
+    BERTH_CHECK_AS(DamagedCheckpoint, step == d.meta.step,
+                   "'{}' holds the weights of step {}, but meta.json says step {}: model.h5 is not "
+                   "this checkpoint's (copied from another one?); the checkpoint is corrupt",
+                   model_path, step, d.meta.step);
   }
   const int64_t vp = read_i64_attr(f, "padded_vocab_size", model_path);
   BERTH_CHECK(vp == d.model.Vp, "'{}': padded_vocab_size {} but vocab_size {} pads to {}",
@@ -689,11 +706,12 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
           make_gpt_config(saved->model.n_layer, saved->model.n_head, saved->model.d_model,
                           saved->model.vocab_size, saved->model.max_seq_len);
       const std::string diff = describe_shape_mismatch(d.model, recorded);
-      BERTH_CHECK(diff.empty(),
-                  "'{}' holds another model than the config in meta.json ({}; \"checkpoint\" is "
-                  "model.h5, \"config\" meta.json's): model.h5 was copied from another checkpoint; "
-                  "the checkpoint is corrupt",
-                  model_path, diff);
+      BERTH_CHECK_AS(
+          DamagedCheckpoint, diff.empty(),
+          "'{}' holds another model than the config in meta.json ({}; \"checkpoint\" is "
+          "model.h5, \"config\" meta.json's): model.h5 was copied from another checkpoint; "
+          "the checkpoint is corrupt",
+          model_path, diff);
     }
   }
   const ParamLayout layout = gpt_param_layout(d.model);
@@ -710,13 +728,14 @@ CheckpointData load_checkpoint(const std::string& dir, bool with_optimizer) {
     d.adam_step = read_i64_attr(of.get(), "adam_step", opt_path);
     // AdamW steps once per optimizer step that updated: another count is an optimizer.h5 from
     // elsewhere, and its bias correction would be wrong.
-    BERTH_CHECK(d.adam_step == d.meta.step - d.meta.skipped_steps,
-                "'{}' has adam_step {}, but meta.json says step {}{}: the optimizer state is not "
-                "this checkpoint's (copied from another one?); the checkpoint is corrupt",
-                opt_path, d.adam_step, d.meta.step,
-                d.meta.skipped_steps > 0
-                    ? fmt::format(" with {} skipped (no targets)", d.meta.skipped_steps)
-                    : std::string());
+    BERTH_CHECK_AS(
+        DamagedCheckpoint, d.adam_step == d.meta.step - d.meta.skipped_steps,
+        "'{}' has adam_step {}, but meta.json says step {}{}: the optimizer state is not "
+        "this checkpoint's (copied from another one?); the checkpoint is corrupt",
+        opt_path, d.adam_step, d.meta.step,
+        d.meta.skipped_steps > 0
+            ? fmt::format(" with {} skipped (no targets)", d.meta.skipped_steps)
+            : std::string());
     check_no_extra_tensors(of.get(), {"m", "v"}, opt_path, "");
     for (const char* moment : {"m", "v"}) {
       if (!has_link(of.get(), moment, opt_path)) continue;  // read_tensor names it

@@ -23,12 +23,20 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/check.h"
 #include "runtime/model/gpt_config.h"
 
 namespace berth {
 
 constexpr const char* kCheckpointFormat = "berth-checkpoint";
 constexpr int64_t kCheckpointFormatVersion = 1;
+
+// A checkpoint that is damaged: a file missing or unreadable, a checksum that fails, contents
+// that disagree with each other. Not one that does not exist, is of another format version or
+// holds another model (those are Error).
+struct DamagedCheckpoint : Error {
+  using Error::Error;
+};
 
 struct CheckpointMeta {
   int64_t step = 0;           // completed optimizer steps (the next step to run)

@@ -111,6 +111,7 @@ class OutputFile {
     out_.flush();
     out_.close();
     if (out_.fail()) BERTH_FAIL("writing '{}' failed (disk full?)", final_);
+    removed_if_killed_.release();
     commit_file(tmp_, final_);  // removes the temporary itself on failure
     committed_ = true;
   }
@@ -779,7 +780,7 @@ void write_hf_gpt2(const std::string& out_dir, const CheckpointData& data) {
                 (fs::path(out_dir) / name).string(), why);
   }
   const std::string dir = exists ? out_dir : temp_path_for(out_dir);
-  const ScopedTemp removed_if_killed(exists ? std::string() : dir);
+  ScopedTemp dir_removed_if_killed(exists ? std::string() : dir);
   if (!exists && !fs::create_directory(dir, ec)) {
     BERTH_FAIL("cannot create '{}': {} (check that the parent directory exists and is writable)",
                out_dir, ec ? ec.message() : "already exists");
@@ -807,9 +808,17 @@ void write_hf_gpt2(const std::string& out_dir, const CheckpointData& data) {
       }
     }
     cf.write(config_text.data(), config_text.size());
+    // Committed inside a new directory's temporary, the files are still temporaries until it is
+    // renamed: a signal removes them, then the directory (newest first).
+    const std::string st_in_dir = exists ? "" : (fs::path(dir) / "model.safetensors").string();
+    const std::string cf_in_dir = exists ? "" : (fs::path(dir) / "config.json").string();
+    ScopedTemp st_removed_if_killed(st_in_dir), cf_removed_if_killed(cf_in_dir);
     st.commit();
     cf.commit();
     if (!exists) {
+      st_removed_if_killed.release();
+      cf_removed_if_killed.release();
+      dir_removed_if_killed.release();
       fs::rename(dir, out_dir, ec);
       if (ec) BERTH_FAIL("cannot move '{}' into place as '{}': {}", dir, out_dir, ec.message());
     }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <numeric>
-#include <optional>
 #include <random>
 
 #include "packing/plan_cache.h"
@@ -171,9 +170,9 @@ void require_named_plan_is_this_runs(const RunConfig& cfg, const std::vector<uin
   std::error_code ec;
   if (path.empty() || !std::filesystem::exists(path, ec)) return;
   std::string key;
-  std::optional<PackPlan> theirs;
+  PackPlan theirs;
   try {
-    theirs = read_plan(path, &key);
+    theirs.options = read_plan_header(path, &key);
   } catch (const Error&) {
     return;
   }
@@ -183,7 +182,7 @@ void require_named_plan_is_this_runs(const RunConfig& cfg, const std::vector<uin
               "data.pack_plan '{}' is a plan {}: berth rebuilds only its automatic plans "
               "(data.pack_plan = \"\": one file per option set beside the data). Pack it again "
               "for this run with `{}`, or point data.pack_plan elsewhere",
-              path, stale_plan_reason(*theirs, o), pack_command(cfg.data.train, o, path));
+              path, stale_plan_reason(theirs, o), pack_command(cfg.data.train, o, path));
 }
 
 }  // namespace berth

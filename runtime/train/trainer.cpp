@@ -648,11 +648,10 @@ std::unique_ptr<BatchSource> Trainer::make_loader(const TokenDataset* ds, const 
       // A plan path the config names, not there yet, is where the plan must go: a missing or
       // read-only directory there is the config's mistake (a typo), not a cache to skip.
       std::error_code ec;
-      const bool named = !eval && path == cfg_.data.train && !cfg_.data.pack_plan.empty();
-      if (named && !std::filesystem::exists(cache, ec)) {
+      // (One there packed for other options was refused by check_data_files.)
+      if (!eval && path == cfg_.data.train && !cfg_.data.pack_plan.empty() &&
+          !std::filesystem::exists(cache, ec)) {
         check_output_file(cache, "data.pack_plan", "pack_plan.h5");
-      } else if (named) {
-        require_named_plan_is_this_runs(cfg_, ds->doc_offsets, o);
       }
       try {
         plan = load_or_build_plan(cache, ds->doc_offsets, o, &reused);
@@ -708,6 +707,7 @@ void Trainer::resume(const std::string& spec) {
       const int64_t latest_step = latest.empty() ? -1 : checkpoint_step(latest);
       const std::string older = latest.empty() ? std::string("no complete checkpoint is older")
                                                : "the newest complete one is " + latest;
+      std::vector<std::string> passed;
       for (const auto& [step, dir] : incomplete_checkpoints(checkpoint_dir_)) {
         if (step <= latest_step) continue;
         if (step <= cfg_.train.steps && saves_at(step)) {
@@ -718,12 +718,13 @@ void Trainer::resume(const std::string& spec) {
               dir, step, checkpoint_dir_, older);
           break;
         }
+        passed.push_back(dir);
+      }
+      for (const std::string& dir : refusal.empty() ? passed : std::vector<std::string>{}) {
         log_warn(
             "resume auto: {} has no meta.json (not a complete checkpoint: damaged, or not "
             "saved by berth) and is passed by; {}",
-            dir,
-            latest.empty() ? std::string("no complete checkpoint is older")
-                           : "resuming from the newest complete one, " + latest);
+            dir, latest.empty() ? older : "resuming from the newest complete one, " + latest);
       }
     }
     refusal = world_.broadcast_text(refusal);
@@ -746,15 +747,16 @@ void Trainer::resume(const std::string& spec) {
   const CheckpointData ck = [&] {
     try {
       return load_checkpoint(path, true);
-    } catch (const Error& e) {
+    } catch (const DamagedCheckpoint& e) {
       // A damaged checkpoint of this run's own checkpoint.dir: an older one (--resume PATH)
       // is refused while this later one is there, and --resume auto takes it again.
       const std::filesystem::path in = std::filesystem::path(without_trailing_slashes(path));
       if (!same_file_path(in.parent_path().string(), checkpoint_dir_)) throw;
-      BERTH_FAIL(
-          "{}. It is in this run's checkpoint.dir: move {} out of {}, then launch again with "
-          "--resume auto, which resumes from the newest complete checkpoint before it",
-          e.what(), in.string(), checkpoint_dir_);
+      BERTH_FAIL_AS(DamagedCheckpoint,
+                    "{}. It is in this run's checkpoint.dir: move {} out of {}, then launch again "
+                    "with --resume auto, which resumes from the newest complete checkpoint left "
+                    "there",
+                    e.what(), in.string(), checkpoint_dir_);
     }
   }();
   // The same name on every rank, but the same checkpoint? (a stale copy on one host)
