@@ -3,6 +3,8 @@
 
 #include <hdf5.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -273,13 +275,28 @@ std::string stale_plan_reason(const PackPlan& plan, const PackOptions& now) {
                      : "built with " + out;
 }
 
+namespace {
+
+// `word` as one shell word: as it is when plain, else in single quotes ('\'' for a quote).
+std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && std::all_of(word.begin(), word.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_./-+=:,@%", c) != nullptr;
+  });
+  if (plain) return word;
+  std::string out = "'";
+  for (const char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
 std::string pack_command(const std::string& data, const PackOptions& o, const std::string& out) {
   return fmt::format(
       "berth pack --data {} --seq-len {} --algorithm {} --window {} --seed {}{}{} "
       "--out {}",
-      data, o.seq_len, pack_algorithm_name(o.algorithm), o.window, static_cast<int64_t>(o.seed),
-      o.long_docs == LongDocs::DROP ? " --drop-long" : "",
-      o.align > 1 ? fmt::format(" --align {}", o.align) : std::string(), out);
+      shell_word(data), o.seq_len, pack_algorithm_name(o.algorithm), o.window,
+      static_cast<int64_t>(o.seed), o.long_docs == LongDocs::DROP ? " --drop-long" : "",
+      o.align > 1 ? fmt::format(" --align {}", o.align) : std::string(), shell_word(out));
 }
 
 std::vector<int64_t> doc_lengths_from_offsets(const std::vector<uint64_t>& doc_offsets) {

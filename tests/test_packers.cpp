@@ -505,5 +505,19 @@ TEST_F(PlanFileTest, OnlyAPlanIsEverReplaced) {
   EXPECT_NO_THROW(require_plan_destination(path("absent.h5")));
 }
 
+// The command a refused data.pack_plan message gives is pasted into a shell: paths with spaces or
+// quotes are quoted, plain ones left as they are.
+TEST(PackCommand, QuotesPathsAShellWouldSplit) {
+  PackOptions o;
+  o.seq_len = 1024;
+  o.align = 4;
+  EXPECT_EQ(pack_command("data/train.h5", o, "plan.h5"),
+            "berth pack --data data/train.h5 --seq-len 1024 --algorithm bfd --window 1000 --seed 0 "
+            "--align 4 --out plan.h5");
+  EXPECT_EQ(pack_command("my data/train.h5", o, "it's.h5"),
+            "berth pack --data 'my data/train.h5' --seq-len 1024 --algorithm bfd --window 1000 "
+            "--seed 0 --align 4 --out 'it'\\''s.h5'");
+}
+
 }  // namespace
 }  // namespace berth
