@@ -7,6 +7,7 @@
 
 #include "packing/plan_cache.h"
 #include "runtime/core/check.h"
+#include "runtime/io/token_dataset.h"
 
 namespace berth {
 
@@ -164,8 +165,8 @@ std::string packed_plan_path(const RunConfig& cfg, const std::string& data_path,
                      eval ? "-eval" : "");
 }
 
-void require_named_plan_is_this_runs(const RunConfig& cfg, const std::vector<uint64_t>& doc_offsets,
-                                     const PackOptions& o) {
+void require_named_plan_is_this_runs(const RunConfig& cfg, const PackOptions& o,
+                                     const std::vector<uint64_t>* doc_offsets) {
   const std::string& path = cfg.data.pack_plan;
   std::error_code ec;
   if (path.empty() || !std::filesystem::exists(path, ec)) return;
@@ -178,7 +179,10 @@ void require_named_plan_is_this_runs(const RunConfig& cfg, const std::vector<uin
   }
   // Switching between cp 1 and 2 (the automatic alignment) rewrote the named plan each time, and
   // runs of two option sets raced on it.
-  BERTH_CHECK(key == plan_key(doc_offsets, o),
+  // The dataset's offsets are read only now, where a named plan is there to compare.
+  const std::vector<uint64_t> read =
+      doc_offsets != nullptr ? std::vector<uint64_t>{} : read_token_dataset_offsets(cfg.data.train);
+  BERTH_CHECK(key == plan_key(doc_offsets != nullptr ? *doc_offsets : read, o),
               "data.pack_plan '{}' is a plan {}: berth rebuilds only its automatic plans "
               "(data.pack_plan = \"\": one file per option set beside the data). Pack it again "
               "for this run with `{}`, or point data.pack_plan elsewhere",

@@ -80,10 +80,11 @@ std::string packed_plan_path(const RunConfig& cfg, const std::string& data_path,
 
 // A plan the config names (data.pack_plan) is the user's (made by `berth pack`, shared by runs):
 // one there that reads but was packed with other options `o` or for other documents than
-// `doc_offsets` is refused, not rebuilt over (Error naming what differs and the `berth pack`
-// command that packs it for this run). Nothing when data.pack_plan is empty, the file is absent
-// (the plan is written there) or unreadable (rebuilt), or it matches.
-void require_named_plan_is_this_runs(const RunConfig& cfg, const std::vector<uint64_t>& doc_offsets,
-                                     const PackOptions& o);
+// data.train's (`doc_offsets`, or read from data.train when null and a plan is there)
+// is refused, not rebuilt over (Error naming what differs and the `berth pack` command that packs
+// it for this run). Nothing when data.pack_plan is empty, the file is absent (the plan is written
+// there) or unreadable (rebuilt), or it matches.
+void require_named_plan_is_this_runs(const RunConfig& cfg, const PackOptions& o,
+                                     const std::vector<uint64_t>* doc_offsets = nullptr);
 
 }  // namespace berth

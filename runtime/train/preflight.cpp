@@ -165,7 +165,7 @@ PlanInput plan_input_from_config(const RunConfig& cfg, int64_t world, bool pack_
         why = e.what();
       }
       try {
-        require_named_plan_is_this_runs(cfg, offsets, options);
+        require_named_plan_is_this_runs(cfg, options, &offsets);
       } catch (const Error& e) {
         in.refusals.push_back(e.what());
         why.clear();

@@ -349,8 +349,7 @@ void check_data_files(const RunConfig& cfg) {
   // (on another cluster, not yet made) neither stops the run nor takes memory.
   if (cfg.eval.interval > 0 && !cfg.data.val.empty()) require_data_file(cfg.data.val, "data.val");
   if (cfg.data.mode != "stream" && !cfg.data.pack_plan.empty()) {
-    require_named_plan_is_this_runs(cfg, read_token_dataset_offsets(cfg.data.train),
-                                    pack_options(cfg, int(cfg.parallel.cp)));
+    require_named_plan_is_this_runs(cfg, pack_options(cfg, int(cfg.parallel.cp)));
   }
 }
 
@@ -720,7 +719,8 @@ void Trainer::resume(const std::string& spec) {
         }
         passed.push_back(dir);
       }
-      for (const std::string& dir : refusal.empty() ? passed : std::vector<std::string>{}) {
+      for (const std::string& dir : passed) {
+        if (!refusal.empty()) break;
         log_warn(
             "resume auto: {} has no meta.json (not a complete checkpoint: damaged, or not "
             "saved by berth) and is passed by; {}",
